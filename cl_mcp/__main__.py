@@ -1,0 +1,3 @@
+from cl_mcp.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""The `cl-mcp` command: parse arguments, log to stderr, serve on stdio."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from cl_mcp import __version__, jsonrpc
+from cl_mcp.image import ImageConfig
+from cl_mcp.session import LispSession, SessionConfig
+from cl_mcp.stdio import StdioTransport, claim_stdout
+
+log = logging.getLogger("cl_mcp")
+
+# After stdin closes, running requests get this long to answer before exit.
+EOF_GRACE = 1.5
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="cl-mcp",
+        description="MCP server over stdio that evaluates Common Lisp in an SBCL image through Swank.",
+    )
+    parser.add_argument("--version", action="version", version=f"cl-mcp {__version__}")
+    parser.add_argument("--sbcl", default=env("CL_MCP_SBCL", "sbcl"),
+                        help="SBCL executable (env CL_MCP_SBCL; default: sbcl)")
+    parser.add_argument("--slime-dir", default=env("CL_MCP_SLIME_DIR"),
+                        help="directory with swank-loader.lisp (env CL_MCP_SLIME_DIR; "
+                             "default: Debian's cl-swank)")
+    parser.add_argument("--eval-timeout", type=float, default=float(env("CL_MCP_EVAL_TIMEOUT", "30")),
+                        help="seconds before an evaluation is interrupted (default: 30)")
+    parser.add_argument("--load-timeout", type=float, default=300.0,
+                        help="seconds load-system may take (default: 300)")
+    parser.add_argument("--max-output", type=int, default=1_000_000,
+                        help="characters of output and of printed values kept per evaluation")
+    parser.add_argument("--log-level", default=env("CL_MCP_LOG_LEVEL", "info"),
+                        choices=["debug", "info", "warning", "error"],
+                        help="stderr log level (default: info)")
+    return parser
+
+
+async def serve(config: SessionConfig, out_fd: int) -> int:
+    from cl_mcp.server import McpServer
+
+    transport = StdioTransport(0, out_fd)
+    await transport.open()
+    session = LispSession(config)
+    server = McpServer(session, lambda message: transport.write(jsonrpc.encode(message)))
+    session.start_in_background()
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(signum, stop.set)
+
+    async def read_input() -> None:
+        async for line in transport.lines():
+            server.receive(line)
+            if transport.broken:
+                break
+
+    reader = asyncio.create_task(read_input())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        log.info("signal received; shutting down")
+        await server.finish(timeout=0)
+    else:
+        log.info("stdin closed; shutting down")
+        await server.finish(timeout=EOF_GRACE)
+    reader.cancel()
+    stopper.cancel()
+    await session.close()
+    await transport.drain()
+    transport.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s cl-mcp %(levelname)s %(name)s: %(message)s",
+    )
+    out_fd = claim_stdout()
+    config = SessionConfig(
+        image=ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir),
+        eval_timeout=args.eval_timeout,
+        load_timeout=args.load_timeout,
+        max_output=args.max_output,
+    )
+    try:
+        return asyncio.run(serve(config, out_fd))
+    except KeyboardInterrupt:
+        return 130

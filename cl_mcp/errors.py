@@ -1,0 +1,37 @@
+"""One exception tree for cl-mcp, and the JSON-RPC error codes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+
+class ClMcpError(Exception):
+    """Base of every error cl-mcp raises on purpose."""
+
+
+class ProtocolError(ClMcpError):
+    """A peer sent bytes that cannot be parsed (a bad frame, a bad s-expression)."""
+
+
+class JsonRpcError(ClMcpError):
+    """Raised by a handler; serialised as a JSON-RPC error at one boundary."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class SwankError(ClMcpError):
+    """The Swank connection failed: lost, refused, or the request was invalid."""
+
+
+class ImageError(ClMcpError):
+    """The Lisp image could not be started or died."""

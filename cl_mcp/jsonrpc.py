@@ -1,0 +1,114 @@
+"""JSON-RPC 2.0 over newline-delimited JSON.  Pure: no I/O.
+
+Why split on b"\\n" only: JSON strings may carry U+2028, U+2029 and U+0085
+raw, and str.splitlines() would cut a message there.  Why no readline():
+asyncio's StreamReader.readline() stops at 64 KiB, and a 10 MB `code`
+argument is a legitimate request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import orjson
+
+from cl_mcp.errors import PARSE_ERROR, JsonRpcError
+
+MAX_LINE_BYTES = 64 * 2**20
+
+
+class OversizedLine:
+    """Stands for a line longer than the limit; its bytes were dropped."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+class LineSplitter:
+    """Bytes in, complete lines out (without the newline or a trailing CR)."""
+
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
+        self._buffer = bytearray()
+        self._max_line = max_line
+        self._discarding = 0  # bytes dropped so far of an oversized line
+
+    def feed(self, data: bytes) -> Iterator[bytes | OversizedLine]:
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                self._keep(data[start:])
+                return
+            line = self._take(data[start:end])
+            start = end + 1
+            if isinstance(line, OversizedLine):
+                yield line
+            elif line.strip():
+                yield line
+
+    def _keep(self, chunk: bytes) -> None:
+        if self._discarding:
+            self._discarding += len(chunk)
+        elif len(self._buffer) + len(chunk) > self._max_line:
+            self._discarding = len(self._buffer) + len(chunk)
+            self._buffer.clear()
+        else:
+            self._buffer += chunk
+
+    def _take(self, tail: bytes) -> bytes | OversizedLine:
+        if self._discarding or len(self._buffer) + len(tail) > self._max_line:
+            size = self._discarding + len(self._buffer) + len(tail)
+            self._discarding = 0
+            self._buffer.clear()
+            return OversizedLine(size)
+        line = bytes(self._buffer) + tail if self._buffer else tail
+        self._buffer.clear()
+        return line[:-1] if line.endswith(b"\r") else line
+
+    def finish(self) -> Iterator[bytes | OversizedLine]:
+        """The last line, when the input ends without a newline."""
+        if self._discarding or self._buffer.strip():
+            yield self._take(b"")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse(line: bytes) -> Any:
+    """The JSON value of LINE; raises JsonRpcError(PARSE_ERROR)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as error:
+        # orjson refuses integers beyond 64 bits; those are valid JSON.  It
+        # also refuses lone surrogates ("\ud800"), which stay refused here.
+        try:
+            value = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+            return value
+        except (ValueError, UnicodeError, RecursionError):
+            raise JsonRpcError(PARSE_ERROR, "Parse error", {"detail": str(error)}) from None
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """MESSAGE as one line of UTF-8 JSON (never an embedded newline)."""
+    try:
+        return orjson.dumps(message) + b"\n"
+    except TypeError:  # an integer beyond 64 bits, echoed from a request id
+        return json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n"
+
+
+def result_message(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+
+def error_message(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+def notification(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": method, "params": params}

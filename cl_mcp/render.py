@@ -1,0 +1,78 @@
+"""The contract's result text, from the agent's plists.  Pure: no I/O.
+
+evaluate-lisp (contracts/evaluate-lisp.md, contracts/tools-call.md):
+
+    [stdout]            omitted when empty
+    [stderr]            omitted when empty
+    [warnings]          TYPE: message, one per line; omitted when empty
+    => value            one line per value
+
+An error starts with ``[ERROR] TYPE``, the condition's message and
+``[Backtrace]``; output and warnings captured before the error follow in
+their usual sections.  Sections are separated by one blank line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+TRUNCATION_MARKER = "… [{count} more characters truncated]"
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    text: str
+    is_error: bool
+
+
+def _output_section(title: str, text: str, dropped: int) -> str | None:
+    if not text and not dropped:
+        return None
+    # The section ends where the output does: one final newline is the
+    # separator's job, not the content's.
+    body = text[:-1] if text.endswith("\n") else text
+    if dropped:
+        body += ("\n" if body else "") + TRUNCATION_MARKER.format(count=dropped)
+    return f"[{title}]\n{body}"
+
+
+def _warnings_section(warnings: Sequence[Sequence[str]]) -> str | None:
+    if not warnings:
+        return None
+    lines = [f"{kind}: {message}" for kind, message in warnings]
+    return "[warnings]\n" + "\n".join(lines)
+
+
+def timing_line(timing: Sequence[int]) -> str:
+    real, run, gc, consed = timing
+    return f"; Timing: {real}ms real, {run}ms run, {gc}ms GC, {consed} bytes consed"
+
+
+def error_text(kind: str, message: str, backtrace: Sequence[str] = ()) -> str:
+    """``[ERROR] TYPE`` / message, and the backtrace section when there is one."""
+    text = f"[ERROR] {kind}\n{message}"
+    if backtrace:
+        frames = "\n".join(f"{index}: {frame}" for index, frame in enumerate(backtrace))
+        text += f"\n\n[Backtrace]\n{frames}"
+    return text
+
+
+def render_evaluation(result: dict[str, Any]) -> Rendered:
+    """The text of an evaluate-lisp result from the agent's plist."""
+    sections: list[str | None] = []
+    is_error = result.get("status") != "ok"
+    if is_error:
+        error = result["error"]
+        sections.append(error_text(error["type"], error["message"], error.get("backtrace") or ()))
+    sections += [
+        _output_section("stdout", result.get("stdout", ""), result.get("stdout-dropped", 0)),
+        _output_section("stderr", result.get("stderr", ""), result.get("stderr-dropped", 0)),
+        _warnings_section(result.get("warnings") or ()),
+    ]
+    if not is_error:
+        values = result.get("values") or []
+        sections.append("\n".join(f"=> {value}" for value in values) if values else "; No values")
+    if result.get("timing"):
+        sections.append(timing_line(result["timing"]))
+    return Rendered("\n\n".join(s for s in sections if s is not None), is_error)

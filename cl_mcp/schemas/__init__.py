@@ -1,0 +1,1 @@
+"""JSON schemas shipped with cl-mcp (data only)."""

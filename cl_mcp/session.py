@@ -1,0 +1,204 @@
+"""The one Lisp session the tools talk to.
+
+It owns the image (started in the background so `initialize` is answered at
+once), the Swank connection, and the session's current package.  Work in
+the image runs one request at a time, in arrival order: an asyncio.Lock is
+FIFO, and callers take it before their first await.
+
+When the image dies, the call in flight fails with a clear error, a line is
+logged, and the next call starts a fresh image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from cl_mcp import sexp
+from cl_mcp.errors import ImageError, SwankError
+from cl_mcp.image import ImageConfig, LispImage
+from cl_mcp.sexp import Keyword, SExp, Symbol
+from cl_mcp.swank.client import SwankConnection
+
+log = logging.getLogger("cl_mcp.session")
+
+DEFAULT_PACKAGE = "COMMON-LISP-USER"
+# How long past its own deadline an evaluation may take to come back (the
+# image interrupts it itself) before cl-mcp gives up on the image.
+DEADLINE_GRACE = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    image: ImageConfig = ImageConfig()
+    eval_timeout: float = 30.0
+    load_timeout: float = 300.0
+    max_output: int = 1_000_000
+
+
+class SessionError(Exception):
+    """The session could not run the request; the text says why for the user."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def _name(value: SExp) -> SExp:
+    return value.name if isinstance(value, Keyword) else value
+
+
+def _result_dict(value: SExp) -> dict[str, Any]:
+    """An agent plist with keyword values turned into their names."""
+    result = {key: _name(item) for key, item in sexp.plist(value).items()}
+    if isinstance(result.get("error"), list):
+        result["error"] = {k: _name(v) for k, v in sexp.plist(result["error"]).items()}
+    return result
+
+
+class LispSession:
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        self.package = DEFAULT_PACKAGE
+        self._lock = asyncio.Lock()
+        self._image: LispImage | None = None
+        self._connection: SwankConnection | None = None
+        self._starting: asyncio.Task[SwankConnection] | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start_in_background(self) -> None:
+        """Begin starting the image now, so the first call waits less."""
+        if self._starting is None:
+            self._starting = asyncio.create_task(self._start_image(), name="image-start")
+
+    async def _start_image(self) -> SwankConnection:
+        image = LispImage(self.config.image)
+        self._image = image
+        port = await image.start()
+        connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
+        await connection.rex([Symbol("cl-mcp-agent:set-connection-nodelay")])
+        log.info("Lisp image ready (pid %s, port %s)", image.pid, port)
+        self._connection = connection
+        return connection
+
+    async def _connection_ready(self) -> SwankConnection:
+        """The live connection, starting a fresh image when there is none."""
+        if self._connection is not None and not self._connection.closed:
+            return self._connection
+        if self._connection is not None:
+            await self._discard_image("the Lisp image exited")
+        if self._starting is None or (self._starting.done() and self._starting.exception()):
+            if self._starting is not None:
+                self._starting.exception()  # retrieved; a new attempt follows
+            self._starting = asyncio.create_task(self._start_image(), name="image-start")
+        try:
+            return await asyncio.shield(self._starting)
+        except (ImageError, SwankError) as error:
+            self._starting = None
+            raise SessionError("CL-MCP:IMAGE-START-FAILED", str(error)) from None
+
+    async def _discard_image(self, reason: str) -> None:
+        """Forget the current image (stopping it if it still runs)."""
+        image, connection = self._image, self._connection
+        self._image = self._connection = self._starting = None
+        self.package = DEFAULT_PACKAGE
+        if connection is not None:
+            await connection.close()
+        if image is not None:
+            await image.stop(grace=0.5)
+            log.warning(
+                "%s (exit code %s); the session's state was lost, the next call "
+                "starts a fresh image", reason, image.returncode,
+            )
+
+    async def close(self) -> None:
+        """Stop the image.  Safe to call more than once."""
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+            try:
+                await self._starting
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._connection is not None:
+            await self._connection.close()
+        if self._image is not None:
+            await self._image.stop()
+        self._image = self._connection = self._starting = None
+
+    def kill_now(self) -> None:
+        if self._image is not None:
+            self._image.kill_now()
+
+    # ------------------------------------------------------------ requests
+
+    async def _call(self, form: SExp, deadline: float) -> SExp:
+        """Run FORM in the image.  A dead image or one that misses DEADLINE
+        becomes a `SessionError`, and the next call gets a fresh image."""
+        connection = await self._connection_ready()
+        try:
+            return await asyncio.wait_for(connection.rex(form), deadline)
+        except asyncio.TimeoutError:
+            await self._discard_image("the Lisp image did not respond")
+            raise SessionError(
+                "CL-MCP:IMAGE-UNRESPONSIVE",
+                f"The Lisp image did not answer within {deadline:g} seconds, so it was "
+                "restarted. The session's definitions were lost.",
+            ) from None
+        except SwankError as error:
+            if connection.closed:
+                await self._discard_image("the Lisp image exited")
+                raise SessionError(
+                    "CL-MCP:IMAGE-LOST",
+                    "The Lisp image exited or the connection to it was lost during this "
+                    "call. The next call starts a fresh image; the session's definitions "
+                    "were lost.",
+                ) from None
+            raise SessionError("CL-MCP:SWANK-ERROR", str(error)) from None
+
+    async def evaluate(
+        self,
+        code: str,
+        package: str | None = None,
+        capture_time: bool = False,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Evaluate CODE; return the agent's result plist as a dict."""
+        timeout = timeout or self.config.eval_timeout
+        async with self._lock:
+            form = [
+                Symbol("cl-mcp-agent:evaluate"), code,
+                Keyword("package"), package or self.package,
+                Keyword("explicit-package"), package is not None,
+                Keyword("capture-time"), capture_time,
+                Keyword("timeout"), float(timeout),
+                Keyword("max-output"), self.config.max_output,
+            ]
+            result = _result_dict(await self._call(form, timeout + DEADLINE_GRACE))
+            # An explicit package is for this call only, unless the code
+            # itself moved to another package (IN-PACKAGE sticks).
+            if isinstance(result.get("package"), str) and (
+                package is None or result.get("package-changed")
+            ):
+                self.package = result["package"]
+            return result
+
+    async def list_definitions(self, kind: str = "all") -> list[tuple[str, str, str]]:
+        async with self._lock:
+            form = [Symbol("cl-mcp-agent:list-definitions"), Keyword("type"), kind]
+            entries = await self._call(form, self.config.eval_timeout + DEADLINE_GRACE)
+        return [(_name(k), name, detail) for k, name, detail in entries]  # type: ignore[misc]
+
+    async def load_system(self, name: str) -> dict[str, Any]:
+        async with self._lock:
+            form = [Symbol("cl-mcp-agent:load-system"), name]
+            return _result_dict(await self._call(form, self.config.load_timeout))
+
+    async def reset(self) -> None:
+        """A fresh image: nothing of the old session survives."""
+        async with self._lock:
+            await self._discard_image("session reset")
+            await self._connection_ready()

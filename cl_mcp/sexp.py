@@ -1,0 +1,249 @@
+"""S-expressions as Swank writes and reads them.  Pure: no I/O.
+
+Python values map to Lisp data like this:
+
+    Symbol("swank:connection-info")  <->  swank:connection-info
+    Keyword("ok")                     <->  :ok
+    str                               <->  "string"  (only \\ and " escaped)
+    int / float / Fraction            <->  42 / 1.5d0 / 1/3
+    True                              <->  t
+    None, False and []                 ->  nil;   nil and () read as []
+    list or tuple                     <->  (a b c)
+
+Why only two escapes: Lisp string syntax has no ``\\n``; a backslash before
+any other character just yields that character.  Newlines and every other
+character travel raw, so encoding and decoding must not "unescape" them.
+
+Swank may also send syntax that has no Python counterpart (``#<...>``,
+``#\\a``, ``#(1 2)``); it is read as `Unreadable`, `Character` and `tuple`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Union
+
+from cl_mcp.errors import ProtocolError
+
+
+@dataclass(frozen=True, slots=True)
+class Symbol:
+    """A Lisp symbol, written exactly as named (qualify it: ``cl:+``)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Keyword:
+    """A keyword symbol, without its colon: ``Keyword("ok")`` is ``:ok``."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Character:
+    """A character object as Swank prints it (``#\\a``)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """An object Lisp prints unreadably, kept as its text (``#<...>``)."""
+
+    text: str
+
+
+SExp = Union[Symbol, Keyword, Character, Unreadable, str, int, float, Fraction, bool, None, list, tuple]
+
+NIL: list = []
+
+
+# ---------------------------------------------------------------- writing
+
+def dumps(value: SExp) -> str:
+    """The Lisp text of VALUE."""
+    parts: list[str] = []
+    _write(value, parts)
+    return "".join(parts)
+
+
+def _write(value: SExp, out: list[str]) -> None:
+    if value is True:
+        out.append("t")
+    elif value is None or value is False:
+        out.append("nil")
+    elif isinstance(value, str):
+        out.append('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    elif isinstance(value, int):
+        out.append(str(value))
+    elif isinstance(value, float):
+        out.append(_float_text(value))
+    elif isinstance(value, Fraction):
+        out.append(f"{value.numerator}/{value.denominator}")
+    elif isinstance(value, Keyword):
+        out.append(":" + value.name)
+    elif isinstance(value, Symbol):
+        out.append(value.name)
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            out.append("nil")
+            return
+        out.append("(")
+        for index, item in enumerate(value):
+            if index:
+                out.append(" ")
+            _write(item, out)
+        out.append(")")
+    else:
+        raise TypeError(f"cannot write {type(value).__name__} as an s-expression")
+
+
+def _float_text(value: float) -> str:
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"Lisp has no standard syntax for {value}")
+    text = repr(value)
+    mantissa, _, exponent = text.partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    return f"{mantissa}d{exponent or 0}"
+
+
+# ---------------------------------------------------------------- reading
+
+_WHITESPACE = re.compile(r"[ \t\r\n\f]*")
+# An atom runs until whitespace, a parenthesis or a quote; |...| inside it
+# may contain anything but a bar.
+_ATOM = re.compile(r'(?:[^ \t\r\n\f()"|;]|\|[^|]*\|)+')
+_STRING_SPECIAL = re.compile(r'["\\]')
+_INTEGER = re.compile(r"[+-]?\d+\.?\Z")
+_RATIO = re.compile(r"([+-]?\d+)/(\d+)\Z")
+_FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eEdDfFsSlL][+-]?\d+)?\Z")
+
+
+def loads(text: str) -> SExp:
+    """The one s-expression TEXT holds.  Raises `ProtocolError` on anything
+    malformed or trailing."""
+    value, end = _read(text, _skip(text, 0))
+    end = _skip(text, end)
+    if end != len(text):
+        raise ProtocolError(f"trailing characters after s-expression at {end}")
+    return value
+
+
+def _skip(text: str, pos: int) -> int:
+    return _WHITESPACE.match(text, pos).end()  # type: ignore[union-attr]
+
+
+def _read(text: str, pos: int) -> tuple[SExp, int]:
+    if pos >= len(text):
+        raise ProtocolError("unexpected end of s-expression")
+    char = text[pos]
+    if char == "(":
+        return _read_list(text, pos + 1, list)
+    if char == '"':
+        return _read_string(text, pos + 1)
+    if char == "'":
+        value, end = _read(text, _skip(text, pos + 1))
+        return [Symbol("quote"), value], end
+    if char == "#":
+        return _read_dispatch(text, pos)
+    if char == ")":
+        raise ProtocolError(f"unexpected ')' at {pos}")
+    match = _ATOM.match(text, pos)
+    if not match:
+        raise ProtocolError(f"unexpected character {char!r} at {pos}")
+    return _atom(match.group()), match.end()
+
+
+def _read_list(text: str, pos: int, kind: type) -> tuple[SExp, int]:
+    items: list[SExp] = []
+    while True:
+        pos = _skip(text, pos)
+        if pos >= len(text):
+            raise ProtocolError("unterminated list")
+        if text[pos] == ")":
+            return kind(items), pos + 1
+        if text[pos] == "." and pos + 1 < len(text) and text[pos + 1] in " \t\r\n":
+            raise ProtocolError(f"dotted pairs are not supported (at {pos})")
+        item, pos = _read(text, pos)
+        items.append(item)
+
+
+def _read_string(text: str, pos: int) -> tuple[str, int]:
+    # A linear scan with str.find-like jumps: a backtracking regex over a
+    # multi-megabyte string costs seconds and hundreds of MiB.
+    chunks: list[str] = []
+    while True:
+        match = _STRING_SPECIAL.search(text, pos)
+        if match is None:
+            raise ProtocolError("unterminated string")
+        at = match.start()
+        chunks.append(text[pos:at])
+        if text[at] == '"':
+            return "".join(chunks), at + 1
+        if at + 1 >= len(text):
+            raise ProtocolError("unterminated string")
+        chunks.append(text[at + 1])
+        pos = at + 2
+
+
+def _read_dispatch(text: str, pos: int) -> tuple[SExp, int]:
+    nxt = text[pos + 1] if pos + 1 < len(text) else ""
+    if nxt == "<":
+        depth, at = 0, pos + 1
+        while at < len(text):
+            if text[at] == "<":
+                depth += 1
+            elif text[at] == ">":
+                depth -= 1
+                if depth == 0:
+                    return Unreadable(text[pos : at + 1]), at + 1
+            at += 1
+        raise ProtocolError("unterminated #<...>")
+    if nxt == "\\":
+        # #\x is one character even when x is a delimiter; a name runs on.
+        end = pos + 3
+        match = _ATOM.match(text, end)
+        if match and text[pos + 2].isalnum():
+            end = match.end()
+        if end > len(text):
+            raise ProtocolError("unterminated character")
+        return Character(text[pos + 2 : end]), end
+    if nxt == "(":
+        return _read_list(text, pos + 2, tuple)
+    raise ProtocolError(f"unsupported dispatch macro #{nxt} at {pos}")
+
+
+def _atom(token: str) -> SExp:
+    lowered = token.lower()
+    if lowered == "nil":
+        return []
+    if lowered == "t":
+        return True
+    if token.startswith(":") and len(token) > 1:
+        return Keyword(token[1:])
+    if _INTEGER.match(token):
+        return int(token.rstrip("."))
+    ratio = _RATIO.match(token)
+    if ratio:
+        return Fraction(int(ratio.group(1)), int(ratio.group(2)))
+    if _FLOAT.match(token) and any(c.isdigit() for c in token):
+        return float(re.sub(r"[eEdDfFsSlL]", "e", token))
+    return Symbol(token)
+
+
+# ---------------------------------------------------------------- plists
+
+def plist(value: SExp) -> dict[str, SExp]:
+    """A property list ``(:a 1 :b 2)`` as ``{"a": 1, "b": 2}``."""
+    if not isinstance(value, (list, tuple)) or len(value) % 2:
+        raise ProtocolError(f"not a property list: {value!r:.200}")
+    result: dict[str, SExp] = {}
+    for key, item in zip(value[::2], value[1::2]):
+        if not isinstance(key, Keyword):
+            raise ProtocolError(f"property list key is not a keyword: {key!r:.100}")
+        result[key.name] = item
+    return result

@@ -1,0 +1,133 @@
+"""The MCP stdio transport: lines in from stdin, messages out on stdout.
+
+Why stdout is taken over: the MCP stream must carry nothing but MCP
+messages.  `claim_stdout` moves the real stdout to a private descriptor and
+points fd 1 at stderr, so a stray print() (ours or a library's) lands in
+the log instead of corrupting the stream.  One writer owns that descriptor,
+so concurrent handlers can never interleave partial lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+import threading
+from typing import AsyncIterator
+
+from cl_mcp.jsonrpc import LineSplitter, OversizedLine
+
+log = logging.getLogger("cl_mcp.stdio")
+
+CHUNK = 1 << 16
+
+
+def claim_stdout() -> int:
+    """A private duplicate of stdout for MCP messages; fd 1 becomes stderr."""
+    private = os.dup(1)
+    os.dup2(2, 1)
+    return private
+
+
+def _is_pollable(fd: int) -> bool:
+    """True when asyncio can watch FD (pipes, sockets, terminals), false for
+    regular files, which are always 'ready'."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+
+
+class _ReadProtocol(asyncio.Protocol):
+    def __init__(self, queue: asyncio.Queue[bytes | None]) -> None:
+        self._queue = queue
+
+    def data_received(self, data: bytes) -> None:
+        self._queue.put_nowait(data)
+
+    def eof_received(self) -> bool:
+        self._queue.put_nowait(None)
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._queue.put_nowait(None)
+
+
+class StdioTransport:
+    """Reads lines from IN_FD and writes messages to OUT_FD."""
+
+    def __init__(self, in_fd: int = 0, out_fd: int = 1) -> None:
+        self._in_fd = in_fd
+        self._out_fd = out_fd
+        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._out: asyncio.WriteTransport | None = None
+        self._in: asyncio.BaseTransport | None = None
+        self.broken = False
+
+    async def open(self) -> None:
+        loop = asyncio.get_running_loop()
+        if _is_pollable(self._in_fd):
+            self._in, _ = await loop.connect_read_pipe(
+                lambda: _ReadProtocol(self._chunks), os.fdopen(self._in_fd, "rb", 0, closefd=False)
+            )
+        else:
+            threading.Thread(target=self._read_blocking, args=(loop,), daemon=True).start()
+        if _is_pollable(self._out_fd):
+            self._out, _ = await loop.connect_write_pipe(
+                asyncio.Protocol, os.fdopen(self._out_fd, "wb", 0, closefd=False)
+            )
+
+    def _read_blocking(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            try:
+                data = os.read(self._in_fd, CHUNK)
+            except OSError:
+                data = b""
+            loop.call_soon_threadsafe(self._chunks.put_nowait, data or None)
+            if not data:
+                return
+
+    async def lines(self) -> AsyncIterator[bytes | OversizedLine]:
+        """Each line of input, until stdin ends."""
+        splitter = LineSplitter()
+        while True:
+            chunk = await self._chunks.get()
+            if chunk is None:
+                for line in splitter.finish():
+                    yield line
+                return
+            for line in splitter.feed(chunk):
+                yield line
+
+    def write(self, data: bytes) -> None:
+        """Send one encoded message.  A vanished reader is noted, not raised."""
+        if self.broken:
+            return
+        try:
+            if self._out is not None:
+                if self._out.is_closing():
+                    raise BrokenPipeError
+                self._out.write(data)
+            else:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._out_fd, view):]
+        except (BrokenPipeError, ConnectionResetError):
+            self.broken = True
+            log.info("stdout closed by the client")
+
+    async def drain(self, timeout: float = 2.0) -> None:
+        """Wait (bounded) until everything written has left the process."""
+        if self._out is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._out.get_write_buffer_size() and not self._out.is_closing():
+            if loop.time() > deadline:
+                return
+            await asyncio.sleep(0.01)
+
+    def close(self) -> None:
+        if self._in is not None:
+            self._in.close()
+        if self._out is not None:
+            self._out.close()

@@ -1,0 +1,1 @@
+"""The Swank (SLIME protocol) client: wire format and asyncio connection."""

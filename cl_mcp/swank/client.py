@@ -1,0 +1,284 @@
+"""An asyncio connection to Swank.
+
+One reader task owns the socket's read side: it matches `:return` messages
+to the futures of pending requests by id, and answers everything Swank may
+be waiting for (`:ping`, `:read-string`, `:y-or-n-p`, `:eval`, ...) at once,
+because a Swank thread that asks is blocked until it hears back.
+
+No thread is ever left in Swank's debugger: a `:debug` event is answered by
+leaving the debugger (`throw-to-toplevel` in that thread), and the request
+it interrupted fails with the debugger's condition text.  cl-mcp's agent
+catches user errors before they reach the debugger, so this is the safety
+net, not the normal path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Callable
+
+from cl_mcp import sexp
+from cl_mcp.errors import ProtocolError, SwankError
+from cl_mcp.sexp import Keyword, SExp, Symbol
+from cl_mcp.swank.wire import HEADER_LENGTH, encode_frame, encode_message, parse_header
+
+log = logging.getLogger("cl_mcp.swank")
+
+DEFAULT_PACKAGE = "COMMON-LISP-USER"
+_TRAILING_ID = re.compile(r"(\d+)\)\s*$")
+
+
+class RexAborted(SwankError):
+    """A request ended with `(:abort ...)`: it was unwound, usually because it
+    entered the debugger and was thrown out of it."""
+
+    def __init__(self, message: str, condition: str | None = None) -> None:
+        super().__init__(message)
+        self.condition = condition
+
+
+@dataclass(slots=True)
+class _DebugLevel:
+    thread: SExp
+    level: int
+    condition: str
+    continuations: list[int] = field(default_factory=list)
+
+
+class SwankConnection:
+    """A connection to one Swank server.  Use `open`, then `rex`."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        on_output: Callable[[str], None] | None = None,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._on_output = on_output or (lambda text: log.info("lisp output: %s", text.rstrip()))
+        self._pending: dict[int, asyncio.Future[SExp]] = {}
+        self._debug_conditions: dict[int, str] = {}
+        self._next_id = 1
+        self._closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._reader_task = asyncio.create_task(self._read_loop(), name="swank-reader")
+
+    @classmethod
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        *,
+        secret: str | None = None,
+        on_output: Callable[[str], None] | None = None,
+        timeout: float = 10.0,
+    ) -> SwankConnection:
+        """Connect to Swank at HOST:PORT, presenting SECRET first if given."""
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=2**20), timeout
+            )
+        except (OSError, asyncio.TimeoutError) as error:
+            raise SwankError(f"cannot connect to Swank at {host}:{port}: {error}") from None
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if secret is not None:
+            # Swank reads the secret as a raw payload, not as an s-expression.
+            writer.write(encode_frame(secret))
+        return cls(reader, writer, on_output=on_output)
+
+    # ------------------------------------------------------------ requests
+
+    async def rex(
+        self, form: SExp, package: str = DEFAULT_PACKAGE, thread: SExp = True
+    ) -> SExp:
+        """Evaluate FORM in the image (`:emacs-rex`) and return its value.
+
+        Raises `RexAborted` when the request was unwound and `SwankError`
+        when the connection is lost or Swank rejects the request."""
+        if self._closed.done():
+            raise SwankError(self._closed.result())
+        request_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[SExp] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            self._send([Keyword("emacs-rex"), form, package, thread, request_id])
+            return await future
+        finally:
+            self._pending.pop(request_id, None)
+            self._debug_conditions.pop(request_id, None)
+
+    def interrupt(self, thread: SExp) -> None:
+        """Break into THREAD (`:emacs-interrupt`)."""
+        self._send([Keyword("emacs-interrupt"), thread])
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.done()
+
+    async def wait_closed(self) -> str:
+        """Wait until the connection is lost; return why."""
+        return await asyncio.shield(self._closed)
+
+    async def close(self) -> None:
+        """Close the connection; pending requests fail."""
+        self._lose("connection closed by cl-mcp")
+        self._reader_task.cancel()
+        try:
+            await self._reader_task
+        except (asyncio.CancelledError, Exception):
+            pass
+
+    # ------------------------------------------------------------ internals
+
+    def _send(self, message: SExp) -> None:
+        if self._closed.done():
+            raise SwankError(self._closed.result())
+        self._writer.write(encode_message(message))
+
+    def _lose(self, reason: str) -> None:
+        """Mark the connection lost and fail every pending request."""
+        if not self._closed.done():
+            self._closed.set_result(reason)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(SwankError(reason))
+        self._pending.clear()
+        try:
+            self._writer.close()
+        except Exception:  # the transport may already be gone
+            pass
+
+    async def _read_loop(self) -> None:
+        reason = "connection to the Lisp image was lost"
+        try:
+            while True:
+                header = await self._reader.readexactly(HEADER_LENGTH)
+                payload = await self._reader.readexactly(parse_header(header))
+                self._dispatch(sexp.loads(payload.decode("utf-8")))
+        except asyncio.IncompleteReadError:
+            pass
+        except ConnectionError as error:
+            reason = f"{reason} ({error})"
+        except (ProtocolError, UnicodeDecodeError) as error:
+            reason = f"Swank sent an unreadable message: {error}"
+            log.error(reason)
+        except asyncio.CancelledError:
+            raise
+        finally:
+            self._lose(reason)
+
+    def _dispatch(self, event: SExp) -> None:
+        if not isinstance(event, list) or not event or not isinstance(event[0], Keyword):
+            log.warning("ignoring malformed Swank event %.200r", event)
+            return
+        kind, args = event[0].name, event[1:]
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            log.debug("ignoring Swank event :%s", kind)
+            return
+        try:
+            handler(self, args)
+        except (IndexError, TypeError, ValueError) as error:
+            log.warning("ignoring malformed Swank event %.200r (%s)", event, error)
+
+    def _on_return(self, args: list[SExp]) -> None:
+        (status, *value), request_id = args[0], args[1]
+        future = self._pending.get(request_id)  # type: ignore[arg-type]
+        if future is None or future.done():
+            return
+        if status == Keyword("ok"):
+            future.set_result(value[0] if value else [])
+        else:
+            condition = self._debug_conditions.get(request_id)  # type: ignore[arg-type]
+            text = value[0] if value and isinstance(value[0], str) else "aborted"
+            future.set_exception(RexAborted(condition or text, condition))
+
+    def _on_ping(self, args: list[SExp]) -> None:
+        thread, tag = args
+        self._send([Keyword("emacs-pong"), thread, tag])
+
+    def _on_debug(self, args: list[SExp]) -> None:
+        thread, level, condition, _restarts, _frames, continuations = args[:6]
+        message = condition[0] if isinstance(condition, list) and condition else "debugger entered"
+        ours = [c for c in continuations or [] if c in self._pending]  # type: ignore[union-attr]
+        for request_id in ours:
+            self._debug_conditions[request_id] = str(message)  # type: ignore[index]
+        if ours:
+            log.warning("request %s entered the debugger: %s; leaving it", ours, message)
+        else:
+            log.warning("thread %s entered the debugger: %s; aborting it", thread, message)
+        # Leave the debugger at once, in that thread.  The reply is of no
+        # interest; the interrupted request fails with the condition above.
+        self._send([Keyword("emacs-rex"), [Symbol("swank:throw-to-toplevel")],
+                    DEFAULT_PACKAGE, thread, self._take_id()])
+
+    def _take_id(self) -> int:
+        request_id = self._next_id
+        self._next_id += 1
+        return request_id
+
+    def _on_write_string(self, args: list[SExp]) -> None:
+        if args and isinstance(args[0], str):
+            self._on_output(args[0])
+        if len(args) >= 3 and args[2]:
+            self._send([Keyword("write-done"), args[2]])
+
+    def _on_read_string(self, args: list[SExp]) -> None:
+        # Nothing can type into the image's standard input: break the read,
+        # which lands in the debugger and is left from there.
+        thread = args[0]
+        log.warning("thread %s asked for input; interrupting it", thread)
+        self.interrupt(thread)
+
+    def _on_emacs_question(self, args: list[SExp]) -> None:
+        thread, tag = args[0], args[1]
+        self._send([Keyword("emacs-return"), thread, tag, []])
+
+    def _on_editor_rpc(self, args: list[SExp]) -> None:
+        thread, tag = args[0], args[1]
+        self._send([Keyword("emacs-return"), thread, tag, [Keyword("abort")]])
+
+    def _on_inspect(self, args: list[SExp]) -> None:
+        if len(args) >= 3 and args[1] and args[2]:
+            self._send([Keyword("emacs-return"), args[1], args[2], []])
+
+    def _on_invalid_rpc(self, args: list[SExp]) -> None:
+        request_id, message = args[0], args[1] if len(args) > 1 else "invalid RPC"
+        self._fail(request_id, f"Swank rejected the request: {message}")
+
+    def _on_reader_error(self, args: list[SExp]) -> None:
+        packet, message = (list(args) + ["", ""])[:2]
+        match = _TRAILING_ID.search(str(packet))
+        if match:
+            self._fail(int(match.group(1)), f"Swank could not read the request: {message}")
+        else:
+            log.error("Swank could not read a message: %s", message)
+
+    def _fail(self, request_id: SExp, message: str) -> None:
+        future = self._pending.get(request_id)  # type: ignore[arg-type]
+        if future is not None and not future.done():
+            future.set_exception(SwankError(message))
+
+
+_HANDLERS: dict[str, Callable[[SwankConnection, list[SExp]], None]] = {
+    "return": SwankConnection._on_return,
+    "ping": SwankConnection._on_ping,
+    "debug": SwankConnection._on_debug,
+    "write-string": SwankConnection._on_write_string,
+    "read-string": SwankConnection._on_read_string,
+    "y-or-n-p": SwankConnection._on_emacs_question,
+    "read-from-minibuffer": SwankConnection._on_emacs_question,
+    "eval": SwankConnection._on_editor_rpc,
+    "ed-rpc": SwankConnection._on_editor_rpc,
+    "inspect": SwankConnection._on_inspect,
+    "invalid-rpc": SwankConnection._on_invalid_rpc,
+    "reader-error": SwankConnection._on_reader_error,
+}

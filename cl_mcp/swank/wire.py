@@ -1,0 +1,73 @@
+"""Swank's wire format: a 6-hex-digit length, then one UTF-8 s-expression.
+Pure: no I/O.
+
+Why bytes: the length counts bytes of the UTF-8 payload, not characters;
+counting characters breaks on the first non-ASCII string.  The length field
+has 24 bits, so a payload is at most 0xFFFFFF bytes; Swank closes the
+connection on anything larger, so we refuse to send it.
+"""
+
+from __future__ import annotations
+
+from cl_mcp import sexp
+from cl_mcp.errors import ProtocolError
+
+HEADER_LENGTH = 6
+MAX_PAYLOAD = 0xFFFFFF
+
+
+def encode_frame(payload: str) -> bytes:
+    """PAYLOAD framed for Swank."""
+    data = payload.encode("utf-8")
+    if len(data) > MAX_PAYLOAD:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds Swank's limit of {MAX_PAYLOAD}")
+    return b"%06x" % len(data) + data
+
+
+def encode_message(message: sexp.SExp) -> bytes:
+    """MESSAGE written as an s-expression and framed."""
+    return encode_frame(sexp.dumps(message))
+
+
+def parse_header(header: bytes) -> int:
+    """The payload length a 6-byte header announces."""
+    if len(header) != HEADER_LENGTH:
+        raise ProtocolError(f"short frame header {header!r}")
+    try:
+        text = header.decode("ascii")
+        if not all(c in "0123456789abcdefABCDEF" for c in text):
+            raise ValueError
+        return int(text, 16)
+    except ValueError:
+        raise ProtocolError(f"bad frame header {header!r}") from None
+
+
+class FrameDecoder:
+    """Accumulates bytes and yields complete payloads (h11 style: feed, then
+    pull until there is nothing more)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def next_payload(self) -> str | None:
+        """The next complete payload, decoded, or None if more bytes are needed."""
+        if len(self._buffer) < HEADER_LENGTH:
+            return None
+        length = parse_header(bytes(self._buffer[:HEADER_LENGTH]))
+        end = HEADER_LENGTH + length
+        if len(self._buffer) < end:
+            return None
+        data = bytes(self._buffer[HEADER_LENGTH:end])
+        del self._buffer[:end]
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ProtocolError(f"frame payload is not UTF-8: {error}") from None
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet returned."""
+        return len(self._buffer)

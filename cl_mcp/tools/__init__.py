@@ -1,0 +1,43 @@
+"""The tools cl-mcp offers: each a frozen ToolSpec of data plus one handler.
+
+Definitions (name, description, inputSchema, annotations) come from
+cl_mcp/schemas/tools.json; the handlers live beside this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from jsonschema.protocols import Validator
+
+from cl_mcp.contracts import tool_definitions, tool_validator
+from cl_mcp.render import Rendered
+from cl_mcp.session import LispSession
+
+Handler = Callable[[LispSession, dict[str, Any]], Awaitable[Rendered]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    name: str
+    definition: dict[str, Any]
+    validator: Validator
+    handler: Handler
+
+
+def build_tools() -> dict[str, ToolSpec]:
+    """Every tool, by name, with its argument validator compiled once."""
+    from cl_mcp.tools import definitions, evaluate, systems
+
+    handlers: dict[str, Handler] = {
+        "evaluate-lisp": evaluate.evaluate_lisp,
+        "list-definitions": definitions.list_definitions,
+        "reset-session": systems.reset_session,
+        "load-system": systems.load_system,
+    }
+    tools = {}
+    for definition in tool_definitions():
+        name = definition["name"]
+        tools[name] = ToolSpec(name, definition, tool_validator(definition["inputSchema"]), handlers[name])
+    return tools

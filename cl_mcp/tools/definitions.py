@@ -1,0 +1,38 @@
+"""list-definitions: the session's functions, variables, macros and classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cl_mcp.render import Rendered, error_text
+from cl_mcp.session import LispSession, SessionError
+
+SECTIONS = (
+    ("function", "Functions", "- {name} {detail}"),
+    ("variable", "Variables", "- {name} = {detail}"),
+    ("macro", "Macros", "- {name} {detail}"),
+    ("class", "Classes", "- {name} ({detail})"),
+)
+NOUNS = {"all": "definitions", "functions": "functions", "variables": "variables",
+         "macros": "macros", "classes": "classes"}
+
+
+def render_definitions(entries: list[tuple[str, str, str]], kind: str) -> str:
+    """Sections in the contract's order; a plain sentence when empty."""
+    if not entries:
+        return f"No {NOUNS[kind]} defined in the current session."
+    sections = []
+    for key, title, line in SECTIONS:
+        lines = [line.format(name=name, detail=detail) for k, name, detail in entries if k == key]
+        if lines:
+            sections.append(f"[{title}]\n" + "\n".join(lines))
+    return "\n\n".join(sections)
+
+
+async def list_definitions(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    kind = arguments.get("type", "all")
+    try:
+        entries = await session.list_definitions(kind)
+    except SessionError as error:
+        return Rendered(error_text(error.kind, error.message), True)
+    return Rendered(render_definitions(entries, kind), False)

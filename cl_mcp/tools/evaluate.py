@@ -1,0 +1,21 @@
+"""evaluate-lisp: contracts/evaluate-lisp.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cl_mcp.render import Rendered, error_text, render_evaluation
+from cl_mcp.session import LispSession, SessionError
+
+
+async def evaluate_lisp(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    try:
+        result = await session.evaluate(
+            arguments["code"],
+            package=arguments.get("package"),
+            capture_time=bool(arguments.get("capture-time", False)),
+            timeout=arguments.get("timeout"),
+        )
+    except SessionError as error:
+        return Rendered(error_text(error.kind, error.message), True)
+    return render_evaluation(result)

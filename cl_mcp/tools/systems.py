@@ -1,0 +1,48 @@
+"""reset-session and load-system: the image's state as a whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cl_mcp.render import Rendered, error_text
+from cl_mcp.session import LispSession, SessionError
+
+RESET_TEXT = "Session reset. All definitions cleared."
+MAX_WARNINGS = 20
+
+
+async def reset_session(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    try:
+        await session.reset()
+    except SessionError as error:
+        return Rendered(error_text(error.kind, error.message), True)
+    return Rendered(RESET_TEXT, False)
+
+
+def render_load(result: dict[str, Any]) -> Rendered:
+    """``Loading system: NAME`` / ``Loaded: NAME (version V)``, or the error;
+    warnings summarised, compiler chatter left out."""
+    name = result["system"]
+    if result.get("status") == "ok":
+        version = result.get("version")
+        text = f"Loading system: {name}\nLoaded: {name}" + (f" (version {version})" if version else "")
+        is_error = False
+    else:
+        error = result["error"]
+        text = error_text(error["type"], error["message"].splitlines()[0] if error["message"] else "")
+        is_error = True
+    warnings = result.get("warnings") or []
+    if warnings:
+        lines = [f"{kind}: {' '.join(message.split())}" for kind, message in warnings[:MAX_WARNINGS]]
+        if len(warnings) > MAX_WARNINGS:
+            lines.append(f"… and {len(warnings) - MAX_WARNINGS} more")
+        text += "\n\n[warnings]\n" + "\n".join(lines)
+    return Rendered(text, is_error)
+
+
+async def load_system(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    try:
+        result = await session.load_system(arguments["system"])
+    except SessionError as error:
+        return Rendered(error_text(error.kind, error.message), True)
+    return render_load(result)
