@@ -282,10 +282,12 @@ stream."
   ()
   (:report "No input: cl-mcp evaluates without a terminal, so *STANDARD-INPUT*, *QUERY-IO* and *DEBUG-IO* are empty."))
 
-(defclass no-input-stream (sb-gray:fundamental-character-input-stream)
+(defclass no-input-stream (sb-gray:fundamental-character-input-stream
+                           sb-gray:fundamental-character-output-stream)
   ()
-  (:documentation "An input stream that fails at once, with a reason, instead
-of waiting for input that can never come."))
+  (:documentation "A stream that fails at once, with a reason, when read
+from, instead of waiting for input that can never come; what is written to
+it goes nowhere."))
 
 (defmethod sb-gray:stream-read-char ((stream no-input-stream))
   (error 'no-input :stream stream))
@@ -299,11 +301,20 @@ of waiting for input that can never come."))
   (declare (ignore char))
   nil)
 (defmethod sb-gray:stream-clear-input ((stream no-input-stream)) nil)
+(defmethod sb-gray:stream-write-char ((stream no-input-stream) char) char)
+(defmethod sb-gray:stream-write-string ((stream no-input-stream) string
+                                        &optional start end)
+  (declare (ignore start end))
+  string)
+(defmethod sb-gray:stream-line-column ((stream no-input-stream)) nil)
+(defmethod sb-gray:stream-finish-output ((stream no-input-stream)) nil)
+(defmethod sb-gray:stream-force-output ((stream no-input-stream)) nil)
+(defmethod sb-gray:stream-clear-output ((stream no-input-stream)) nil)
 
 (defun make-null-io ()
-  "A two-way stream that reads nothing and writes nowhere."
-  (make-two-way-stream (make-instance 'no-input-stream)
-                       (make-broadcast-stream)))
+  "A stream that reads nothing and writes nowhere, for *DEBUG-IO* and
+*QUERY-IO*: there is no one at a terminal to answer."
+  (make-instance 'no-input-stream))
 
 (defun reader-error-type (condition)
   "Reader problems are reported by their standard type."

@@ -137,7 +137,7 @@ class LispImage:
             )
         slime_dir = find_slime_dir(self._config.slime_dir)
         argv = [
-            sbcl, "--noinform", "--disable-ldb", "--lose-on-corruption",
+            sbcl, "--noinform", "--disable-ldb",
             "--end-runtime-options",
             "--no-sysinit", "--no-userinit", "--disable-debugger",
         ]

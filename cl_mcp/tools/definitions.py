@@ -13,14 +13,19 @@ SECTIONS = (
     ("macro", "Macros", "- {name} {detail}"),
     ("class", "Classes", "- {name} ({detail})"),
 )
-NOUNS = {"all": "definitions", "functions": "functions", "variables": "variables",
-         "macros": "macros", "classes": "classes"}
+EMPTY = {
+    "all": "No definitions in the current session.",
+    "functions": "No functions defined in the current session.",
+    "variables": "No variables defined in the current session.",
+    "macros": "No macros defined in the current session.",
+    "classes": "No classes defined in the current session.",
+}
 
 
 def render_definitions(entries: list[tuple[str, str, str]], kind: str) -> str:
     """Sections in the contract's order; a plain sentence when empty."""
     if not entries:
-        return f"No {NOUNS[kind]} defined in the current session."
+        return EMPTY[kind]
     sections = []
     for key, title, line in SECTIONS:
         lines = [line.format(name=name, detail=detail) for k, name, detail in entries if k == key]
