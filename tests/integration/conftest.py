@@ -54,6 +54,7 @@ class McpProcess:
         self.raw_lines: list[bytes] = []
         self.stderr_lines: list[str] = []
         self._responses: dict[Any, Any] = {}
+        self.null_responses: list[dict[str, Any]] = []  # answers to unreadable requests
         threading.Thread(target=self._read_stdout, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
 
@@ -100,8 +101,10 @@ class McpProcess:
     # ------------------------------------------------------------ receiving
 
     def response(self, request_id: Any, timeout: float = RESPONSE_TIMEOUT) -> dict[str, Any]:
+        """The response to REQUEST_ID; with None, the next response whose id
+        is null (an unparseable or invalid request)."""
         deadline = time.monotonic() + timeout
-        while request_id not in self._responses:
+        while not (self.null_responses if request_id is None else request_id in self._responses):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise AssertionError(f"no response to {request_id!r} within {timeout} s;"
@@ -113,8 +116,13 @@ class McpProcess:
             if message is None:
                 raise AssertionError(f"cl-mcp closed stdout; stderr tail: {''.join(self.stderr_lines[-20:])}")
             if "id" in message and "method" not in message:
+                if message["id"] is None:
+                    self.null_responses.append(message)
+                    continue
                 assert message["id"] not in self._responses, f"two responses to {message['id']!r}"
                 self._responses[message["id"]] = message
+        if request_id is None:
+            return self.null_responses.pop(0)
         return self._responses.pop(request_id)
 
     def call(self, tool: str, wait: float = RESPONSE_TIMEOUT, **arguments: Any) -> dict[str, Any]:

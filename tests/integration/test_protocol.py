@@ -1,0 +1,189 @@
+"""The JSON-RPC and MCP layer of the real cl-mcp, over pipes."""
+
+import json
+import time
+
+import pytest
+
+from cl_mcp.contracts import first_error, shared_type
+from tests.integration.conftest import McpProcess
+
+CONTRACT_TOOLS = {"evaluate-lisp", "list-definitions", "reset-session", "load-system"}
+
+
+def valid_response(message):
+    return first_error(shared_type("JsonRpcResponse"), message) is None
+
+
+# ---------------------------------------------------------------- lifecycle
+
+@pytest.mark.parametrize("version", ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"])
+def test_initialize_echoes_a_supported_version(version):
+    process = McpProcess()
+    try:
+        result = process.initialize(version)
+        assert result["protocolVersion"] == version
+        assert result["capabilities"]["tools"] == {"listChanged": False}
+        assert result["serverInfo"]["name"] == "cl-mcp"
+        assert result["instructions"]
+        assert ("title" in result["serverInfo"]) == (version >= "2025-06-18")
+        tools = process.request("tools/list")["result"]["tools"]
+        assert all(("annotations" in tool) == (version >= "2025-03-26") for tool in tools)
+    finally:
+        process.close()
+
+
+def test_initialize_with_an_unknown_version_offers_the_latest(shared_server):
+    response = shared_server.request("initialize", {"protocolVersion": "1999-01-01", "capabilities": {},
+                                                    "clientInfo": {"name": "x", "version": "1"}})
+    assert response["result"]["protocolVersion"] == "2025-11-25"
+
+
+def test_initialize_is_answered_before_the_image_is_ready():
+    started = time.monotonic()
+    process = McpProcess()
+    try:
+        process.initialize()
+        assert time.monotonic() - started < 5  # well before a cold SBCL could compile Swank
+    finally:
+        process.close()
+
+
+def test_ping(shared_server):
+    assert shared_server.request("ping")["result"] == {}
+
+
+# ---------------------------------------------------------------- tools/list
+
+def test_tools_list_matches_the_contract(shared_server):
+    tools = shared_server.request("tools/list")["result"]["tools"]
+    assert {tool["name"] for tool in tools} == CONTRACT_TOOLS
+    for tool in tools:
+        assert first_error(shared_type("ToolDefinition"), tool) is None
+    evaluate = next(t for t in tools if t["name"] == "evaluate-lisp")
+    assert evaluate["description"] == ("Evaluate Common Lisp code in a persistent REPL session. "
+                                       "Definitions and variables persist across calls.")
+    assert evaluate["inputSchema"]["required"] == ["code"]
+    assert {"code", "package", "capture-time"} <= set(evaluate["inputSchema"]["properties"])
+    listing = next(t for t in tools if t["name"] == "list-definitions")
+    assert listing["annotations"]["readOnlyHint"] is True
+    assert listing["inputSchema"]["properties"]["type"]["enum"] == [
+        "all", "functions", "variables", "macros", "classes"]
+
+
+def test_tools_list_rejects_a_cursor_it_never_issued(shared_server):
+    response = shared_server.request("tools/list", {"cursor": "nope"})
+    assert response["error"]["code"] == -32602
+
+
+# ---------------------------------------------------------------- errors
+
+def test_unparseable_line(shared_server):
+    shared_server.send_raw(b"this is not json\n")
+    shared_server.send_raw(b'{"jsonrpc": "2.0", "id": 77, "method": "ping"\n')
+    for _ in range(2):
+        response = shared_server.response(None)
+        assert response["error"]["code"] == -32700
+        assert valid_response(response)
+    assert shared_server.request("ping")["result"] == {}
+
+
+def test_invalid_request(shared_server):
+    shared_server.send({"jsonrpc": "1.0", "id": "bad-version", "method": "ping"})
+    response = shared_server.response("bad-version")
+    assert response["error"]["code"] == -32600
+    assert response["error"]["data"]["path"] == "$.jsonrpc"
+    shared_server.send({"jsonrpc": "2.0", "id": "no-method"})
+    assert shared_server.response("no-method")["error"]["code"] == -32600
+    shared_server.send({"jsonrpc": "2.0", "id": "bad-params", "method": "ping", "params": 3})
+    assert shared_server.response("bad-params")["error"]["code"] == -32600
+
+
+def test_unknown_method(shared_server):
+    response = shared_server.request("no/such/method")
+    assert response["error"] == {"code": -32601, "message": "Method not found: no/such/method"}
+
+
+def test_unknown_tool(shared_server):
+    response = shared_server.request("tools/call", {"name": "invalid-tool-name", "arguments": {}})
+    assert response["error"] == {"code": -32602, "message": "Unknown tool: invalid-tool-name"}
+
+
+@pytest.mark.parametrize("arguments, path", [
+    ({}, "params.arguments"),
+    ({"code": 42}, "params.arguments.code"),
+    ({"code": "1", "capture-time": "yes"}, "params.arguments.capture-time"),
+    ({"code": "1", "package": ["CL-USER"]}, "params.arguments.package"),
+    ({"code": "1", "timeout": -1}, "params.arguments.timeout"),
+])
+def test_invalid_arguments_name_the_failing_path(shared_server, arguments, path):
+    response = shared_server.request("tools/call", {"name": "evaluate-lisp", "arguments": arguments})
+    assert response["error"]["code"] == -32602
+    assert response["error"]["data"]["path"] == path
+    assert response["error"]["data"]["schemaPath"].startswith("#/")
+
+
+def test_invalid_tools_call_params(shared_server):
+    response = shared_server.request("tools/call", {"arguments": {}})
+    assert response["error"]["code"] == -32602
+    response = shared_server.request("tools/call", {"name": "evaluate-lisp", "arguments": "(+ 1 2)"})
+    assert response["error"]["data"]["path"] == "params.arguments"
+
+
+def test_a_tool_without_arguments_may_omit_them(shared_server):
+    response = shared_server.request("tools/call", {"name": "list-definitions"})
+    assert "result" in response
+
+
+def test_notifications_get_no_response(shared_server):
+    shared_server.notify("notifications/initialized")
+    shared_server.notify("notifications/unknown-thing", {"x": 1})
+    shared_server.notify("ping")
+    before = len(shared_server.raw_lines)
+    assert shared_server.request("ping")["result"] == {}
+    time.sleep(0.2)
+    assert len(shared_server.raw_lines) == before + 1
+
+
+def test_string_ids_and_every_response_is_well_formed(shared_server):
+    shared_server.send({"jsonrpc": "2.0", "id": "s-1", "method": "ping"})
+    assert shared_server.response("s-1")["result"] == {}
+    for line in shared_server.raw_lines:
+        assert valid_response(json.loads(line)), line
+
+
+def test_batches_are_rejected_cleanly(shared_server):
+    shared_server.send_raw(b'[{"jsonrpc":"2.0","id":"in-batch","method":"ping"}]\n')
+    assert shared_server.response(None)["error"]["code"] == -32600
+
+
+# ---------------------------------------------------------------- concurrency and order
+
+def test_ping_and_tools_list_are_answered_while_an_evaluation_runs(shared_server):
+    slow = shared_server.start_request("tools/call", {"name": "evaluate-lisp",
+                                                      "arguments": {"code": "(sleep 2) :slept"}})
+    started = time.monotonic()
+    assert shared_server.request("ping", timeout=1.5)["result"] == {}
+    assert "tools" in shared_server.request("tools/list", timeout=1.5)["result"]
+    assert time.monotonic() - started < 1.5
+    assert shared_server.response(slow)["result"]["content"][0]["text"] == "=> :SLEPT"
+
+
+def test_evaluations_run_one_at_a_time_in_arrival_order(shared_server):
+    shared_server.eval("(defvar *order* nil)")
+    ids = [shared_server.start_request("tools/call", {"name": "evaluate-lisp", "arguments": {
+        "code": f"(sleep (random 0.02)) (push {i} *order*) {i}"}}) for i in range(20)]
+    for i, request_id in enumerate(ids):
+        assert shared_server.response(request_id)["result"]["content"][0]["text"] == f"=> {i}"
+    assert shared_server.eval("(reverse *order*)")[0] == "=> " + "(" + " ".join(map(str, range(20))) + ")"
+
+
+def test_large_code_and_large_lines(shared_server):
+    code = "(length \"" + "x" * 2_000_000 + "\")"
+    assert shared_server.eval(code) == ("=> 2000000", False)
+
+
+def test_nothing_but_json_on_stdout(shared_server):
+    shared_server.eval('(format t "noise~%") (print :more)')
+    for line in shared_server.raw_lines:
+        json.loads(line)
