@@ -191,3 +191,26 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def listening_ports(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of the TCP sockets PID listens on, from /proc."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:
+                address, port = local.split(":")
+                if len(address) == 8:
+                    address = ".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0))
+                found.append((address, int(port, 16)))
+    return found

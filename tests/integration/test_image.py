@@ -1,0 +1,104 @@
+"""The image cl-mcp owns: it dies, cl-mcp carries on; cl-mcp goes, it goes."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.integration.conftest import McpProcess, listening_ports, pid_alive, sbcl_children
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def image_pid(process):
+    text, _ = process.eval("(sb-posix:getpid)")
+    return int(text.removeprefix("=> "))
+
+
+def test_image_exit_during_a_call_then_a_fresh_image(server):
+    server.eval("(defvar *lost* :here)")
+    text, is_error = server.eval("(sb-ext:exit :abort t)")
+    assert is_error
+    assert text.startswith("[ERROR] CL-MCP:IMAGE-LOST\n")
+    assert server.eval("(+ 1 2)") == ("=> 3", False)
+    text, is_error = server.eval("*lost*")
+    assert is_error and "UNBOUND-VARIABLE" in text
+    assert any("state was lost" in line for line in server.stderr_lines)
+
+
+def test_image_killed_during_a_call(server):
+    pid = image_pid(server)
+    slow = server.start_request("tools/call", {"name": "evaluate-lisp", "arguments": {"code": "(sleep 30)"}})
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGKILL)
+    result = server.response(slow, timeout=10)["result"]
+    assert result["isError"] is True
+    assert result["content"][0]["text"].startswith("[ERROR] CL-MCP:IMAGE-LOST")
+    assert server.eval("(* 6 7)") == ("=> 42", False)
+    assert image_pid(server) != pid
+
+
+def test_image_is_stopped_when_stdin_closes():
+    process = McpProcess()
+    process.initialize()
+    pid = image_pid(process)
+    slow = process.start_request("tools/call", {"name": "evaluate-lisp", "arguments": {"code": "(sleep 100)"}})
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert process.close(timeout=10) == 0
+    assert time.monotonic() - started < 3
+    assert wait_for(lambda: not pid_alive(pid), 2)
+    assert process.response(slow, timeout=1)["error"]["code"] == -32603
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signals_stop_cl_mcp_and_its_image(signum):
+    process = McpProcess()
+    process.initialize()
+    pid = image_pid(process)
+    process.proc.send_signal(signum)
+    assert process.proc.wait(timeout=3) == 0
+    assert wait_for(lambda: not pid_alive(pid), 2)
+
+
+def test_image_exits_on_its_own_when_cl_mcp_is_killed():
+    process = McpProcess()
+    process.initialize()
+    pid = image_pid(process)
+    process.proc.kill()
+    process.proc.wait()
+    assert wait_for(lambda: not pid_alive(pid), 5)
+
+
+def test_no_stray_sbcl_after_a_normal_session():
+    process = McpProcess()
+    process.initialize()
+    process.eval("1")
+    children = sbcl_children(process.proc.pid)
+    assert len(children) == 1
+    process.close()
+    assert wait_for(lambda: not any(pid_alive(p) for p in children), 3)
+
+
+def test_the_listener_closes_once_cl_mcp_has_connected(server):
+    assert listening_ports(image_pid(server)) == []
+
+
+def test_stdout_of_the_image_goes_to_the_log(server):
+    server.eval('(sb-thread:make-thread (lambda () (format *standard-output* "from-a-thread~%") (finish-output)))')
+    assert wait_for(lambda: any("from-a-thread" in line for line in server.stderr_lines), 5)
+    assert server.eval("(+ 1 1)") == ("=> 2", False)
+
+
+def test_an_error_in_a_user_thread_is_logged_and_harmless(server):
+    server.eval('(sb-thread:make-thread (lambda () (error "bg failure")) :name "bg")')
+    assert wait_for(lambda: any("bg failure" in line for line in server.stderr_lines), 5)
+    assert server.eval("(+ 1 1)") == ("=> 2", False)

@@ -1,0 +1,122 @@
+"""The Swank client against a real image: flow control, the debugger,
+questions from Lisp, a lost connection, and the secret."""
+
+import asyncio
+import socket
+
+import pytest
+
+from cl_mcp.errors import SwankError
+from cl_mcp.image import ImageConfig, LispImage
+from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.swank.client import RexAborted, SwankConnection
+from cl_mcp.swank.wire import encode_message
+from tests.integration.conftest import listening_ports
+
+
+def run(coroutine):
+    return asyncio.run(asyncio.wait_for(coroutine, 60))
+
+
+async def with_connection(body):
+    image = LispImage(ImageConfig())
+    port = await image.start()
+    connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
+    try:
+        return await body(connection, image)
+    finally:
+        await connection.close()
+        await image.stop()
+
+
+def test_round_trip_and_non_ascii():
+    async def body(connection, image):
+        assert await connection.rex([Symbol("cl:+"), 1, 2]) == 3
+        assert await connection.rex([Symbol("cl:identity"), "é€😀\n\"\\"]) == "é€😀\n\"\\"
+        big = "λ" * 200_000
+        assert await connection.rex([Symbol("cl:length"), big]) == 200_000
+        assert await connection.rex([Symbol("cl:make-string"), 100_000, Keyword("initial-element"),
+                                     [Symbol("cl:code-char"), 955]]) == big[:100_000]
+    run(with_connection(body))
+
+
+def test_more_than_a_hundred_messages_from_one_thread_are_answered_with_pongs():
+    # Swank pings after 100 messages from one thread and blocks until the pong.
+    form = [Symbol("cl:progn"),
+            [Symbol("cl:dotimes"), [Symbol("cl-user::i"), 250],
+             [Symbol("swank::send-to-emacs"), [Symbol("cl:list"), Keyword("write-string"), "x"]]],
+            Keyword("done")]
+    outputs = []
+
+    async def body(connection, image):
+        connection._on_output = outputs.append
+        assert await connection.rex(form) == Keyword("done")
+    run(with_connection(body))
+    assert len(outputs) == 250
+
+
+def test_a_request_that_enters_the_debugger_is_thrown_out_of_it():
+    async def body(connection, image):
+        with pytest.raises(RexAborted) as caught:
+            await connection.rex([Symbol("cl:error"), "boom ~a", 42])
+        assert caught.value.condition == "boom 42"
+        # The thread was not left waiting: the image still answers.
+        assert await connection.rex([Symbol("cl:+"), 2, 2]) == 4
+    run(with_connection(body))
+
+
+def test_questions_from_lisp_are_answered():
+    async def body(connection, image):
+        assert await connection.rex([Symbol("swank:y-or-n-p-in-emacs"), "Really?"]) == []
+        with pytest.raises(RexAborted):
+            await connection.rex([Symbol("swank:eval-in-emacs"), [Symbol("cl:quote"), [Symbol("cl:+"), 1, 2]]])
+        assert await connection.rex([Symbol("cl:+"), 1, 1]) == 2
+    run(with_connection(body))
+
+
+def test_invalid_rpc_and_reader_error_fail_only_their_request():
+    async def body(connection, image):
+        with pytest.raises(SwankError, match="Thread not found"):
+            await connection.rex([Symbol("cl:+"), 1, 2], thread=987654)
+        with pytest.raises(SwankError, match="could not read"):
+            await connection.rex([Symbol("no-such-package-xyz:foo")])
+        assert await connection.rex([Symbol("cl:+"), 1, 2]) == 3
+    run(with_connection(body))
+
+
+def test_pending_requests_fail_when_the_image_dies():
+    async def body(connection, image):
+        pending = asyncio.ensure_future(connection.rex([Symbol("cl:sleep"), 30]))
+        await asyncio.sleep(0.3)
+        image.kill_now()
+        with pytest.raises(SwankError, match="lost"):
+            await pending
+        with pytest.raises(SwankError):
+            await connection.rex([Symbol("cl:+"), 1, 2])
+    run(with_connection(body))
+
+
+def test_swank_listens_on_loopback_only():
+    async def body():
+        image = LispImage(ImageConfig())
+        port = await image.start()
+        try:
+            assert listening_ports(image.pid) == [("127.0.0.1", port)]
+        finally:
+            await image.stop()
+    run(body())
+
+
+def test_a_connection_without_the_secret_gets_nothing():
+    async def body():
+        image = LispImage(ImageConfig())
+        port = await image.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(encode_message([Keyword("emacs-rex"), [Symbol("cl:+"), 1, 2], "CL-USER", True, 1]))
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(reader.read(1), 2)
+            writer.close()
+        finally:
+            await image.stop()
+    run(body())
