@@ -568,6 +568,15 @@ and name."
   (let ((system (asdf:find-system name nil)))
     (and system (asdf:component-version system))))
 
+(defparameter *redefinition-warning*
+  (first (existing-symbols '(("SB-KERNEL" "REDEFINITION-WARNING"))))
+  "SBCL's class of warnings about redefining a function or macro.")
+
+(defun redefinition-p (warning)
+  "True for a redefinition warning: ASDF compiles a file, then loads it into
+the same image, so every macro of a freshly compiled system is 'redefined'."
+  (and *redefinition-warning* (typep warning *redefinition-warning*)))
+
 (defun load-system (name &key (max-output 20000))
   "Load the ASDF system NAME, through Quicklisp when it is available.
 Return a plist: :status, :system, :version, :loader, :warnings, :output
@@ -579,8 +588,10 @@ Return a plist: :status, :system, :version, :loader, :warnings, :output
            (block loading
              (handler-bind ((warning
                               (lambda (w)
-                                (push (list (public-type-name w) (condition-message w))
-                                      warnings)
+                                (unless (redefinition-p w)
+                                  (push (list (public-type-name w 'warning)
+                                              (condition-message w))
+                                        warnings))
                                 (muffle-warning w)))
                             (serious-condition
                               (lambda (c)
