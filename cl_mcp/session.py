@@ -101,19 +101,22 @@ class LispSession:
             self._starting = None
             raise SessionError("CL-MCP:IMAGE-START-FAILED", str(error)) from None
 
-    async def _discard_image(self, reason: str) -> None:
-        """Forget the current image (stopping it if it still runs)."""
+    async def _discard_image(self, reason: str, *, lost: bool = True) -> None:
+        """Forget the current image (stopping it if it still runs).  LOST
+        says the user did not ask for this, so it is logged as a warning."""
         image, connection = self._image, self._connection
         self._image = self._connection = self._starting = None
         self.package = DEFAULT_PACKAGE
         if connection is not None:
             await connection.close()
         if image is not None:
+            exit_code = image.returncode
             await image.stop(grace=0.5)
-            log.warning(
-                "%s (exit code %s); the session's state was lost, the next call "
-                "starts a fresh image", reason, image.returncode,
-            )
+            if lost:
+                log.warning("%s (exit code %s); the session's state was lost, the next "
+                            "call starts a fresh image", reason, exit_code)
+            else:
+                log.info("%s: image (pid %s) stopped", reason, image.pid)
 
     async def close(self) -> None:
         """Stop the image.  Safe to call more than once."""
@@ -200,5 +203,5 @@ class LispSession:
     async def reset(self) -> None:
         """A fresh image: nothing of the old session survives."""
         async with self._lock:
-            await self._discard_image("session reset")
+            await self._discard_image("session reset", lost=False)
             await self._connection_ready()
