@@ -17,6 +17,11 @@
 (defpackage #:cl-mcp-agent
   (:use #:common-lisp)
   (:export #:evaluate
+           #:invoke-restart-of
+           #:backtrace-of
+           #:eval-in-frame-of
+           #:abort-all
+           #:configure
            #:list-definitions
            #:load-system
            #:prepare-embedded-image
@@ -36,7 +41,7 @@ later belong to the session (see `session-packages').")
 ;;; Capped output streams
 
 (defclass capped-output-stream (sb-gray:fundamental-character-output-stream)
-  ((buffer :initform (make-string-output-stream) :reader buffer)
+  ((buffer :initform (make-string-output-stream) :accessor buffer)
    (limit :initarg :limit :reader limit
           :documentation "Characters kept; the rest are only counted.")
    (kept :initform 0 :accessor kept)
@@ -82,6 +87,12 @@ cannot exhaust the image's memory or overflow a Swank frame."))
 
 (defmethod sb-gray:stream-finish-output ((stream capped-output-stream)) nil)
 (defmethod sb-gray:stream-force-output ((stream capped-output-stream)) nil)
+
+(defun reset-capture (stream)
+  "Forget what STREAM kept and counted: a new stretch of output begins."
+  (setf (buffer stream) (make-string-output-stream)
+        (kept stream) 0
+        (dropped stream) 0))
 
 (defun stream-text (stream)
   "The characters kept by STREAM, as a string."
@@ -150,12 +161,23 @@ SB-INT:SIMPLE-STYLE-WARNING shows as STYLE-WARNING)."
                  return name)
          (class-name class)))))
 
+(defun detail-class-name-p (name)
+  "True for the names of classes that are details of an implementation:
+this agent's, and SBCL's internal (unexported) ones."
+  (let ((package (symbol-package name)))
+    (or (eq package (find-package "CL-MCP-AGENT"))
+        (and (internal-package-p package)
+             (not (eq (nth-value 1 (find-symbol (symbol-name name) package)) :external))))))
+
 (defun condition-type-name (condition)
-  "The condition's own class name, package-qualified outside CL, except for
-this agent's own conditions, which stand for their standard parent."
-  (if (eq (symbol-package (type-of condition)) (find-package "CL-MCP-AGENT"))
-      (public-type-name condition 'serious-condition)
-      (symbol-designator (type-of condition))))
+  "The condition's class name, package-qualified outside CL.  For a class
+that is an implementation detail (SB-KERNEL::RETRY-UNDEFINED-FUNCTION), its
+nearest superclass that is not (UNDEFINED-FUNCTION)."
+  (symbol-designator
+   (or (loop for class in (sb-mop:class-precedence-list (class-of condition))
+             for name = (class-name class)
+             unless (detail-class-name-p name) return name)
+       (type-of condition))))
 
 ;;; ------------------------------------------------------------------
 ;;; Backtraces
@@ -206,15 +228,33 @@ signalled, not where.")
         (concatenate 'string (subseq text 0 *frame-line-limit*) " ...")
         text)))
 
-(defun internal-frame-p (name)
-  "True for frames the user never wrote: the evaluator and its wrapper."
-  (or (member name *evaluator-frames* :test #'equal)
-      (equal name '(lambda ()))))
+(defun agent-name-p (name)
+  "True when the function NAME (a symbol, or a list such as (FLET F :IN G)
+or (:METHOD M (CLASS))) mentions a symbol of this agent."
+  (let ((agent (find-package "CL-MCP-AGENT")))
+    (labels ((walk (x)
+               (typecase x
+                 (symbol (eq (symbol-package x) agent))
+                 (cons (or (walk (car x)) (walk (cdr x)))))))
+      (walk name))))
 
-(defun capture-backtrace (condition)
-  "Up to `*backtrace-frame-limit*' frames between the point CONDITION was
-signalled and the evaluation boundary, as strings.  Called from inside the
-handler, before anything unwinds."
+(defun internal-frame-p (name)
+  "True for frames the user never wrote: the evaluator and its wrapper,
+this agent's own functions, and frames SBCL cannot name."
+  (or (member name *evaluator-frames* :test #'equal)
+      (equal name '(lambda ()))
+      (and (stringp name) (string/= name "undefined function"))
+      (agent-name-p name)))
+
+(defparameter *frame-walk-limit* 200
+  "Frames examined for one error.")
+
+(defun error-frames (condition)
+  "The frames between the point CONDITION was signalled and the evaluation
+boundary, user-relevant ones only, as frame objects.  Called from inside
+the handler, before anything unwinds, so the frames stay valid while the
+evaluation waits there."
+  (declare (ignore condition))
   (let ((frames '()))
     (block walk
       (sb-debug::map-backtrace
@@ -222,26 +262,26 @@ handler, before anything unwinds."
          (let ((name (frame-name frame)))
            (when (eq name '%eval-form) (return-from walk))
            (push (cons name frame) frames)))
-       :count 200))
+       :count *frame-walk-limit*))
     (setf frames (nreverse frames))
-    ;; Drop the signalling machinery above the frame that signalled.
+    ;; Drop the signalling machinery (and this agent's handler) above the
+    ;; frame that signalled.
     (let ((last (position-if (lambda (entry)
-                               (or (member (car entry) *signalling-frames*
-                                           :test #'equal)
-                                   (and (consp (car entry))
-                                        (member '%evaluate-with-handlers (car entry)))))
-                             frames :end (min 25 (length frames)) :from-end t)))
+                               (or (member (car entry) *signalling-frames* :test #'equal)
+                                   (agent-name-p (car entry))))
+                             frames :end (min 40 (length frames)) :from-end t)))
       (when last (setf frames (nthcdr (1+ last) frames))))
     (loop for (name . frame) in frames
-          for index from 0
-          unless (internal-frame-p name)
-            collect (if (and (equal name "undefined function")
-                             (typep condition 'undefined-function))
-                        (undefined-function-line frame condition)
-                        (frame-line frame))
-              into lines
-          finally (return (subseq lines 0 (min (length lines)
-                                               *backtrace-frame-limit*))))))
+          unless (internal-frame-p name) collect frame)))
+
+(defun frame-lines (frames condition count)
+  "The first COUNT of FRAMES as one-line strings."
+  (loop for frame in frames
+        repeat count
+        collect (if (and (typep condition 'undefined-function)
+                         (equal (frame-name frame) "undefined function"))
+                    (undefined-function-line frame condition)
+                    (frame-line frame))))
 
 (defun undefined-function-line (frame condition)
   "SBCL shows a call to an undefined function as a frame named
@@ -253,8 +293,6 @@ handler, before anything unwinds."
 
 ;;; ------------------------------------------------------------------
 ;;; Evaluation
-
-(defvar *timing* nil)
 
 (defun %eval-form (form)
   "Evaluate FORM.  A named frame that marks where a backtrace ends (debug 3
@@ -327,8 +365,7 @@ it goes nowhere."))
 by plainer ones that say what happened to the evaluation."
   (typecase condition
     (sb-ext:timeout
-     (format nil "Evaluation exceeded its deadline of ~A and was interrupted. ~
-                  The session is still usable."
+     (format nil "Evaluation exceeded its deadline of ~A and was interrupted."
              (seconds-text timeout)))
     (undefined-function
      (format nil "The function ~A is undefined."
@@ -361,6 +398,439 @@ by plainer ones that say what happened to the evaluation."
           (ms (- sb-ext:*gc-run-time* gc))
           (- (sb-ext:get-bytes-consed) bytes))))
 
+;;; ------------------------------------------------------------------
+;;; Evaluations in threads of their own
+;;;
+;;; Each evaluation runs in a thread of its own.  The Swank worker that asked
+;;; for it waits for a report: the outcome, or the news that the evaluation
+;;; stopped at an error and waits there, its restarts intact, for commands
+;;; (invoke a restart, list frames, evaluate in a frame, abort).  A waiting
+;;; evaluation costs its thread and nothing else; at most
+;;; `*max-suspended*' wait at once, each for at most `*suspend-seconds*'.
+
+(defparameter *max-suspended* 8
+  "Evaluations that may wait at an error at once; the oldest is aborted to
+make room for a new one.")
+
+(defparameter *suspend-seconds* 600
+  "How long an evaluation waits at an error before it aborts itself.")
+
+(defvar *registry-lock* (sb-thread:make-mutex :name "cl-mcp evaluations"))
+(defvar *suspended* '() "Evaluations waiting at an error, newest first.")
+(defvar *evaluation-counter* 0)
+
+(defstruct (evaluation (:constructor %make-evaluation))
+  "One evaluation and the two mailboxes between its thread and its callers."
+  (id 0 :type fixnum)
+  code package capture-time max-output
+  (timeout nil)
+  (thread nil)
+  (lock (sb-thread:make-mutex :name "cl-mcp evaluation"))
+  (ready (sb-thread:make-waitqueue))
+  (command nil)
+  (report nil)
+  (stdout nil) (stderr nil)
+  (warnings '())
+  (readings nil)
+  (timer nil)
+  (abort-restart nil)
+  (condition nil)
+  (waiting nil)
+  (overflowed nil)
+  (restarts '())
+  (frames '()))
+
+(defun make-evaluation (&rest initargs)
+  (apply #'%make-evaluation
+         :id (sb-thread:with-mutex (*registry-lock*) (incf *evaluation-counter*))
+         initargs))
+
+(defun put-slot (evaluation writer value)
+  "Store VALUE with WRITER under EVALUATION's lock and wake its waiters."
+  (sb-thread:with-mutex ((evaluation-lock evaluation))
+    (funcall writer value evaluation)
+    (sb-thread:condition-broadcast (evaluation-ready evaluation))))
+
+(defun take-slot (evaluation reader writer &optional timeout)
+  "Wait until READER's slot is set, clear it, and return its value; nil if
+TIMEOUT seconds pass first."
+  (let ((deadline (and timeout (+ (get-internal-real-time)
+                                  (* timeout internal-time-units-per-second)))))
+    (sb-thread:with-mutex ((evaluation-lock evaluation))
+      (loop
+        (let ((value (funcall reader evaluation)))
+          (when value
+            (funcall writer nil evaluation)
+            (return value)))
+        (let ((left (and deadline (/ (- deadline (get-internal-real-time))
+                                     internal-time-units-per-second))))
+          (when (and left (<= left 0)) (return nil))
+          (sb-thread:condition-wait (evaluation-ready evaluation)
+                                    (evaluation-lock evaluation)
+                                    :timeout left))))))
+
+(defun post-report (evaluation report)
+  (put-slot evaluation #'(setf evaluation-report) report))
+
+(defun await-report (evaluation)
+  (take-slot evaluation #'evaluation-report #'(setf evaluation-report)))
+
+(defun post-command (evaluation command)
+  (put-slot evaluation #'(setf evaluation-command) command))
+
+(defun await-command (evaluation timeout)
+  (take-slot evaluation #'evaluation-command #'(setf evaluation-command) timeout))
+
+;;; Deadlines: a timer that interrupts the evaluation's thread.  It is
+;;; cancelled while the evaluation waits at an error, and set again for
+;;; each stretch of running.
+
+(defun start-stretch (evaluation timeout)
+  "Begin a stretch of running: fresh output capture, readings for timing,
+and a deadline TIMEOUT seconds away."
+  (reset-capture (evaluation-stdout evaluation))
+  (reset-capture (evaluation-stderr evaluation))
+  (progn
+    (setf (evaluation-warnings evaluation) '()
+          (evaluation-timeout evaluation) timeout
+          (evaluation-readings evaluation)
+          (list (get-internal-real-time) (get-internal-run-time)
+                sb-ext:*gc-run-time* (sb-ext:get-bytes-consed))))
+  (when (and timeout (plusp timeout))
+    (let ((timer (sb-ext:make-timer
+                  (lambda ()
+                    (cerror "Continue the evaluation." 'sb-ext:timeout :seconds timeout))
+                  :name "cl-mcp deadline"
+                  :thread sb-thread:*current-thread*)))
+      (setf (evaluation-timer evaluation) timer)
+      (sb-ext:schedule-timer timer timeout))))
+
+(defun stop-deadline (evaluation)
+  (let ((timer (shiftf (evaluation-timer evaluation) nil)))
+    (when timer (sb-ext:unschedule-timer timer))))
+
+(defmacro with-evaluation-streams ((evaluation) &body body)
+  "Run BODY with the standard streams bound to EVALUATION's capture: output
+to its capped streams, and input streams that fail at once."
+  `(let* ((*standard-output* (evaluation-stdout ,evaluation))
+          (*error-output* (evaluation-stderr ,evaluation))
+          (*trace-output* *error-output*)
+          (*terminal-io* (make-two-way-stream (make-instance 'no-input-stream)
+                                              *standard-output*))
+          (*standard-input* (make-instance 'no-input-stream))
+          (*debug-io* (make-null-io))
+          (*query-io* (make-null-io)))
+     ,@body))
+
+(defun stretch-report (evaluation status &rest more)
+  "The plist describing the stretch that just ended."
+  (let* ((stdout (evaluation-stdout evaluation))
+         (stderr (evaluation-stderr evaluation))
+         (report (list* :status status
+                        :stdout (stream-text stdout)
+                        :stdout-dropped (dropped stdout)
+                        :stderr (stream-text stderr)
+                        :stderr-dropped (dropped stderr)
+                        :warnings (warning-entries (evaluation-warnings evaluation)
+                                                   (evaluation-condition evaluation))
+                        :package (package-name *package*)
+                        :package-changed (not (eq *package* (evaluation-package evaluation)))
+                        more)))
+    (if (evaluation-capture-time evaluation)
+        (list* :timing (apply #'timing-since (evaluation-readings evaluation)) report)
+        report)))
+
+;;; The evaluation's thread
+
+(defun run-evaluation (evaluation)
+  "The body of an evaluation's thread: read and evaluate the code, and post
+the final report (unless it was posted already, at an error).  Whatever
+happens, the caller hears back: a failure of this agent itself is reported
+as CL-MCP:INTERNAL-ERROR rather than leaving the caller waiting."
+  (let ((done nil))
+    (unwind-protect
+         (handler-case
+             (progn (%run-evaluation evaluation)
+                    (setf done t))
+           (serious-condition (c)
+             (post-report evaluation (command-error "CL-MCP:INTERNAL-ERROR"
+                                                    (condition-message c)))
+             (setf done t)))
+      (forget-evaluation evaluation)
+      (stop-deadline evaluation)
+      (unless done
+        (post-report evaluation (command-error "CL-MCP:ABORTED"
+                                               "The evaluation's thread was ended.")))
+      (when (evaluation-overflowed evaluation)
+        (park-thread)))))
+
+(defparameter *control-stack-exhausted*
+  (first (existing-symbols '(("SB-KERNEL" "CONTROL-STACK-EXHAUSTED"))))
+  "SBCL's condition class for a control stack overflow.")
+
+(defun control-stack-exhausted-p (condition)
+  (and *control-stack-exhausted* (typep condition *control-stack-exhausted*)))
+
+(defun park-thread ()
+  "Keep this thread alive, idle, for the rest of the image's life.
+
+Why: SBCL 2.2.9 reuses the memory of an exited thread for the next one.
+After a stack overflow the guard page's bookkeeping in that memory is
+stale, and the next thread to overflow there kills the whole image
+(\"control_stack_guard_page_protected not NIL\").  A thread that never
+exits is never reused; it costs its stack and nothing else."
+  (setf (sb-thread:thread-name sb-thread:*current-thread*)
+        "cl-mcp evaluation (parked after a stack overflow)")
+  (loop (sleep 3600)))
+
+(defun %run-evaluation (evaluation)
+  (setf (evaluation-stdout evaluation) (make-capped-output-stream (evaluation-max-output evaluation))
+        (evaluation-stderr evaluation) (make-capped-output-stream (evaluation-max-output evaluation)))
+  (let ((*package* (evaluation-package evaluation)))
+    (with-evaluation-streams (evaluation)
+      (let ((outcome
+              (catch evaluation
+                (restart-bind ((abort (lambda (&optional reported)
+                                        (throw evaluation (list :aborted reported)))
+                                 :report-function
+                                 (lambda (stream) (write-string "Abort this evaluation." stream))))
+                  (setf (evaluation-abort-restart evaluation) (find-restart 'abort))
+                  (handler-bind ((warning
+                                   (lambda (w)
+                                     (push w (evaluation-warnings evaluation))
+                                     (muffle-warning w)))
+                                 (serious-condition
+                                   (lambda (c) (stop-at-error evaluation c))))
+                    (let ((sb-ext:*invoke-debugger-hook*
+                            (lambda (condition hook)
+                              (declare (ignore hook))
+                              (stop-at-error evaluation condition)))
+                          (*debugger-hook* nil))
+                      (start-stretch evaluation (evaluation-timeout evaluation))
+                      (read-and-evaluate evaluation)))))))
+        (stop-deadline evaluation)
+        (forget-evaluation evaluation)
+        (destructuring-bind (status &optional detail) outcome
+          (ecase status
+            (:ok (post-report evaluation
+                              (stretch-report evaluation :ok
+                                              :values (print-values detail (evaluation-max-output evaluation)))))
+            (:reader-error (post-report evaluation (stretch-report evaluation :error :error detail)))
+            (:aborted
+             (unless detail
+               (post-report evaluation
+                            (stretch-report evaluation :aborted
+                                            :error (list :type "CL-MCP:ABORTED"
+                                                         :message "The evaluation was aborted."
+                                                         :backtrace nil)))))))))))
+
+(defun read-and-evaluate (evaluation)
+  "Read the forms of the code one after another and evaluate each; return
+(:ok VALUES-OF-THE-LAST) or (:reader-error ERROR-PLIST)."
+  (let ((stream (make-string-input-stream (evaluation-code evaluation)))
+        (eof (make-symbol "EOF"))
+        (values '()))
+    (loop
+      (let ((form (handler-case (read-next-form stream eof)
+                    (serious-condition (c)
+                      (return (list :reader-error (describe-error c nil :reading t)))))))
+        (when (eq form eof)
+          (return (list :ok values)))
+        (setf values (multiple-value-list (%eval-form form)))))))
+
+(defun stop-at-error (evaluation condition)
+  "Called where CONDITION was signalled, before anything unwinds.  Report
+the error with its backtrace and restarts; then either wait here for
+commands or, when no more evaluations may wait, abort."
+  (when (evaluation-waiting evaluation)
+    ;; A failure while carrying out a command, in this agent's own code.
+    (post-report evaluation (command-error "CL-MCP:INTERNAL-ERROR" (condition-message condition)))
+    (throw 'command-failed nil))
+  (stop-deadline evaluation)
+  (when (control-stack-exhausted-p condition)
+    (setf (evaluation-overflowed evaluation) t))
+  (let ((frames (error-frames condition)))
+    (setf (evaluation-condition evaluation) condition
+          (evaluation-frames evaluation) frames
+          (evaluation-restarts evaluation) (evaluation-restarts-for evaluation condition))
+    (let* ((waiting (register-suspended evaluation))
+           (report (stretch-report
+                    evaluation :error
+                    :error (describe-error condition
+                                           (frame-lines frames condition *backtrace-frame-limit*)
+                                           :timeout (evaluation-timeout evaluation))
+                    :restarts (restart-entries (evaluation-restarts evaluation))
+                    :evaluation (and waiting (evaluation-id evaluation)))))
+      (post-report evaluation report)
+      (if waiting
+          (command-loop evaluation)
+          (invoke-restart (evaluation-abort-restart evaluation) t)))))
+
+(defun evaluation-restarts-for (evaluation condition)
+  "The restarts for CONDITION from the user's code up to this evaluation's
+own ABORT; the thread's restarts beyond it are not the user's business."
+  (let* ((restarts (compute-restarts condition))
+         (ours (position (evaluation-abort-restart evaluation) restarts)))
+    (if ours (subseq restarts 0 (1+ ours)) restarts)))
+
+(defun restart-entries (restarts)
+  "RESTARTS as (NAME DESCRIPTION) lists."
+  (loop for restart in restarts
+        collect (list (let ((name (restart-name restart)))
+                        (if name (symbol-name name) "(unnamed)"))
+                      (one-line (safe-print restart #'princ-to-string) 200))))
+
+(defun command-loop (evaluation)
+  "Wait at the error for commands until one continues or aborts the
+evaluation, or until `*suspend-seconds*' pass."
+  (setf (evaluation-waiting evaluation) t)
+  (loop
+    (let ((command (await-command evaluation *suspend-seconds*)))
+      (unless command
+        (forget-evaluation evaluation)
+        (invoke-restart (evaluation-abort-restart evaluation) t))
+      (catch 'command-failed
+        (destructuring-bind (kind &rest arguments) command
+          (ecase kind
+            (:restart (apply #'resume evaluation arguments))
+            (:backtrace (post-report evaluation (apply #'frames-report evaluation arguments)))
+            (:eval-in-frame (post-report evaluation (apply #'frame-eval-report evaluation arguments)))
+            (:abort (forget-evaluation evaluation)
+                    (invoke-restart (evaluation-abort-restart evaluation) nil))))))))
+
+(defun find-restart-designator (evaluation designator)
+  "The restart DESIGNATOR names: an index into the listed restarts, or a
+restart name (case-insensitive)."
+  (let ((restarts (evaluation-restarts evaluation)))
+    (etypecase designator
+      (integer (nth designator restarts))
+      (string (find-if (lambda (r)
+                         (and (restart-name r)
+                              (string-equal (symbol-name (restart-name r)) designator)))
+                       restarts)))))
+
+(defun resume (evaluation designator value-codes timeout)
+  "Invoke the restart DESIGNATOR with the values of VALUE-CODES (strings of
+Lisp code, evaluated here).  A failure is reported and the evaluation keeps
+waiting."
+  (let ((restart (find-restart-designator evaluation designator)))
+    (unless restart
+      (return-from resume
+        (post-report evaluation (command-error "CL-MCP:NO-SUCH-RESTART"
+                                               (format nil "No restart ~S is available; ~
+                                                            the evaluation still waits."
+                                                       designator)))))
+    (multiple-value-bind (values failure) (evaluate-value-codes value-codes)
+      (when failure
+        (return-from resume (post-report evaluation failure)))
+      (forget-evaluation evaluation)
+      (setf (evaluation-condition evaluation) nil
+            (evaluation-waiting evaluation) nil)
+      (start-stretch evaluation timeout)
+      (apply #'invoke-restart restart values))))
+
+(defun command-error (type message)
+  (list :status :error :error (list :type type :message message :backtrace nil)
+        :stdout "" :stderr "" :warnings '()))
+
+(defun evaluate-value-codes (codes)
+  "The values of the forms in CODES, or nil and an error report."
+  (handler-case
+      (values (loop for code in codes
+                    collect (eval (let ((*read-eval* t)) (read-from-string code))))
+              nil)
+    (serious-condition (c)
+      (values nil (command-error (condition-type-name c)
+                                 (format nil "Could not compute a restart value: ~A"
+                                         (condition-message c)))))))
+
+(defun frames-report (evaluation &optional (count *backtrace-frame-limit*))
+  "Frames of the waiting evaluation with their local variables."
+  (list :status :ok
+        :frames (loop for frame in (evaluation-frames evaluation)
+                      for line in (frame-lines (evaluation-frames evaluation)
+                                               (evaluation-condition evaluation)
+                                               count)
+                      collect (list line (frame-locals frame)))))
+
+(defun frame-locals (frame)
+  "FRAME's local variables as (NAME VALUE) strings, where the compiler kept
+them."
+  (let ((location (sb-di:frame-code-location frame))
+        (locals '()))
+    (handler-case
+        (sb-di:do-debug-fun-vars (var (sb-di:frame-debug-fun frame))
+          (when (eq (sb-di:debug-var-validity var location) :valid)
+            (push (list (symbol-designator (sb-di:debug-var-symbol var))
+                        (one-line (with-result-printing ()
+                                    (let ((*print-pretty* nil))
+                                      (safe-print (sb-di:debug-var-value var frame)
+                                                  #'prin1-to-string)))
+                                  200))
+                  locals)))
+      (serious-condition () nil))
+    (nreverse locals)))
+
+(defun frame-eval-report (evaluation index code)
+  "Evaluate CODE in frame INDEX of the waiting evaluation, with that frame's
+local variables in scope."
+  (let ((frame (nth index (evaluation-frames evaluation))))
+    (unless frame
+      (return-from frame-eval-report
+        (command-error "CL-MCP:NO-SUCH-FRAME" (format nil "There is no frame ~D." index))))
+    (start-stretch evaluation nil)
+    (handler-case
+        (let ((values (multiple-value-list
+                       (sb-di:eval-in-frame frame (let ((*read-eval* t))
+                                                    (read-from-string code))))))
+          (stretch-report evaluation :ok
+                          :values (print-values values (evaluation-max-output evaluation))))
+      (serious-condition (c)
+        (stretch-report evaluation :error
+                        :error (describe-error c nil))))))
+
+;;; The registry of waiting evaluations
+
+(defun register-suspended (evaluation)
+  "Record EVALUATION as waiting; true unless waiting is switched off.  The
+oldest waiting evaluation is aborted when there are too many."
+  (when (plusp *max-suspended*)
+    (let ((evicted '()))
+      (sb-thread:with-mutex (*registry-lock*)
+        (push evaluation *suspended*)
+        (loop while (> (length *suspended*) *max-suspended*)
+              do (push (car (last *suspended*)) evicted)
+                 (setf *suspended* (butlast *suspended*))))
+      (dolist (old evicted)
+        (post-command old (list :abort)))
+      t)))
+
+(defun forget-evaluation (evaluation)
+  (sb-thread:with-mutex (*registry-lock*)
+    (setf *suspended* (remove evaluation *suspended*))))
+
+(defun find-suspended (id)
+  "The waiting evaluation numbered ID, or the newest when ID is nil."
+  (sb-thread:with-mutex (*registry-lock*)
+    (if id
+        (find id *suspended* :key #'evaluation-id)
+        (first *suspended*))))
+
+(defun no-suspended-report (id)
+  (command-error "CL-MCP:NO-SUSPENDED-EVALUATION"
+                 (if id
+                     (format nil "No evaluation ~D is waiting at an error (it finished, ~
+                                  was aborted, or its time ran out)." id)
+                     "No evaluation is waiting at an error.")))
+
+(defmacro with-suspended ((evaluation id) &body body)
+  `(let ((,evaluation (find-suspended ,id)))
+     (if ,evaluation
+         (progn ,@body)
+         (no-suspended-report ,id))))
+
+;;; Entry points
+
 (defun evaluate (code &key package (explicit-package nil) (capture-time nil)
                         (timeout nil) (max-output 1000000))
   "Read and evaluate the forms of CODE one after another, in PACKAGE, and
@@ -372,6 +842,8 @@ return a plist describing the outcome:
             :stderr-dropped counting characters beyond MAX-OUTPUT
   :warnings list of (TYPE MESSAGE)
   :error    (:type :message :backtrace) when :status is :error
+  :restarts (NAME DESCRIPTION) lists, and :evaluation, the number of the
+            evaluation now waiting at the error (when it waits)
   :package  name of *package* afterwards, :package-changed whether the
             code changed it (IN-PACKAGE)
   :timing   (REAL-MS RUN-MS GC-MS BYTES) when CAPTURE-TIME
@@ -379,11 +851,7 @@ return a plist describing the outcome:
 An unknown PACKAGE is an error when EXPLICIT-PACKAGE, and falls back to
 CL-USER otherwise (the session's package may have been deleted).  TIMEOUT,
 in seconds, interrupts the evaluation with SB-EXT:TIMEOUT."
-  (let* ((target (find-package-designator package))
-         (stdout (make-capped-output-stream max-output))
-         (stderr (make-capped-output-stream max-output))
-         (warnings '())
-         (outcome nil))
+  (let ((target (find-package-designator package)))
     (when (and (null target) explicit-package)
       (return-from evaluate
         (list :status :error
@@ -391,34 +859,48 @@ in seconds, interrupts the evaluation with SB-EXT:TIMEOUT."
                            :message (format nil "The package ~S does not exist." package)
                            :backtrace nil)
               :package "COMMON-LISP-USER")))
-    (let* ((start (or target (find-package "COMMON-LISP-USER")))
-           (*package* start)
-           (*standard-output* stdout)
-           (*error-output* stderr)
-           (*trace-output* stderr)
-           (*terminal-io* (make-two-way-stream (make-instance 'no-input-stream) stdout))
-           (*standard-input* (make-instance 'no-input-stream))
-           (*debug-io* (make-null-io))
-           (*query-io* (make-null-io))
-           (real (get-internal-real-time))
-           (run (get-internal-run-time))
-           (gc sb-ext:*gc-run-time*)
-           (bytes (sb-ext:get-bytes-consed)))
-      (setf outcome (%evaluate-with-handlers code timeout
-                                             (lambda (w) (push w warnings))))
-      (let ((result (list :status (first outcome)
-                          :stdout (stream-text stdout)
-                          :stdout-dropped (dropped stdout)
-                          :stderr (stream-text stderr)
-                          :stderr-dropped (dropped stderr)
-                          :warnings (warning-entries warnings (third outcome))
-                          :package (package-name *package*)
-                          :package-changed (not (eq *package* start)))))
-        (when capture-time
-          (setf result (list* :timing (timing-since real run gc bytes) result)))
-        (ecase (first outcome)
-          (:ok (list* :values (print-values (second outcome) max-output) result))
-          (:error (list* :error (second outcome) result)))))))
+    (let ((evaluation (make-evaluation :code code
+                                       :package (or target (find-package "COMMON-LISP-USER"))
+                                       :capture-time capture-time
+                                       :timeout timeout
+                                       :max-output max-output)))
+      (setf (evaluation-thread evaluation)
+            (sb-thread:make-thread #'run-evaluation :name "cl-mcp evaluation"
+                                                    :arguments (list evaluation)))
+      (await-report evaluation))))
+
+(defun invoke-restart-of (id restart &key values (timeout nil))
+  "Invoke RESTART (an index or a name) of the waiting evaluation ID (the
+newest when nil) with the values of the VALUES code strings; return the
+evaluation's new outcome, as `evaluate' does."
+  (with-suspended (evaluation id)
+    (post-command evaluation (list :restart restart values timeout))
+    (await-report evaluation)))
+
+(defun backtrace-of (id &key (count *backtrace-frame-limit*))
+  "The frames, with local variables, of the waiting evaluation ID."
+  (with-suspended (evaluation id)
+    (post-command evaluation (list :backtrace count))
+    (list* :evaluation (evaluation-id evaluation) (await-report evaluation))))
+
+(defun eval-in-frame-of (id frame code)
+  "Evaluate CODE in FRAME of the waiting evaluation ID."
+  (with-suspended (evaluation id)
+    (post-command evaluation (list :eval-in-frame frame code))
+    (await-report evaluation)))
+
+(defun abort-all ()
+  "Abort every waiting evaluation; return how many there were."
+  (let ((all (sb-thread:with-mutex (*registry-lock*) (shiftf *suspended* '()))))
+    (dolist (evaluation all)
+      (post-command evaluation (list :abort)))
+    (length all)))
+
+(defun configure (&key (max-suspended *max-suspended*) (suspend-seconds *suspend-seconds*))
+  "Set the limits on waiting evaluations."
+  (setf *max-suspended* max-suspended
+        *suspend-seconds* suspend-seconds)
+  t)
 
 (defun print-values (values limit)
   "VALUES printed under the contract's printer settings, their total length
@@ -430,45 +912,8 @@ kept under LIMIT."
           sum (length text) into used
           collect (multiple-value-bind (kept cut) (cap-string text room)
                     (if (plusp cut)
-                        (format nil "~A... [~D more characters truncated]" kept cut)
+                        (format nil "~A~%… [~D more characters truncated]" kept cut)
                         kept)))))
-
-(defun %evaluate-with-handlers (code timeout record-warning)
-  "Evaluate the forms of CODE.  Return (:ok VALUES) or (:error PLIST CONDITION).
-Warnings are muffled and passed to RECORD-WARNING."
-  (let ((stream (make-string-input-stream code))
-        (eof (make-symbol "EOF"))
-        (values '())
-        (reading nil))
-    (block evaluation
-      (flet ((fail (condition)
-               (return-from evaluation
-                 (list :error
-                       (describe-error condition
-                                       (unless reading (capture-backtrace condition))
-                                       :reading reading
-                                       :timeout timeout)
-                       condition))))
-        (handler-bind ((warning
-                         (lambda (w)
-                           (funcall record-warning w)
-                           (muffle-warning w)))
-                       (serious-condition #'fail))
-          ;; INVOKE-DEBUGGER (from BREAK, or a handler that declines) must
-          ;; not reach Swank's debugger either.
-          (let ((sb-ext:*invoke-debugger-hook*
-                  (lambda (condition hook)
-                    (declare (ignore hook))
-                    (fail condition)))
-                (*debugger-hook* nil))
-            (sb-ext:with-timeout timeout
-              (loop
-                (setf reading t)
-                (let ((form (read-next-form stream eof)))
-                  (setf reading nil)
-                  (when (eq form eof) (return))
-                  (setf values (multiple-value-list (%eval-form form))))))
-            (list :ok values)))))))
 
 (defun warning-entries (warnings error)
   "WARNINGS as (TYPE MESSAGE) lists, in the order signalled, leaving out the
@@ -489,10 +934,30 @@ compiler's note that a function is undefined when calling it is the ERROR."
         (set-difference (list-all-packages) *baseline-packages*)))
 
 (defun lambda-list-text (function-designator)
-  (let ((*package* (find-package "COMMON-LISP-USER"))
-        (*print-pretty* nil))
-    (handler-case (format nil "~:A"
-                          (sb-introspect:function-lambda-list function-designator))
+  "The lambda list of FUNCTION-DESIGNATOR as a programmer writes it:
+parameter names without package prefixes, keywords and default values as
+written (strings quoted)."
+  (labels ((write-part (part out)
+             (typecase part
+               (keyword (format out ":~A" (symbol-name part)))
+               (symbol (write-string (symbol-name part) out))
+               (cons (write-char #\( out)
+                     (loop for (item . rest) on part
+                           do (write-part item out)
+                              (typecase rest
+                                (null)
+                                (cons (write-char #\Space out))
+                                (t (write-string " . " out) (write-part rest out))))
+                     (write-char #\) out))
+               (t (prin1 part out)))))
+    (handler-case
+        (let ((lambda-list (sb-introspect:function-lambda-list function-designator))
+              (*print-pretty* nil)
+              (*print-length* 20)
+              (*print-level* 4))
+          (if lambda-list
+              (with-output-to-string (out) (write-part lambda-list out))
+              "()"))
       (serious-condition () "(...)"))))
 
 (defun one-line (text limit)
@@ -580,39 +1045,47 @@ the same image, so every macro of a freshly compiled system is 'redefined'."
 (defun load-system (name &key (max-output 20000))
   "Load the ASDF system NAME, through Quicklisp when it is available.
 Return a plist: :status, :system, :version, :loader, :warnings, :output
-(compiler chatter, capped at MAX-OUTPUT) or :error."
+(compiler chatter, capped at MAX-OUTPUT) or :error.  Packages the system
+creates are libraries, not the session's own definitions."
   (let* ((stdout (make-capped-output-stream max-output))
          (warnings '())
          (quicklisp (ensure-quicklisp))
          (outcome
            (block loading
-             (handler-bind ((warning
-                              (lambda (w)
-                                (unless (redefinition-p w)
-                                  (push (list (public-type-name w 'warning)
-                                              (condition-message w))
-                                        warnings))
-                                (muffle-warning w)))
-                            (serious-condition
-                              (lambda (c)
-                                (return-from loading
-                                  (list :error
-                                        (if (missing-system-p c name)
-                                            (list :type (condition-type-name c)
-                                                  :message (format nil "System ~S not found." name)
-                                                  :backtrace nil)
-                                            (describe-error c (capture-backtrace c))))))))
-               (let ((*standard-output* stdout)
-                     (*error-output* stdout)
-                     (*trace-output* stdout)
-                     (*standard-input* (make-string-input-stream ""))
-                     (*query-io* (make-null-io))
-                     (*debug-io* (make-null-io))
-                     (sb-ext:*invoke-debugger-hook* nil))
-                 (if quicklisp
-                     (funcall (find-symbol "QUICKLOAD" "QL") name :silent t)
-                     (asdf:load-system name))
-                 (list :ok))))))
+             (flet ((fail (c)
+                      (return-from loading
+                        (list :error
+                              (if (missing-system-p c name)
+                                  (list :type (condition-type-name c)
+                                        :message (format nil "System ~S not found." name)
+                                        :backtrace nil)
+                                  (describe-error c (frame-lines (error-frames c) c
+                                                                 *backtrace-frame-limit*)))))))
+               (handler-bind ((warning
+                                (lambda (w)
+                                  (unless (redefinition-p w)
+                                    (push (list (public-type-name w 'warning)
+                                                (condition-message w))
+                                          warnings))
+                                  (muffle-warning w)))
+                              (serious-condition #'fail))
+                 (let ((*standard-output* stdout)
+                       (*error-output* stdout)
+                       (*trace-output* stdout)
+                       (*standard-input* (make-instance 'no-input-stream))
+                       (*query-io* (make-null-io))
+                       (*debug-io* (make-null-io))
+                       (*debugger-hook* nil)
+                       ;; BREAK and INVOKE-DEBUGGER end the load too.
+                       (sb-ext:*invoke-debugger-hook*
+                         (lambda (condition hook)
+                           (declare (ignore hook))
+                           (fail condition))))
+                   (if quicklisp
+                       (funcall (find-symbol "QUICKLOAD" "QL") name :silent t)
+                       (asdf:load-system name))
+                   (list :ok)))))))
+    (setf *baseline-packages* (union *baseline-packages* (list-all-packages)))
     (list* :status (first outcome)
            :system name
            :loader (if quicklisp "quicklisp" "asdf")

@@ -20,6 +20,15 @@ log = logging.getLogger("cl_mcp")
 EOF_GRACE = 1.5
 
 
+def bounded_int(low: int, high: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}")
+        return value
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     parser = argparse.ArgumentParser(
@@ -36,8 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds before an evaluation is interrupted (default: 30)")
     parser.add_argument("--load-timeout", type=float, default=300.0,
                         help="seconds load-system may take (default: 300)")
-    parser.add_argument("--max-output", type=int, default=1_000_000,
-                        help="characters of output and of printed values kept per evaluation")
+    parser.add_argument("--max-output", type=bounded_int(1_000, 2_000_000), default=1_000_000,
+                        help="characters of output and of printed values kept per evaluation "
+                             "(1000 to 2000000; default: 1000000)")
+    parser.add_argument("--max-suspended", type=bounded_int(0, 64), default=8,
+                        help="evaluations that may wait at an error at once (0: none wait; default: 8)")
+    parser.add_argument("--suspend-timeout", type=float, default=600.0,
+                        help="seconds an evaluation waits at an error before it is aborted (default: 600)")
     parser.add_argument("--log-level", default=env("CL_MCP_LOG_LEVEL", "info"),
                         choices=["debug", "info", "warning", "error"],
                         help="stderr log level (default: info)")
@@ -93,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         eval_timeout=args.eval_timeout,
         load_timeout=args.load_timeout,
         max_output=args.max_output,
+        max_suspended=args.max_suspended,
+        suspend_timeout=args.suspend_timeout,
     )
     try:
         return asyncio.run(serve(config, out_fd))

@@ -44,6 +44,25 @@ def _warnings_section(warnings: Sequence[Sequence[str]]) -> str | None:
     return "[warnings]\n" + "\n".join(lines)
 
 
+def _restarts_section(restarts: Sequence[Sequence[str]], evaluation: int | None) -> str | None:
+    if not restarts:
+        return None
+    lines = [f"{index}: [{name}] {description}" for index, (name, description) in enumerate(restarts)]
+    if evaluation:
+        lines.append(f"Evaluation {evaluation} is waiting at this error: invoke-restart continues "
+                     "it; backtrace and eval-in-frame inspect it.")
+    return "[Restarts]\n" + "\n".join(lines)
+
+
+def render_frames(result: dict[str, Any]) -> Rendered:
+    """The backtrace tool's text: each frame, then its locals indented."""
+    lines = [f"[Backtrace of evaluation {result.get('evaluation')}]"]
+    for index, (frame, local_vars) in enumerate(result.get("frames") or []):
+        lines.append(f"{index}: {frame}")
+        lines += [f"     {name} = {value}" for name, value in local_vars or []]
+    return Rendered("\n".join(lines), False)
+
+
 def timing_line(timing: Sequence[int]) -> str:
     real, run, gc, consed = timing
     return f"; Timing: {real}ms real, {run}ms run, {gc}ms GC, {consed} bytes consed"
@@ -61,10 +80,14 @@ def error_text(kind: str, message: str, backtrace: Sequence[str] = ()) -> str:
 def render_evaluation(result: dict[str, Any]) -> Rendered:
     """The text of an evaluate-lisp result from the agent's plist."""
     sections: list[str | None] = []
-    is_error = result.get("status") != "ok"
+    status = result.get("status")
+    if status == "aborted":
+        return Rendered("The evaluation was aborted.", False)
+    is_error = status != "ok"
     if is_error:
         error = result["error"]
         sections.append(error_text(error["type"], error["message"], error.get("backtrace") or ()))
+        sections.append(_restarts_section(result.get("restarts") or (), result.get("evaluation")))
     sections += [
         _output_section("stdout", result.get("stdout", ""), result.get("stdout-dropped", 0)),
         _output_section("stderr", result.get("stderr", ""), result.get("stderr-dropped", 0)),

@@ -36,6 +36,8 @@ class SessionConfig:
     eval_timeout: float = 30.0
     load_timeout: float = 300.0
     max_output: int = 1_000_000
+    max_suspended: int = 8
+    suspend_timeout: float = 600.0
 
 
 class SessionError(Exception):
@@ -81,6 +83,9 @@ class LispSession:
         port = await image.start()
         connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
         await connection.rex([Symbol("cl-mcp-agent:set-connection-nodelay")])
+        await connection.rex([Symbol("cl-mcp-agent:configure"),
+                              Keyword("max-suspended"), self.config.max_suspended,
+                              Keyword("suspend-seconds"), float(self.config.suspend_timeout)])
         log.info("Lisp image ready (pid %s, port %s)", image.pid, port)
         self._connection = connection
         return connection
@@ -181,13 +186,41 @@ class LispSession:
                 Keyword("max-output"), self.config.max_output,
             ]
             result = _result_dict(await self._call(form, timeout + DEADLINE_GRACE))
-            # An explicit package is for this call only, unless the code
-            # itself moved to another package (IN-PACKAGE sticks).
-            if isinstance(result.get("package"), str) and (
-                package is None or result.get("package-changed")
-            ):
-                self.package = result["package"]
+            self._follow_package(result, explicit=package is not None)
             return result
+
+    def _follow_package(self, result: dict[str, Any], explicit: bool) -> None:
+        """An explicit package is for one call only, unless the code itself
+        moved to another package (IN-PACKAGE sticks)."""
+        if isinstance(result.get("package"), str) and (not explicit or result.get("package-changed")):
+            self.package = result["package"]
+
+    async def invoke_restart(
+        self, restart: int | str, evaluation: int | None = None,
+        values: list[str] | None = None, timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Continue a waiting evaluation through one of its restarts; its new
+        outcome, as `evaluate` returns it."""
+        timeout = timeout or self.config.eval_timeout
+        async with self._lock:
+            form = [Symbol("cl-mcp-agent:invoke-restart-of"), evaluation, restart,
+                    Keyword("values"), [Symbol("cl:quote"), values or []],
+                    Keyword("timeout"), float(timeout)]
+            result = _result_dict(await self._call(form, timeout + DEADLINE_GRACE))
+            self._follow_package(result, explicit=True)
+            return result
+
+    async def backtrace(self, evaluation: int | None = None, count: int = 20) -> dict[str, Any]:
+        """The frames and their locals of a waiting evaluation."""
+        async with self._lock:
+            form = [Symbol("cl-mcp-agent:backtrace-of"), evaluation, Keyword("count"), count]
+            return _result_dict(await self._call(form, self.config.eval_timeout + DEADLINE_GRACE))
+
+    async def eval_in_frame(self, frame: int, code: str, evaluation: int | None = None) -> dict[str, Any]:
+        """Evaluate CODE in a frame of a waiting evaluation."""
+        async with self._lock:
+            form = [Symbol("cl-mcp-agent:eval-in-frame-of"), evaluation, frame, code]
+            return _result_dict(await self._call(form, self.config.eval_timeout + DEADLINE_GRACE))
 
     async def list_definitions(self, kind: str = "all") -> list[tuple[str, str, str]]:
         async with self._lock:

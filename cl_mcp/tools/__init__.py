@@ -28,13 +28,16 @@ class ToolSpec:
 
 def build_tools() -> dict[str, ToolSpec]:
     """Every tool, by name, with its argument validator compiled once."""
-    from cl_mcp.tools import definitions, evaluate, systems
+    from cl_mcp.tools import definitions, evaluate, restarts, systems
 
     handlers: dict[str, Handler] = {
         "evaluate-lisp": evaluate.evaluate_lisp,
         "list-definitions": definitions.list_definitions,
         "reset-session": systems.reset_session,
         "load-system": systems.load_system,
+        "invoke-restart": restarts.invoke_restart,
+        "backtrace": restarts.backtrace,
+        "eval-in-frame": restarts.eval_in_frame,
     }
     tools = {}
     for definition in tool_definitions():

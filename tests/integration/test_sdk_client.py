@@ -29,7 +29,8 @@ def test_sdk_client(mode):
     version, names, evaluated, failed, definitions, reset, after, unknown = asyncio.run(
         asyncio.wait_for(session(mode), 120))
     assert version == "2025-11-25"
-    assert names == {"evaluate-lisp", "list-definitions", "reset-session", "load-system"}
+    assert names == {"evaluate-lisp", "list-definitions", "reset-session", "load-system",
+                     "invoke-restart", "backtrace", "eval-in-frame"}
     assert (evaluated.is_error, evaluated.content[0].text) == (False, "=> 144")
     assert failed.is_error and failed.content[0].text.startswith("[ERROR] UNDEFINED-FUNCTION")
     assert definitions.content[0].text == "[Functions]\n- SQ (X)"

@@ -1,0 +1,164 @@
+"""Live restarts: an erroring evaluation waits at its error, and the
+restart tools act on it, as SLIME's debugger would."""
+
+import time
+
+import pytest
+
+from tests.integration.conftest import McpProcess
+
+
+def restart(process, restart, **arguments):
+    result = process.call("invoke-restart", restart=restart, **arguments)
+    return result["content"][0]["text"], result["isError"]
+
+
+def tool_text(process, tool, **arguments):
+    result = process.call(tool, **arguments)
+    return result["content"][0]["text"], result["isError"]
+
+
+def test_repair_an_undefined_function_through_the_retry_restart(server):
+    text, is_error = server.eval("(foo)")
+    assert is_error
+    assert text.startswith("[ERROR] UNDEFINED-FUNCTION\nThe function FOO is undefined.")
+    restarts = text.split("[Restarts]\n")[1].splitlines()
+    assert restarts[0] == "0: [CONTINUE] Retry calling FOO."
+    assert "[ABORT] Abort this evaluation." in restarts[4]
+    assert restarts[5].startswith("Evaluation 1 is waiting at this error")
+    assert server.eval("(defun foo () 42)") == ("=> FOO", False)
+    assert restart(server, "CONTINUE") == ("=> 42", False)
+    # It finished: nothing waits any more.
+    text, is_error = restart(server, 0)
+    assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUSPENDED-EVALUATION")
+
+
+def test_restart_by_number_with_values(server):
+    text, _ = server.eval("(+ 1 (missing-thing))")
+    names = [line.split("]")[0].split("[")[1] for line in text.split("[Restarts]\n")[1].splitlines()[:-1]]
+    use_value = names.index("USE-VALUE")
+    assert restart(server, use_value, values=["(lambda () 10)"]) == ("=> 11", False)
+
+
+def test_store_value_and_a_new_error_after_continuing(server):
+    text, _ = server.eval("(defvar *tries* 0) (check-type *tries* string) :checked")
+    assert text.startswith("[ERROR] SIMPLE-TYPE-ERROR")
+    assert "[STORE-VALUE]" in text
+    assert restart(server, "STORE-VALUE", values=['"now a string"']) == ("=> :CHECKED", False)
+    assert server.eval("*tries*") == ('=> "now a string"', False)
+
+
+def test_output_after_a_restart_is_reported_with_the_new_outcome(server):
+    server.eval('(defun noisy () (format t "before~%") (cerror "Go on." "paused") (format t "after~%") :end)')
+    text, is_error = server.eval("(noisy)")
+    assert is_error and "[stdout]\nbefore" in text
+    assert restart(server, "CONTINUE") == ("[stdout]\nafter\n\n=> :END", False)
+
+
+def test_backtrace_shows_frames_and_locals(server):
+    server.eval("(defun inner (a b) (declare (optimize (debug 2))) (error \"bad ~a\" (+ a b)))"
+                "(defun outer (x) (declare (optimize (debug 2))) (inner x (* 2 x)))")
+    error_text, _ = server.eval("(outer 5)")
+    number = error_text.split("Evaluation ")[1].split()[0]
+    text, is_error = tool_text(server, "backtrace")
+    assert not is_error
+    lines = text.splitlines()
+    assert lines[0] == f"[Backtrace of evaluation {number}]"
+    assert any(line.endswith("(INNER 5 10)") for line in lines)
+    assert "     A = 5" in lines and "     B = 10" in lines
+    assert any(line.endswith("(OUTER 5)") for line in lines)
+
+
+def test_eval_in_frame_sees_the_frames_locals(server):
+    server.eval("(defun inner (a b) (declare (optimize (debug 2))) (error \"bad ~a\" (+ a b)))")
+    text, _ = server.eval("(inner 3 4)")
+    frame = next(int(line.split(":")[0]) for line in text.splitlines() if line.endswith("(INNER 3 4)"))
+    assert tool_text(server, "eval-in-frame", frame=frame, code="(* a b)") == ("=> 12", False)
+    text, is_error = tool_text(server, "eval-in-frame", frame=99, code="1")
+    assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUCH-FRAME")
+    text, is_error = tool_text(server, "eval-in-frame", frame=frame, code="(/ a 0)")
+    assert is_error and text.startswith("[ERROR] DIVISION-BY-ZERO")
+    # The evaluation still waits.
+    assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
+
+
+def test_an_unknown_restart_leaves_the_evaluation_waiting(server):
+    server.eval("(error \"stuck\")")
+    text, is_error = restart(server, "NO-SUCH-RESTART")
+    assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUCH-RESTART")
+    assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
+
+
+def test_restarts_after_a_timeout(server):
+    text, is_error = server.eval("(defvar *n* 0) (loop (incf *n*))", timeout=0.5)
+    assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
+    assert "0: [CONTINUE] Continue the evaluation." in text
+    text, is_error = restart(server, "CONTINUE", timeout=0.5)
+    assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
+    assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
+    assert server.eval("(> *n* 0)") == ("=> T", False)
+
+
+def test_evaluations_are_named_by_number(server):
+    server.eval("(error \"first\")")
+    server.eval("(error \"second\")")
+    text, is_error = tool_text(server, "eval-in-frame", evaluation=1, frame=0, code="1")
+    assert not is_error
+    assert restart(server, "ABORT", evaluation=1) == ("The evaluation was aborted.", False)
+    text, is_error = restart(server, "ABORT", evaluation=1)
+    assert is_error and "No evaluation 1 is waiting" in text
+    assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
+
+
+def test_at_most_max_suspended_wait():
+    process = McpProcess("--max-suspended", "2")
+    try:
+        process.initialize()
+        for n in range(3):
+            process.eval(f'(error "e~a" {n})')
+        text, is_error = restart(process, "ABORT", evaluation=1)
+        assert is_error and "No evaluation 1 is waiting" in text
+        assert restart(process, "ABORT", evaluation=2)[1] is False
+        assert restart(process, "ABORT", evaluation=3)[1] is False
+    finally:
+        process.close()
+
+
+def test_waiting_is_bounded_in_time():
+    process = McpProcess("--suspend-timeout", "0.5")
+    try:
+        process.initialize()
+        process.eval('(error "soon gone")')
+        time.sleep(1.5)
+        text, is_error = restart(process, "ABORT")
+        assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUSPENDED-EVALUATION")
+    finally:
+        process.close()
+
+
+def test_waiting_can_be_switched_off():
+    process = McpProcess("--max-suspended", "0")
+    try:
+        process.initialize()
+        text, is_error = process.eval('(error "plain")')
+        assert is_error and "[Restarts]" in text and "is waiting" not in text
+        assert restart(process, "ABORT")[0].startswith("[ERROR] CL-MCP:NO-SUSPENDED-EVALUATION")
+    finally:
+        process.close()
+
+
+def test_reset_aborts_waiting_evaluations(server):
+    server.eval('(error "before reset")')
+    server.call("reset-session")
+    text, is_error = restart(server, "ABORT")
+    assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUSPENDED-EVALUATION")
+
+
+def test_repeated_stack_overflows_leave_the_image_alive(server):
+    pid = server.eval("(sb-posix:getpid)")[0]
+    server.eval("(defun down (n) (1+ (down n)))")
+    for _ in range(3):
+        text, is_error = server.eval("(down 1)")
+        assert is_error and text.startswith("[ERROR] STORAGE-CONDITION\nControl stack exhausted")
+        assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
+    assert server.eval("(sb-posix:getpid)")[0] == pid
