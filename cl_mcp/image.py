@@ -75,6 +75,16 @@ def agent_fasl(bootstrap: Path) -> Path:
     return cache / "cl-mcp" / f"agent-{digest}"
 
 
+def remove_stale_fasls(current: Path) -> None:
+    """Delete compiled agents of earlier versions of the agent file."""
+    for old in current.parent.glob("agent-*.fasl"):
+        if not old.name.startswith(current.name + "-"):
+            try:
+                old.unlink()
+            except OSError:
+                pass
+
+
 def _load_compiled_form(bootstrap: Path) -> str:
     """Compile the agent once per version (one compilation unit, so its
     forward references are fine), then load the fasl.  It is compiled to a
@@ -136,6 +146,7 @@ class LispImage:
                 "install it (apt-get install sbcl) or pass --sbcl"
             )
         slime_dir = find_slime_dir(self._config.slime_dir)
+        remove_stale_fasls(agent_fasl(find_bootstrap()))
         argv = [
             sbcl, "--noinform", "--disable-ldb",
             "--end-runtime-options",

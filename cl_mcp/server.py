@@ -196,5 +196,9 @@ class McpServer:
                 INVALID_PARAMS, f"Invalid arguments for tool {spec.name}: {violation.message[:200]}",
                 error_location(violation, "params.arguments"))
         rendered = await spec.handler(self.session, arguments)
-        return {"content": [{"type": "text", "text": rendered.text}], "isError": rendered.is_error}
+        text = rendered.text
+        notice = self.session.take_lost_state()
+        if notice:
+            text += f"\n\n[session]\n{notice}"
+        return {"content": [{"type": "text", "text": text}], "isError": rendered.is_error}
 

@@ -69,6 +69,8 @@ class LispSession:
         self._image: LispImage | None = None
         self._connection: SwankConnection | None = None
         self._starting: asyncio.Task[SwankConnection] | None = None
+        # Set when the image died between calls; the next result says so.
+        self.lost_state: str | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -95,7 +97,11 @@ class LispSession:
         if self._connection is not None and not self._connection.closed:
             return self._connection
         if self._connection is not None:
+            exit_code = self._image.returncode if self._image else None
             await self._discard_image("the Lisp image exited")
+            self.lost_state = (
+                f"The Lisp image had exited (exit code {exit_code}) since the last call, so this "
+                "call ran in a fresh image: earlier definitions and loaded systems are gone.")
         if self._starting is None or (self._starting.done() and self._starting.exception()):
             if self._starting is not None:
                 self._starting.exception()  # retrieved; a new attempt follows
@@ -136,10 +142,6 @@ class LispSession:
         if self._image is not None:
             await self._image.stop()
         self._image = self._connection = self._starting = None
-
-    def kill_now(self) -> None:
-        if self._image is not None:
-            self._image.kill_now()
 
     # ------------------------------------------------------------ requests
 
@@ -238,3 +240,9 @@ class LispSession:
         async with self._lock:
             await self._discard_image("session reset", lost=False)
             await self._connection_ready()
+            self.lost_state = None
+
+    def take_lost_state(self) -> str | None:
+        """The notice that state was lost since the last call, once."""
+        notice, self.lost_state = self.lost_state, None
+        return notice

@@ -102,3 +102,13 @@ def test_an_error_in_a_user_thread_is_logged_and_harmless(server):
     server.eval('(sb-thread:make-thread (lambda () (error "bg failure")) :name "bg")')
     assert wait_for(lambda: any("bg failure" in line for line in server.stderr_lines), 5)
     assert server.eval("(+ 1 1)") == ("=> 2", False)
+
+
+def test_a_call_after_the_image_died_between_calls_says_state_was_lost(server):
+    server.eval("(defvar *gone* 1)")
+    os.kill(image_pid(server), signal.SIGKILL)
+    time.sleep(0.5)
+    text, is_error = server.eval("(+ 1 2)")
+    assert not is_error
+    assert text.startswith("=> 3\n\n[session]\nThe Lisp image had exited")
+    assert server.eval("(+ 1 2)") == ("=> 3", False)  # said once
