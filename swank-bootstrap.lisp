@@ -511,7 +511,8 @@ and a deadline TIMEOUT seconds away."
 
 (defmacro with-evaluation-streams ((evaluation) &body body)
   "Run BODY with the standard streams bound to EVALUATION's capture: output
-to its capped streams, and input streams that fail at once."
+to its capped streams, input streams that fail at once, and circle
+detection on for everything printed."
   `(let* ((*standard-output* (evaluation-stdout ,evaluation))
           (*error-output* (evaluation-stderr ,evaluation))
           (*trace-output* *error-output*)
@@ -519,7 +520,10 @@ to its capped streams, and input streams that fail at once."
                                               *standard-output*))
           (*standard-input* (make-instance 'no-input-stream))
           (*debug-io* (make-null-io))
-          (*query-io* (make-null-io)))
+          (*query-io* (make-null-io))
+          ;; Printing a circular structure must end: without this, PRINT of
+          ;; a circular list fills the heap in the pretty printer's buffer.
+          (*print-circle* t))
      ,@body))
 
 (defun stretch-report (evaluation status &rest more)

@@ -97,8 +97,7 @@ class LispSession:
         if self._connection is not None and not self._connection.closed:
             return self._connection
         if self._connection is not None:
-            exit_code = self._image.returncode if self._image else None
-            await self._discard_image("the Lisp image exited")
+            exit_code = await self._discard_image("the Lisp image exited")
             self.lost_state = (
                 f"The Lisp image had exited (exit code {exit_code}) since the last call, so this "
                 "call ran in a fresh image: earlier definitions and loaded systems are gone.")
@@ -112,22 +111,25 @@ class LispSession:
             self._starting = None
             raise SessionError("CL-MCP:IMAGE-START-FAILED", str(error)) from None
 
-    async def _discard_image(self, reason: str, *, lost: bool = True) -> None:
-        """Forget the current image (stopping it if it still runs).  LOST
-        says the user did not ask for this, so it is logged as a warning."""
+    async def _discard_image(self, reason: str, *, lost: bool = True) -> int | None:
+        """Forget the current image (stopping it if it still runs) and return
+        its exit code.  LOST says the user did not ask for this, so it is
+        logged as a warning."""
         image, connection = self._image, self._connection
         self._image = self._connection = self._starting = None
         self.package = DEFAULT_PACKAGE
         if connection is not None:
             await connection.close()
         if image is not None:
-            exit_code = image.returncode
             await image.stop(grace=0.5)
+            exit_code = image.returncode
             if lost:
                 log.warning("%s (exit code %s); the session's state was lost, the next "
                             "call starts a fresh image", reason, exit_code)
             else:
                 log.info("%s: image (pid %s) stopped", reason, image.pid)
+            return exit_code
+        return None
 
     async def close(self) -> None:
         """Stop the image.  Safe to call more than once."""
