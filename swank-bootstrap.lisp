@@ -17,6 +17,8 @@
 (defpackage #:cl-mcp-agent
   (:use #:common-lisp)
   (:export #:evaluate
+           #:cancel-evaluation
+           #:output-tail
            #:invoke-restart-of
            #:backtrace-of
            #:eval-in-frame-of
@@ -41,30 +43,45 @@ later belong to the session (see `session-packages').")
 ;;; Capped output streams
 
 (defclass capped-output-stream (sb-gray:fundamental-character-output-stream)
-  ((buffer :initform (make-string-output-stream) :accessor buffer)
+  ((buffer :initform (make-text-buffer) :accessor buffer
+           :documentation "The kept characters: an adjustable string with a
+fill pointer, so that its end can be read while output is still coming.")
    (limit :initarg :limit :reader limit
           :documentation "Characters kept; the rest are only counted.")
-   (kept :initform 0 :accessor kept)
    (dropped :initform 0 :accessor dropped)
    (column :initform 0 :accessor column))
   (:documentation "A character output stream that keeps the first LIMIT
 characters written to it and counts the rest, so that a runaway printer
 cannot exhaust the image's memory or overflow a Swank frame."))
 
+(defun make-text-buffer ()
+  (make-array 256 :element-type 'character :adjustable t :fill-pointer 0))
+
 (defun make-capped-output-stream (limit)
   "Return a `capped-output-stream' keeping at most LIMIT characters."
   (make-instance 'capped-output-stream :limit limit))
+
+(defun kept (stream)
+  (fill-pointer (buffer stream)))
+
+(defun append-text (buffer string start end)
+  "Append STRING from START to END to BUFFER, growing it by doubling."
+  (let* ((fill (fill-pointer buffer))
+         (new-fill (+ fill (- end start))))
+    (when (> new-fill (array-dimension buffer 0))
+      (setf buffer (adjust-array buffer (max new-fill (* 2 (array-dimension buffer 0))))))
+    (setf (fill-pointer buffer) new-fill)
+    (replace buffer string :start1 fill :start2 start :end2 end)
+    buffer))
 
 (defmethod sb-gray:stream-write-string ((stream capped-output-stream) string
                                         &optional (start 0) end)
   (let* ((end (or end (length string)))
          (count (- end start))
-         (room (max 0 (- (limit stream) (kept stream))))
-         (taken (min count room))
+         (taken (min count (max 0 (- (limit stream) (kept stream)))))
          (newline (position #\Newline string :start start :end end :from-end t)))
     (when (plusp taken)
-      (write-string string (buffer stream) :start start :end (+ start taken))
-      (incf (kept stream) taken))
+      (setf (buffer stream) (append-text (buffer stream) string start (+ start taken))))
     (incf (dropped stream) (- count taken))
     (setf (column stream) (if newline
                               (- end newline 1)
@@ -73,8 +90,7 @@ cannot exhaust the image's memory or overflow a Swank frame."))
 
 (defmethod sb-gray:stream-write-char ((stream capped-output-stream) char)
   (if (< (kept stream) (limit stream))
-      (progn (write-char char (buffer stream))
-             (incf (kept stream)))
+      (vector-push-extend char (buffer stream) (max 256 (kept stream)))
       (incf (dropped stream)))
   (setf (column stream) (if (char= char #\Newline) 0 (1+ (column stream))))
   char)
@@ -90,13 +106,23 @@ cannot exhaust the image's memory or overflow a Swank frame."))
 
 (defun reset-capture (stream)
   "Forget what STREAM kept and counted: a new stretch of output begins."
-  (setf (buffer stream) (make-string-output-stream)
-        (kept stream) 0
+  (setf (buffer stream) (make-text-buffer)
         (dropped stream) 0))
 
 (defun stream-text (stream)
-  "The characters kept by STREAM, as a string."
-  (get-output-stream-string (buffer stream)))
+  "The characters kept by STREAM, as a simple string."
+  (coerce (buffer stream) 'simple-string))
+
+(defun last-line (stream &optional (limit 200))
+  "The last non-empty line STREAM kept, at most LIMIT characters; read from
+another thread while output is still coming, so it only reads."
+  (let* ((buffer (buffer stream))
+         (end (fill-pointer buffer)))
+    (loop while (and (plusp end) (char= (char buffer (1- end)) #\Newline))
+          do (decf end))
+    (let ((start (let ((newline (position #\Newline buffer :end end :from-end t)))
+                   (if newline (1+ newline) 0))))
+      (subseq buffer (max start (- end limit)) end))))
 
 ;;; ------------------------------------------------------------------
 ;;; Printing that never fails
@@ -437,6 +463,7 @@ make room for a new one.")
   (condition nil)
   (waiting nil)
   (overflowed nil)
+  (tag nil)
   (restarts '())
   (frames '()))
 
@@ -813,6 +840,26 @@ oldest waiting evaluation is aborted when there are too many."
   (sb-thread:with-mutex (*registry-lock*)
     (setf *suspended* (remove evaluation *suspended*))))
 
+(defvar *running* '()
+  "Evaluations a caller is waiting on, by the caller's tag.")
+
+(defmacro with-running ((evaluation) &body body)
+  "Run BODY (which waits for EVALUATION's report) with EVALUATION findable
+by its tag, for `cancel-evaluation' and `output-tail'."
+  `(let ((tag (evaluation-tag ,evaluation)))
+     (when tag
+       (sb-thread:with-mutex (*registry-lock*)
+         (push (cons tag ,evaluation) *running*)))
+     (unwind-protect (progn ,@body)
+       (when tag
+         (sb-thread:with-mutex (*registry-lock*)
+           (setf *running* (remove tag *running* :key #'car :test #'equal)))))))
+
+(defun find-running (tag)
+  "The evaluation, or for a load the thread, a caller waits on under TAG."
+  (sb-thread:with-mutex (*registry-lock*)
+    (cdr (assoc tag *running* :test #'equal))))
+
 (defun find-suspended (id)
   "The waiting evaluation numbered ID, or the newest when ID is nil."
   (sb-thread:with-mutex (*registry-lock*)
@@ -836,7 +883,7 @@ oldest waiting evaluation is aborted when there are too many."
 ;;; Entry points
 
 (defun evaluate (code &key package (explicit-package nil) (capture-time nil)
-                        (timeout nil) (max-output 1000000))
+                        (timeout nil) (max-output 1000000) (tag nil))
   "Read and evaluate the forms of CODE one after another, in PACKAGE, and
 return a plist describing the outcome:
 
@@ -854,7 +901,9 @@ return a plist describing the outcome:
 
 An unknown PACKAGE is an error when EXPLICIT-PACKAGE, and falls back to
 CL-USER otherwise (the session's package may have been deleted).  TIMEOUT,
-in seconds, interrupts the evaluation with SB-EXT:TIMEOUT."
+in seconds, interrupts the evaluation with SB-EXT:TIMEOUT.  TAG, any
+string or integer, names the evaluation for `cancel-evaluation' and
+`output-tail' while the caller waits."
   (let ((target (find-package-designator package)))
     (when (and (null target) explicit-package)
       (return-from evaluate
@@ -867,19 +916,52 @@ in seconds, interrupts the evaluation with SB-EXT:TIMEOUT."
                                        :package (or target (find-package "COMMON-LISP-USER"))
                                        :capture-time capture-time
                                        :timeout timeout
-                                       :max-output max-output)))
-      (setf (evaluation-thread evaluation)
-            (sb-thread:make-thread #'run-evaluation :name "cl-mcp evaluation"
-                                                    :arguments (list evaluation)))
-      (await-report evaluation))))
+                                       :max-output max-output
+                                       :tag tag)))
+      (with-running (evaluation)
+        (setf (evaluation-thread evaluation)
+              (sb-thread:make-thread #'run-evaluation :name "cl-mcp evaluation"
+                                                      :arguments (list evaluation)))
+        (await-report evaluation)))))
 
-(defun invoke-restart-of (id restart &key values (timeout nil))
+(defun invoke-restart-of (id restart &key values (timeout nil) (tag nil))
   "Invoke RESTART (an index or a name) of the waiting evaluation ID (the
 newest when nil) with the values of the VALUES code strings; return the
 evaluation's new outcome, as `evaluate' does."
   (with-suspended (evaluation id)
-    (post-command evaluation (list :restart restart values timeout))
-    (await-report evaluation)))
+    (setf (evaluation-tag evaluation) tag)
+    (with-running (evaluation)
+      (post-command evaluation (list :restart restart values timeout))
+      (await-report evaluation))))
+
+(defun cancel-evaluation (tag)
+  "Abort the evaluation a caller waits on under TAG, and wait (up to 5 s)
+until that caller has its answer.  True if there was one."
+  (let ((running (find-running tag)))
+    (when running
+      (handler-case
+          (etypecase running
+            (evaluation
+             (let ((restart (evaluation-abort-restart running)))
+               (when restart
+                 (sb-thread:interrupt-thread (evaluation-thread running)
+                                             (lambda () (invoke-restart restart nil))))))
+            (sb-thread:thread
+             (sb-thread:interrupt-thread running (lambda () (throw 'load-cancelled nil)))))
+        ;; The thread finished in the meantime: nothing to cancel.
+        (sb-thread:interrupt-thread-error () nil))
+      (loop repeat 500
+            while (find-running tag)
+            do (sleep 0.01))
+      t)))
+
+(defun output-tail (tag)
+  "The latest line of output of the evaluation a caller waits on under TAG,
+or nil."
+  (let ((evaluation (find-running tag)))
+    (and (evaluation-p evaluation)
+         (evaluation-stdout evaluation)
+         (last-line (evaluation-stdout evaluation)))))
 
 (defun backtrace-of (id &key (count *backtrace-frame-limit*))
   "The frames, with local variables, of the waiting evaluation ID."
@@ -1046,58 +1128,77 @@ and name."
 the same image, so every macro of a freshly compiled system is 'redefined'."
   (and *redefinition-warning* (typep warning *redefinition-warning*)))
 
-(defun load-system (name &key (max-output 20000))
+(defmacro with-running-thread ((tag) &body body)
+  "Run BODY with this thread findable under TAG by `cancel-evaluation'."
+  `(let ((tag ,tag))
+     (when tag
+       (sb-thread:with-mutex (*registry-lock*)
+         (push (cons tag sb-thread:*current-thread*) *running*)))
+     (unwind-protect (progn ,@body)
+       (when tag
+         (sb-thread:with-mutex (*registry-lock*)
+           (setf *running* (remove tag *running* :key #'car :test #'equal)))))))
+
+(defun load-system (name &key (max-output 20000) (tag nil))
   "Load the ASDF system NAME, through Quicklisp when it is available.
-Return a plist: :status, :system, :version, :loader, :warnings, :output
-(compiler chatter, capped at MAX-OUTPUT) or :error.  Packages the system
-creates are libraries, not the session's own definitions."
+Return a plist: :status (:ok, :error or :aborted when cancelled under TAG),
+:system, :version, :loader, :warnings, :output (compiler chatter, capped at
+MAX-OUTPUT) or :error.  Packages the system creates are libraries, not the
+session's own definitions."
   (let* ((stdout (make-capped-output-stream max-output))
          (warnings '())
          (quicklisp (ensure-quicklisp))
-         (outcome
-           (block loading
-             (flet ((fail (c)
-                      (return-from loading
-                        (list :error
-                              (if (missing-system-p c name)
-                                  (list :type (condition-type-name c)
-                                        :message (format nil "System ~S not found." name)
-                                        :backtrace nil)
-                                  (describe-error c (frame-lines (error-frames c) c
-                                                                 *backtrace-frame-limit*)))))))
-               (handler-bind ((warning
-                                (lambda (w)
-                                  (unless (redefinition-p w)
-                                    (push (list (public-type-name w 'warning)
-                                                (condition-message w))
-                                          warnings))
-                                  (muffle-warning w)))
-                              (serious-condition #'fail))
-                 (let ((*standard-output* stdout)
-                       (*error-output* stdout)
-                       (*trace-output* stdout)
-                       (*standard-input* (make-instance 'no-input-stream))
-                       (*query-io* (make-null-io))
-                       (*debug-io* (make-null-io))
-                       (*debugger-hook* nil)
-                       ;; BREAK and INVOKE-DEBUGGER end the load too.
-                       (sb-ext:*invoke-debugger-hook*
-                         (lambda (condition hook)
-                           (declare (ignore hook))
-                           (fail condition))))
-                   (if quicklisp
-                       (funcall (find-symbol "QUICKLOAD" "QL") name :silent t)
-                       (asdf:load-system name))
-                   (list :ok)))))))
+         (outcome (with-running-thread (tag)
+                    (or (catch 'load-cancelled
+                          (%load-system name quicklisp stdout
+                                        (lambda (w) (push w warnings))))
+                        (list :aborted)))))
     (setf *baseline-packages* (union *baseline-packages* (list-all-packages)))
     (list* :status (first outcome)
            :system name
            :loader (if quicklisp "quicklisp" "asdf")
            :warnings (nreverse warnings)
            :output (stream-text stdout)
-           (if (eq (first outcome) :ok)
-               (list :version (system-version name))
-               (list :error (second outcome))))))
+           (case (first outcome)
+             (:ok (list :version (system-version name)))
+             (:error (list :error (second outcome)))))))
+
+(defun %load-system (name quicklisp stdout record-warning)
+  "Load NAME with output to STDOUT; return (:ok) or (:error PLIST).
+Warnings other than redefinitions go to RECORD-WARNING as (TYPE MESSAGE)."
+  (block loading
+    (flet ((fail (c)
+             (return-from loading
+               (list :error
+                     (if (missing-system-p c name)
+                         (list :type (condition-type-name c)
+                               :message (format nil "System ~S not found." name)
+                               :backtrace nil)
+                         (describe-error c (frame-lines (error-frames c) c
+                                                        *backtrace-frame-limit*)))))))
+      (handler-bind ((warning
+                       (lambda (w)
+                         (unless (redefinition-p w)
+                           (funcall record-warning
+                                    (list (public-type-name w 'warning) (condition-message w))))
+                         (muffle-warning w)))
+                     (serious-condition #'fail))
+        (let ((*standard-output* stdout)
+              (*error-output* stdout)
+              (*trace-output* stdout)
+              (*standard-input* (make-instance 'no-input-stream))
+              (*query-io* (make-null-io))
+              (*debug-io* (make-null-io))
+              (*debugger-hook* nil)
+              ;; BREAK and INVOKE-DEBUGGER end the load too.
+              (sb-ext:*invoke-debugger-hook*
+                (lambda (condition hook)
+                  (declare (ignore hook))
+                  (fail condition))))
+          (if quicklisp
+              (funcall (find-symbol "QUICKLOAD" "QL") name :silent t)
+              (asdf:load-system name))
+          (list :ok))))))
 
 (defun missing-system-p (condition name)
   "True when CONDITION says that system NAME itself cannot be found (not one

@@ -10,6 +10,7 @@ import signal
 import sys
 
 from cl_mcp import __version__, jsonrpc
+from cl_mcp.client_log import ClientLogHandler
 from cl_mcp.image import ImageConfig
 from cl_mcp.session import LispSession, SessionConfig
 from cl_mcp.stdio import StdioTransport, claim_stdout
@@ -65,6 +66,7 @@ async def serve(config: SessionConfig, out_fd: int) -> int:
     await transport.open()
     session = LispSession(config)
     server = McpServer(session, lambda message: transport.write(jsonrpc.encode(message)))
+    logging.getLogger("cl_mcp").addHandler(ClientLogHandler(server))
     session.start_in_background()
 
     stop = asyncio.Event()

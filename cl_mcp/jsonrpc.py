@@ -91,7 +91,7 @@ def parse(line: bytes) -> Any:
             raise JsonRpcError(PARSE_ERROR, "Parse error", {"detail": str(error)}) from None
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: dict[str, Any] | list[dict[str, Any]]) -> bytes:
     """MESSAGE as one line of UTF-8 JSON (never an embedded newline)."""
     try:
         return orjson.dumps(message) + b"\n"

@@ -1,15 +1,23 @@
 """MCP over JSON-RPC: methods in an explicit table, and the one boundary
 where exceptions become wire errors.
 
-Every request with an id gets exactly one response; notifications get none.
-Each request runs as its own task, so `ping` and `tools/list` are answered
-while an evaluation runs; evaluations queue in the session in arrival order.
+Every request with an id gets exactly one response (unless the client
+cancels it); notifications get none.  Each request runs as its own task, so
+`ping` and `tools/list` are answered while an evaluation runs; evaluations
+queue in the session in arrival order, because parsing, validation and the
+task's first step happen in the order lines arrive.
+
+Revisions: 2024-11-05 to 2025-11-25 open with `initialize` (the legacy
+era); 2026-07-28 requests carry their version and client capabilities in
+`params._meta` and are served statelessly (the modern era).  A field
+appears only in the revisions that define it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from cl_mcp import __version__, jsonrpc
@@ -19,6 +27,7 @@ from cl_mcp.errors import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
+    UNSUPPORTED_PROTOCOL_VERSION,
     JsonRpcError,
 )
 from cl_mcp.jsonrpc import OversizedLine
@@ -27,16 +36,46 @@ from cl_mcp.tools import ToolSpec, build_tools
 
 log = logging.getLogger("cl_mcp.server")
 
-SUPPORTED_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
-LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+LEGACY_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+MODERN_VERSIONS = ("2026-07-28",)
+SUPPORTED_VERSIONS = LEGACY_VERSIONS + MODERN_VERSIONS
+LATEST_LEGACY = LEGACY_VERSIONS[-1]
+BATCH_VERSION = "2025-03-26"
+
+META_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+PROGRESS_INTERVAL = 0.5  # seconds; the issue asks for at least one a second
+TOOLS_TTL_MS = 3_600_000  # the tool list never changes while cl-mcp runs
+
 INSTRUCTIONS = (
     "A live, persistent Common Lisp (SBCL) image. Use evaluate-lisp to run code; "
-    "definitions persist between calls. list-definitions shows what the session "
-    "defined, load-system loads ASDF systems, reset-session starts over."
+    "definitions persist between calls. An error lists its restarts and the "
+    "evaluation waits there: invoke-restart continues it, backtrace and "
+    "eval-in-frame inspect it. list-definitions shows what the session defined, "
+    "load-system loads ASDF systems, reset-session starts over."
 )
 
-Send = Callable[[dict[str, Any]], None]
-Method = Callable[[Any], Awaitable[dict[str, Any]]]
+Send = Callable[[Any], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request, with the protocol revision it is served under."""
+
+    id: Any
+    method: str
+    params: Any
+    version: str
+    modern: bool
+
+    @property
+    def progress_token(self) -> str | int | None:
+        meta = self.params.get("_meta") if isinstance(self.params, dict) else None
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        return token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
 
 
 def _valid_id(message: Any) -> Any:
@@ -48,26 +87,37 @@ def _valid_id(message: Any) -> Any:
     return None
 
 
+def _meta(params: Any) -> dict[str, Any] | None:
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta if isinstance(meta, dict) else None
+
+
 class McpServer:
     def __init__(self, session: LispSession, send: Send) -> None:
         self.session = session
         self._send = send
         self._tools: dict[str, ToolSpec] = build_tools()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.protocol_version = LATEST_VERSION
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._inflight: dict[Any, asyncio.Task[Any]] = {}
+        self._cancelled: set[Any] = set()
+        self.protocol_version = LATEST_LEGACY
+        self.initialized = False
         self.client_info: dict[str, Any] = {}
-        self._methods: dict[str, Method] = {
+        self.log_level = "warning"
+        self._methods: dict[str, Callable[[Request], Awaitable[dict[str, Any]]]] = {
             "initialize": self._initialize,
+            "server/discover": self._discover,
             "ping": self._ping,
+            "logging/setLevel": self._set_level,
             "tools/list": self._tools_list,
             "tools/call": self._tools_call,
         }
         self._notifications: dict[str, Callable[[Any], None]] = {
             "notifications/initialized": lambda params: None,
-            "notifications/cancelled": lambda params: None,
+            "notifications/cancelled": self._cancel,
         }
 
-    # ------------------------------------------------------------ dispatch
+    # ------------------------------------------------------------ input
 
     def receive(self, line: bytes | OversizedLine) -> None:
         """Take one line of input.  Parsing and validation happen now, in
@@ -83,46 +133,169 @@ class McpServer:
             self._send(jsonrpc.error_message(None, error.code, error.message, error.data))
             return
         if isinstance(message, list):
-            self._send(jsonrpc.error_message(
-                None, INVALID_REQUEST, "Invalid Request: batches are not supported"))
+            self._receive_batch(message)
             return
+        work = self._accept(message, in_batch=False)
+        if isinstance(work, dict):
+            self._send(work)
+        elif work is not None:
+            self._track(work, self._spawn(self._answer(work)))
+
+    def _receive_batch(self, messages: list[Any]) -> None:
+        if self.protocol_version != BATCH_VERSION or not self.initialized:
+            self._send(jsonrpc.error_message(
+                None, INVALID_REQUEST,
+                f"Invalid Request: batches are accepted only under protocol {BATCH_VERSION}"))
+            return
+        if not messages:
+            self._send(jsonrpc.error_message(None, INVALID_REQUEST, "Invalid Request: empty batch"))
+            return
+        parts: list[Any] = []
+        for message in messages:
+            work = self._accept(message, in_batch=True)
+            if isinstance(work, dict):
+                parts.append(work)
+            elif work is not None:
+                parts.append(self._track(work, self._spawn(self._respond(work))))
+        if parts:
+            self._spawn(self._send_batch(parts))
+
+    async def _send_batch(self, parts: list[Any]) -> None:
+        responses = []
+        for part in parts:
+            if isinstance(part, dict):
+                responses.append(part)
+                continue
+            try:
+                response = await part
+            except asyncio.CancelledError:
+                if not part.cancelled():
+                    raise
+                response = None  # cancelled by the client before it started
+            if response is not None:
+                responses.append(response)
+        if responses:
+            self._send(responses)
+
+    def _accept(self, message: Any, in_batch: bool) -> Request | dict[str, Any] | None:
+        """Validate one message.  A request to run, an error response to
+        send, or None (a notification, handled here)."""
         violation = first_error(shared_type("JsonRpcRequest"), message)
         if violation is not None:
-            self._send(jsonrpc.error_message(
-                _valid_id(message), INVALID_REQUEST, "Invalid Request",
-                error_location(violation, "$")))
-            return
+            return jsonrpc.error_message(_valid_id(message), INVALID_REQUEST, "Invalid Request",
+                                         error_location(violation, "$"))
         method, params = message["method"], message.get("params")
         if "id" not in message:
             handler = self._notifications.get(method)
             if handler is not None:
                 handler(params)
-            return
-        self._spawn(self._respond(message["id"], method, params))
+            return None
+        request_id = message["id"]
+        if in_batch and method == "initialize":
+            return jsonrpc.error_message(request_id, INVALID_REQUEST,
+                                         "Invalid Request: initialize must not be part of a batch")
+        try:
+            version, modern = self._revision(method, params)
+        except JsonRpcError as error:
+            return jsonrpc.error_message(request_id, error.code, error.message, error.data)
+        return Request(request_id, method, params, version, modern)
 
-    def _spawn(self, work: Awaitable[None]) -> None:
+    def _revision(self, method: str, params: Any) -> tuple[str, bool]:
+        """The revision a request is served under: its own, when it carries
+        one in `_meta` (2026-07-28), else the one `initialize` negotiated."""
+        meta = _meta(params)
+        requested = meta.get(META_VERSION) if meta else None
+        if requested is None:
+            if method == "server/discover":
+                return MODERN_VERSIONS[-1], True
+            return self.protocol_version, False
+        if requested not in MODERN_VERSIONS:
+            raise JsonRpcError(UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version",
+                               {"supported": list(SUPPORTED_VERSIONS), "requested": requested})
+        if not isinstance(meta.get(META_CAPABILITIES), dict):  # type: ignore[union-attr]
+            raise JsonRpcError(INVALID_PARAMS, f"Missing _meta key {META_CAPABILITIES}",
+                               {"path": f"params._meta.{META_CAPABILITIES}"})
+        return requested, True
+
+    def _track(self, request: Request, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+        """Make the request cancellable from the moment it is accepted, even
+        before its task first runs."""
+        self._inflight[request.id] = task
+        task.add_done_callback(lambda done: self._forget(request.id, done))
+        return task
+
+    def _forget(self, request_id: Any, task: asyncio.Task[Any]) -> None:
+        if self._inflight.get(request_id) is task:
+            del self._inflight[request_id]
+            self._cancelled.discard(request_id)
+
+    def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
-    async def _respond(self, request_id: Any, method: str, params: Any) -> None:
-        """Run one request and send its one response."""
-        try:
-            handler = self._methods.get(method)
-            if handler is None:
-                raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {method}")
-            response = jsonrpc.result_message(request_id, await handler(params))
-        except JsonRpcError as error:
-            response = jsonrpc.error_message(request_id, error.code, error.message, error.data)
-        except asyncio.CancelledError:
-            response = jsonrpc.error_message(request_id, INTERNAL_ERROR, "Server shutting down")
+    # ------------------------------------------------------------ one request
+
+    async def _answer(self, request: Request) -> None:
+        response = await self._respond(request)
+        if response is not None:
             self._send(response)
-            raise
+
+    async def _respond(self, request: Request) -> dict[str, Any] | None:
+        """Run one request; its one response, or None when it was cancelled."""
+        ticker = None
+        if request.progress_token is not None and request.method == "tools/call":
+            ticker = asyncio.ensure_future(self._report_progress(request))
+        try:
+            handler = self._methods.get(request.method)
+            if handler is None:
+                raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
+            result = await handler(request)
+            if request.modern:
+                result = {**result, "resultType": "complete",
+                          "_meta": {META_SERVER_INFO: self._server_info(request.version)}}
+            return jsonrpc.result_message(request.id, result)
+        except JsonRpcError as error:
+            return jsonrpc.error_message(request.id, error.code, error.message, error.data)
+        except asyncio.CancelledError:
+            if request.id in self._cancelled:
+                log.info("request %r cancelled by the client", request.id)
+                return None
+            return jsonrpc.error_message(request.id, INTERNAL_ERROR, "Server shutting down")
         except Exception as error:  # the one boundary: a bug must not kill the server
-            log.exception("internal error in %s", method)
-            response = jsonrpc.error_message(
-                request_id, INTERNAL_ERROR, "Internal error", {"detail": str(error)[:500]})
-        self._send(response)
+            log.exception("internal error in %s", request.method)
+            return jsonrpc.error_message(
+                request.id, INTERNAL_ERROR, "Internal error", {"detail": str(error)[:500]})
+        finally:
+            # Progress stops before the response goes out: none may follow it.
+            if ticker is not None:
+                ticker.cancel()
+
+    def _cancel(self, params: Any) -> None:
+        """notifications/cancelled: stop the request it names; unknown and
+        finished ids are ignored, and so is initialize."""
+        if not isinstance(params, dict):
+            return
+        request_id = params.get("requestId")
+        task = self._inflight.get(request_id) if isinstance(request_id, (str, int)) else None
+        if task is None or task.done():
+            return
+        self._cancelled.add(request_id)
+        task.cancel()
+
+    async def _report_progress(self, request: Request) -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with_message = request.version >= "2025-03-26"
+        for step in range(1, 1 << 62):
+            await asyncio.sleep(PROGRESS_INTERVAL)
+            params: dict[str, Any] = {"progressToken": request.progress_token, "progress": step}
+            if with_message:
+                tail = await self.session.output_tail()
+                text = f"running for {loop.time() - started:.1f} s"
+                params["message"] = text + (f"; latest output: {tail}" if tail else "")
+            self._send(jsonrpc.notification("notifications/progress", params))
 
     @property
     def busy(self) -> bool:
@@ -138,6 +311,19 @@ class McpServer:
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=1.0)
 
+    # ------------------------------------------------------------ logging
+
+    def log_to_client(self, level: str, logger: str, data: Any) -> None:
+        """notifications/message, for legacy sessions that asked (or by
+        default from warnings up).  Modern requests carry their own level,
+        and without it nothing may be sent."""
+        if not self.initialized or self.protocol_version not in LEGACY_VERSIONS:
+            return
+        if LOG_LEVELS.index(level) < LOG_LEVELS.index(self.log_level):
+            return
+        self._send(jsonrpc.notification("notifications/message",
+                                        {"level": level, "logger": logger, "data": data}))
+
     # ------------------------------------------------------------ methods
 
     def _check_params(self, schema: str, params: Any) -> dict[str, Any]:
@@ -147,41 +333,69 @@ class McpServer:
             raise JsonRpcError(INVALID_PARAMS, "Invalid params", error_location(violation, "params"))
         return params
 
-    async def _initialize(self, params: Any) -> dict[str, Any]:
-        params = self._check_params("initialize-params", params)
+    def _server_info(self, version: str) -> dict[str, Any]:
+        info: dict[str, Any] = {"name": "cl-mcp", "version": __version__}
+        if version >= "2025-06-18":
+            info["title"] = "Common Lisp REPL (SBCL via Swank)"
+        return info
+
+    def _capabilities(self, version: str) -> dict[str, Any]:
+        return {"tools": {"listChanged": False}, "logging": {}}
+
+    async def _initialize(self, request: Request) -> dict[str, Any]:
+        params = self._check_params("initialize-params", request.params)
         requested = params["protocolVersion"]
-        self.protocol_version = requested if requested in SUPPORTED_VERSIONS else LATEST_VERSION
+        self.protocol_version = requested if requested in LEGACY_VERSIONS else LATEST_LEGACY
         self.client_info = params.get("clientInfo") or {}
-        server_info: dict[str, Any] = {"name": "cl-mcp", "version": __version__}
-        if self.protocol_version >= "2025-06-18":
-            server_info["title"] = "Common Lisp REPL (SBCL via Swank)"
+        self.initialized = True
         log.info("initialized: protocol %s, client %s", self.protocol_version,
                  self.client_info.get("name", "unknown"))
         return {
             "protocolVersion": self.protocol_version,
-            "capabilities": {"tools": {"listChanged": False}},
-            "serverInfo": server_info,
+            "capabilities": self._capabilities(self.protocol_version),
+            "serverInfo": self._server_info(self.protocol_version),
             "instructions": INSTRUCTIONS,
         }
 
-    async def _ping(self, params: Any) -> dict[str, Any]:
+    async def _discover(self, request: Request) -> dict[str, Any]:
+        return {
+            "supportedVersions": list(SUPPORTED_VERSIONS),
+            "capabilities": self._capabilities(request.version),
+            "instructions": INSTRUCTIONS,
+            "ttlMs": TOOLS_TTL_MS,
+            "cacheScope": "public",
+        }
+
+    async def _ping(self, request: Request) -> dict[str, Any]:
         return {}
 
-    async def _tools_list(self, params: Any) -> dict[str, Any]:
-        params = self._check_params("tools-list-params", params)
+    async def _set_level(self, request: Request) -> dict[str, Any]:
+        params = self._check_params("set-level-params", request.params)
+        if params["level"] not in LOG_LEVELS:
+            raise JsonRpcError(INVALID_PARAMS, f"Invalid log level: {params['level']}",
+                               {"path": "params.level", "allowed": list(LOG_LEVELS)})
+        self.log_level = params["level"]
+        return {}
+
+    async def _tools_list(self, request: Request) -> dict[str, Any]:
+        params = self._check_params("tools-list-params", request.params)
         if "cursor" in params:
             # One page holds every tool, so no cursor was ever handed out.
             raise JsonRpcError(INVALID_PARAMS, "Invalid cursor", {"cursor": params["cursor"]})
-        with_annotations = self.protocol_version >= "2025-03-26"
+        with_annotations = request.version >= "2025-03-26"
         tools = []
         for spec in self._tools.values():
             tool = dict(spec.definition)
             if not with_annotations:
                 tool.pop("annotations", None)
             tools.append(tool)
-        return {"tools": tools}
+        result: dict[str, Any] = {"tools": tools}
+        if request.modern:
+            result.update(ttlMs=TOOLS_TTL_MS, cacheScope="public")
+        return result
 
-    async def _tools_call(self, params: Any) -> dict[str, Any]:
+    async def _tools_call(self, request: Request) -> dict[str, Any]:
+        params = request.params
         if isinstance(params, dict) and "arguments" not in params:
             # MCP makes arguments optional; a tool without any is called so.
             params = {**params, "arguments": {}}
@@ -201,4 +415,3 @@ class McpServer:
         if notice:
             text += f"\n\n[session]\n{notice}"
         return {"content": [{"type": "text", "text": text}], "isError": rendered.is_error}
-

@@ -12,6 +12,7 @@ logged, and the next call starts a fresh image.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,9 @@ class LispSession:
         self._starting: asyncio.Task[SwankConnection] | None = None
         # Set when the image died between calls; the next result says so.
         self.lost_state: str | None = None
+        # The tag of the call running in the image (calls run one at a time).
+        self._tags = itertools.count(1)
+        self.running_tag: int | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -147,12 +151,19 @@ class LispSession:
 
     # ------------------------------------------------------------ requests
 
-    async def _call(self, form: SExp, deadline: float) -> SExp:
+    async def _call(self, form: SExp, deadline: float, tag: int | None = None) -> SExp:
         """Run FORM in the image.  A dead image or one that misses DEADLINE
-        becomes a `SessionError`, and the next call gets a fresh image."""
+        becomes a `SessionError`, and the next call gets a fresh image.  When
+        the caller is cancelled, the work tagged TAG is aborted in the image
+        before the cancellation goes on (so the next call never overlaps it)."""
         connection = await self._connection_ready()
+        self.running_tag = tag
         try:
             return await asyncio.wait_for(connection.rex(form), deadline)
+        except asyncio.CancelledError:
+            if tag is not None and not connection.closed:
+                await asyncio.shield(self._abort_in_image(connection, tag))
+            raise
         except asyncio.TimeoutError:
             await self._discard_image("the Lisp image did not respond")
             raise SessionError(
@@ -170,6 +181,27 @@ class LispSession:
                     "were lost.",
                 ) from None
             raise SessionError("CL-MCP:SWANK-ERROR", str(error)) from None
+        finally:
+            self.running_tag = None
+
+    async def _abort_in_image(self, connection: SwankConnection, tag: int) -> None:
+        try:
+            await asyncio.wait_for(
+                connection.rex([Symbol("cl-mcp-agent:cancel-evaluation"), tag]), 10)
+        except (SwankError, asyncio.TimeoutError) as error:
+            log.warning("could not cancel call %s in the image: %s", tag, error)
+
+    async def output_tail(self) -> str | None:
+        """The latest line of output of the call running now, if any."""
+        tag, connection = self.running_tag, self._connection
+        if tag is None or connection is None or connection.closed:
+            return None
+        try:
+            line = await asyncio.wait_for(
+                connection.rex([Symbol("cl-mcp-agent:output-tail"), tag]), 2)
+        except (SwankError, asyncio.TimeoutError):
+            return None
+        return line if isinstance(line, str) and line else None
 
     async def evaluate(
         self,
@@ -188,8 +220,9 @@ class LispSession:
                 Keyword("capture-time"), capture_time,
                 Keyword("timeout"), float(timeout),
                 Keyword("max-output"), self.config.max_output,
+                Keyword("tag"), tag := next(self._tags),
             ]
-            result = _result_dict(await self._call(form, timeout + DEADLINE_GRACE))
+            result = _result_dict(await self._call(form, timeout + DEADLINE_GRACE, tag))
             self._follow_package(result, explicit=package is not None)
             return result
 
@@ -209,8 +242,8 @@ class LispSession:
         async with self._lock:
             form = [Symbol("cl-mcp-agent:invoke-restart-of"), evaluation, restart,
                     Keyword("values"), [Symbol("cl:quote"), values or []],
-                    Keyword("timeout"), float(timeout)]
-            result = _result_dict(await self._call(form, timeout + DEADLINE_GRACE))
+                    Keyword("timeout"), float(timeout), Keyword("tag"), tag := next(self._tags)]
+            result = _result_dict(await self._call(form, timeout + DEADLINE_GRACE, tag))
             self._follow_package(result, explicit=True)
             return result
 
@@ -234,8 +267,8 @@ class LispSession:
 
     async def load_system(self, name: str) -> dict[str, Any]:
         async with self._lock:
-            form = [Symbol("cl-mcp-agent:load-system"), name]
-            return _result_dict(await self._call(form, self.config.load_timeout))
+            form = [Symbol("cl-mcp-agent:load-system"), name, Keyword("tag"), tag := next(self._tags)]
+            return _result_dict(await self._call(form, self.config.load_timeout, tag))
 
     async def reset(self) -> None:
         """A fresh image: nothing of the old session survives."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from cl_mcp.render import Rendered, error_text, render_evaluation
 from cl_mcp.session import LispSession, SessionError
+
+log = logging.getLogger("cl_mcp.tools")
 
 
 async def evaluate_lisp(session: LispSession, arguments: dict[str, Any]) -> Rendered:
@@ -18,4 +21,7 @@ async def evaluate_lisp(session: LispSession, arguments: dict[str, Any]) -> Rend
         )
     except SessionError as error:
         return Rendered(error_text(error.kind, error.message), True)
+    dropped = (result.get("stdout-dropped") or 0) + (result.get("stderr-dropped") or 0)
+    if dropped:
+        log.warning("evaluation output truncated: %d characters beyond --max-output dropped", dropped)
     return render_evaluation(result)

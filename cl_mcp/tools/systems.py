@@ -23,6 +23,8 @@ def render_load(result: dict[str, Any]) -> Rendered:
     """``Loading system: NAME`` / ``Loaded: NAME (version V)``, or the error;
     warnings summarised, compiler chatter left out."""
     name = result["system"]
+    if result.get("status") == "aborted":
+        return Rendered(f"Loading system: {name}\nThe load was cancelled.", True)
     if result.get("status") == "ok":
         version = result.get("version")
         text = f"Loading system: {name}\nLoaded: {name}" + (f" (version {version})" if version else "")

@@ -24,11 +24,12 @@ async def session(mode):
         return client.session.protocol_version, names, evaluated, failed, definitions, reset, after, unknown.value
 
 
-@pytest.mark.parametrize("mode", ["legacy", "auto"])
-def test_sdk_client(mode):
+@pytest.mark.parametrize("mode, expected_version", [
+    ("legacy", "2025-11-25"), ("auto", "2026-07-28"), ("2026-07-28", "2026-07-28")])
+def test_sdk_client(mode, expected_version):
     version, names, evaluated, failed, definitions, reset, after, unknown = asyncio.run(
         asyncio.wait_for(session(mode), 120))
-    assert version == "2025-11-25"
+    assert version == expected_version
     assert names == {"evaluate-lisp", "list-definitions", "reset-session", "load-system",
                      "invoke-restart", "backtrace", "eval-in-frame"}
     assert (evaluated.is_error, evaluated.content[0].text) == (False, "=> 144")
