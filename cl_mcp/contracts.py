@@ -41,8 +41,16 @@ def tool_validator(input_schema: dict[str, Any]) -> Validator:
 
 @cache
 def tool_definitions() -> list[dict[str, Any]]:
-    """The tools of contracts/tools-list.md, as advertised."""
-    return load_schema("tools.json")
+    """The tools of contracts/tools-list.md and cl-mcp's own, as advertised.
+    An outputSchema given as a file name is that file's schema (several
+    tools share evaluation-result.json)."""
+    tools = load_schema("tools.json")
+    for tool in tools:
+        if isinstance(tool.get("outputSchema"), str):
+            schema = load_schema(tool["outputSchema"])
+            schema.pop("$comment", None)
+            tool["outputSchema"] = schema
+    return tools
 
 
 def first_error(validator: Validator, instance: Any) -> ValidationError | None:

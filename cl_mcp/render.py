@@ -1,4 +1,5 @@
-"""The contract's result text, from the agent's plists.  Pure: no I/O.
+"""The contract's result text, and the same facts as structured content,
+from the agent's plists.  Pure: no I/O.
 
 evaluate-lisp (contracts/evaluate-lisp.md, contracts/tools-call.md):
 
@@ -24,6 +25,56 @@ TRUNCATION_MARKER = "… [{count} more characters truncated]"
 class Rendered:
     text: str
     is_error: bool
+    # structuredContent (2025-06-18 and later), matching the tool's outputSchema.
+    structured: dict[str, Any] | None = None
+
+
+def condition_structure(kind: str, message: str, backtrace: Sequence[str] = ()) -> dict[str, Any]:
+    """A LispCondition of contracts/shared-types.md."""
+    condition: dict[str, Any] = {"type": kind, "message": message}
+    if backtrace:
+        condition["backtrace"] = "\n".join(f"{i}: {frame}" for i, frame in enumerate(backtrace))
+    return condition
+
+
+def error_result(kind: str, message: str) -> Rendered:
+    """A failure of cl-mcp itself (the image was lost, ...) as a tool error."""
+    return Rendered(error_text(kind, message), True,
+                    {"success": False, "error": condition_structure(kind, message)})
+
+
+def evaluation_structure(result: dict[str, Any]) -> dict[str, Any]:
+    """An EvaluationResult of contracts/shared-types.md, with the extra facts
+    of evaluation-result.json."""
+    status = result.get("status")
+    structure: dict[str, Any] = {"success": status == "ok"}
+    if status == "ok":
+        structure["values"] = list(result.get("values") or [])
+    for stream in ("stdout", "stderr"):
+        if isinstance(result.get(stream), str):
+            structure[stream] = result[stream]
+    structure["warnings"] = [condition_structure(kind, message)
+                             for kind, message in result.get("warnings") or []]
+    if status == "aborted":
+        structure["aborted"] = True
+    elif status != "ok":
+        error = result["error"]
+        structure["error"] = condition_structure(error["type"], error["message"],
+                                                 error.get("backtrace") or ())
+        if result.get("restarts"):
+            structure["restarts"] = [{"name": name, "description": description}
+                                     for name, description in result["restarts"]]
+        if result.get("evaluation"):
+            structure["evaluation"] = result["evaluation"]
+    if isinstance(result.get("package"), str):
+        structure["package"] = result["package"]
+    dropped = {stream: result.get(f"{stream}-dropped") or 0 for stream in ("stdout", "stderr")}
+    if any(dropped.values()):
+        structure["truncated"] = dropped
+    if result.get("timing"):
+        real, run, gc, consed = result["timing"]
+        structure["timing"] = {"realMs": real, "runMs": run, "gcMs": gc, "bytesConsed": consed}
+    return structure
 
 
 def _output_section(title: str, text: str, dropped: int) -> str | None:
@@ -57,10 +108,14 @@ def _restarts_section(restarts: Sequence[Sequence[str]], evaluation: int | None)
 def render_frames(result: dict[str, Any]) -> Rendered:
     """The backtrace tool's text: each frame, then its locals indented."""
     lines = [f"[Backtrace of evaluation {result.get('evaluation')}]"]
+    frames = []
     for index, (frame, local_vars) in enumerate(result.get("frames") or []):
         lines.append(f"{index}: {frame}")
         lines += [f"     {name} = {value}" for name, value in local_vars or []]
-    return Rendered("\n".join(lines), False)
+        frames.append({"index": index, "call": frame,
+                       "locals": [{"name": name, "value": value} for name, value in local_vars or []]})
+    return Rendered("\n".join(lines), False,
+                    {"evaluation": result.get("evaluation"), "frames": frames})
 
 
 def timing_line(timing: Sequence[int]) -> str:
@@ -81,8 +136,9 @@ def render_evaluation(result: dict[str, Any]) -> Rendered:
     """The text of an evaluate-lisp result from the agent's plist."""
     sections: list[str | None] = []
     status = result.get("status")
+    structure = evaluation_structure(result)
     if status == "aborted":
-        return Rendered("The evaluation was aborted.", False)
+        return Rendered("The evaluation was aborted.", False, structure)
     is_error = status != "ok"
     if is_error:
         error = result["error"]
@@ -98,4 +154,4 @@ def render_evaluation(result: dict[str, Any]) -> Rendered:
         sections.append("\n".join(f"=> {value}" for value in values) if values else "; No values")
     if result.get("timing"):
         sections.append(timing_line(result["timing"]))
-    return Rendered("\n\n".join(s for s in sections if s is not None), is_error)
+    return Rendered("\n\n".join(s for s in sections if s is not None), is_error, structure)

@@ -383,11 +383,14 @@ class McpServer:
             # One page holds every tool, so no cursor was ever handed out.
             raise JsonRpcError(INVALID_PARAMS, "Invalid cursor", {"cursor": params["cursor"]})
         with_annotations = request.version >= "2025-03-26"
+        with_output_schema = request.version >= "2025-06-18"
         tools = []
         for spec in self._tools.values():
             tool = dict(spec.definition)
             if not with_annotations:
                 tool.pop("annotations", None)
+            if not with_output_schema:
+                tool.pop("outputSchema", None)
             tools.append(tool)
         result: dict[str, Any] = {"tools": tools}
         if request.modern:
@@ -414,4 +417,8 @@ class McpServer:
         notice = self.session.take_lost_state()
         if notice:
             text += f"\n\n[session]\n{notice}"
-        return {"content": [{"type": "text", "text": text}], "isError": rendered.is_error}
+        result: dict[str, Any] = {"content": [{"type": "text", "text": text}],
+                                  "isError": rendered.is_error}
+        if request.version >= "2025-06-18" and rendered.structured is not None:
+            result["structuredContent"] = rendered.structured
+        return result

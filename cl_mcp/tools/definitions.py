@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp.render import Rendered, error_text
+from cl_mcp.render import Rendered, error_result
 from cl_mcp.session import LispSession, SessionError
 
 SECTIONS = (
@@ -39,5 +39,14 @@ async def list_definitions(session: LispSession, arguments: dict[str, Any]) -> R
     try:
         entries = await session.list_definitions(kind)
     except SessionError as error:
-        return Rendered(error_text(error.kind, error.message), True)
-    return Rendered(render_definitions(entries, kind), False)
+        return error_result(error.kind, error.message)
+    return Rendered(render_definitions(entries, kind), False,
+                    {"definitions": [definition_structure(*entry) for entry in entries]})
+
+
+def definition_structure(kind: str, name: str, detail: str) -> dict[str, str]:
+    """One definition for structuredContent: its detail under the key that
+    says what it is."""
+    key = {"function": "lambdaList", "macro": "lambdaList",
+           "variable": "value", "class": "classKind"}[kind]
+    return {"name": name, "kind": kind, key: detail}

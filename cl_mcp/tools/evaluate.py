@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from cl_mcp.render import Rendered, error_text, render_evaluation
+from cl_mcp.render import Rendered, error_result, render_evaluation
 from cl_mcp.session import LispSession, SessionError
 
 log = logging.getLogger("cl_mcp.tools")
@@ -20,7 +20,7 @@ async def evaluate_lisp(session: LispSession, arguments: dict[str, Any]) -> Rend
             timeout=arguments.get("timeout"),
         )
     except SessionError as error:
-        return Rendered(error_text(error.kind, error.message), True)
+        return error_result(error.kind, error.message)
     dropped = (result.get("stdout-dropped") or 0) + (result.get("stderr-dropped") or 0)
     if dropped:
         log.warning("evaluation output truncated: %d characters beyond --max-output dropped", dropped)

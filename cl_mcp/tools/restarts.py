@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp.render import Rendered, error_text, render_evaluation, render_frames
+from cl_mcp.render import Rendered, error_result, render_evaluation, render_frames
 from cl_mcp.session import LispSession, SessionError
 
 
@@ -15,7 +15,7 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
             arguments["restart"], evaluation=arguments.get("evaluation"),
             values=arguments.get("values"), timeout=arguments.get("timeout"))
     except SessionError as error:
-        return Rendered(error_text(error.kind, error.message), True)
+        return error_result(error.kind, error.message)
     return render_evaluation(result)
 
 
@@ -23,7 +23,7 @@ async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered
     try:
         result = await session.backtrace(arguments.get("evaluation"), arguments.get("count", 20))
     except SessionError as error:
-        return Rendered(error_text(error.kind, error.message), True)
+        return error_result(error.kind, error.message)
     if result.get("status") != "ok":
         return render_evaluation(result)
     return render_frames(result)
@@ -34,5 +34,5 @@ async def eval_in_frame(session: LispSession, arguments: dict[str, Any]) -> Rend
         result = await session.eval_in_frame(arguments["frame"], arguments["code"],
                                              arguments.get("evaluation"))
     except SessionError as error:
-        return Rendered(error_text(error.kind, error.message), True)
+        return error_result(error.kind, error.message)
     return render_evaluation(result)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp.render import Rendered, error_text
+from cl_mcp.render import Rendered, condition_structure, error_result, error_text
 from cl_mcp.session import LispSession, SessionError
 
 RESET_TEXT = "Session reset. All definitions cleared."
@@ -15,36 +15,43 @@ async def reset_session(session: LispSession, arguments: dict[str, Any]) -> Rend
     try:
         await session.reset()
     except SessionError as error:
-        return Rendered(error_text(error.kind, error.message), True)
-    return Rendered(RESET_TEXT, False)
+        return error_result(error.kind, error.message)
+    return Rendered(RESET_TEXT, False, {"reset": True, "message": RESET_TEXT})
 
 
 def render_load(result: dict[str, Any]) -> Rendered:
     """``Loading system: NAME`` / ``Loaded: NAME (version V)``, or the error;
     warnings summarised, compiler chatter left out."""
     name = result["system"]
+    warnings = result.get("warnings") or []
+    structure: dict[str, Any] = {
+        "system": name, "loaded": result.get("status") == "ok", "loader": result.get("loader", "asdf"),
+        "warnings": [condition_structure(kind, message) for kind, message in warnings]}
     if result.get("status") == "aborted":
-        return Rendered(f"Loading system: {name}\nThe load was cancelled.", True)
+        return Rendered(f"Loading system: {name}\nThe load was cancelled.", True, structure)
     if result.get("status") == "ok":
         version = result.get("version")
         text = f"Loading system: {name}\nLoaded: {name}" + (f" (version {version})" if version else "")
+        if version:
+            structure["version"] = version
         is_error = False
     else:
         error = result["error"]
-        text = error_text(error["type"], error["message"].splitlines()[0] if error["message"] else "")
+        reason = error["message"].splitlines()[0] if error["message"] else ""
+        text = error_text(error["type"], reason)
+        structure["error"] = condition_structure(error["type"], reason)
         is_error = True
-    warnings = result.get("warnings") or []
     if warnings:
         lines = [f"{kind}: {' '.join(message.split())}" for kind, message in warnings[:MAX_WARNINGS]]
         if len(warnings) > MAX_WARNINGS:
             lines.append(f"… and {len(warnings) - MAX_WARNINGS} more")
         text += "\n\n[warnings]\n" + "\n".join(lines)
-    return Rendered(text, is_error)
+    return Rendered(text, is_error, structure)
 
 
 async def load_system(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     try:
         result = await session.load_system(arguments["system"])
     except SessionError as error:
-        return Rendered(error_text(error.kind, error.message), True)
+        return error_result(error.kind, error.message)
     return render_load(result)

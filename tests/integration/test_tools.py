@@ -82,8 +82,8 @@ def test_reset_clears_everything(server):
     server.eval("(defun doomed () 1) (defpackage :doomed-pkg) (defvar *doomed* 1)"
                 "(setf *print-base* 16) (defpackage :elsewhere (:use :cl)) (in-package :elsewhere)")
     result = server.call("reset-session")
-    assert result == {"content": [{"type": "text", "text": "Session reset. All definitions cleared."}],
-                      "isError": False}
+    assert result["content"] == [{"type": "text", "text": "Session reset. All definitions cleared."}]
+    assert result["isError"] is False
     assert listing(server) == "No definitions in the current session."
     assert server.eval("(package-name *package*)") == ('=> "COMMON-LISP-USER"', False)
     assert server.eval("(find-package :doomed-pkg)") == ("=> NIL", False)
