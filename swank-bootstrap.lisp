@@ -500,7 +500,15 @@ TIMEOUT seconds pass first."
   (put-slot evaluation #'(setf evaluation-report) report))
 
 (defun await-report (evaluation)
-  (take-slot evaluation #'evaluation-report #'(setf evaluation-report)))
+  "The next report of EVALUATION.  Should its thread end without one (it
+cannot, short of being killed), say so instead of waiting forever."
+  (loop
+    (let ((report (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 1)))
+      (when report (return report))
+      (let ((thread (evaluation-thread evaluation)))
+        (when (and thread (not (sb-thread:thread-alive-p thread)))
+          (return (or (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0)
+                      (command-error "CL-MCP:ABORTED" "The evaluation's thread ended."))))))))
 
 (defun post-command (evaluation command)
   (put-slot evaluation #'(setf evaluation-command) command))
@@ -716,9 +724,19 @@ own ABORT; the thread's restarts beyond it are not the user's business."
 evaluation, or until `*suspend-seconds*' pass."
   (setf (evaluation-waiting evaluation) t)
   (loop
-    (let ((command (await-command evaluation *suspend-seconds*)))
+    (let ((command (await-command evaluation *suspend-seconds*))
+          ;; SBCL binds its hook to nil while a hook runs, and this loop may
+          ;; run inside one (after BREAK): bind it again for the commands.
+          (sb-ext:*invoke-debugger-hook*
+            (lambda (condition hook)
+              (declare (ignore hook))
+              (stop-at-error evaluation condition)))
+          (*debugger-hook* nil))
       (unless command
         (forget-evaluation evaluation)
+        ;; A caller that found it just before it was forgotten still hears back.
+        (when (await-command evaluation 0)
+          (post-report evaluation (no-suspended-report (evaluation-id evaluation))))
         (invoke-restart (evaluation-abort-restart evaluation) t))
       (catch 'command-failed
         (destructuring-bind (kind &rest arguments) command
@@ -754,11 +772,28 @@ waiting."
     (multiple-value-bind (values failure) (evaluate-value-codes value-codes)
       (when failure
         (return-from resume (post-report evaluation failure)))
-      (forget-evaluation evaluation)
-      (setf (evaluation-condition evaluation) nil
-            (evaluation-waiting evaluation) nil)
-      (start-stretch evaluation timeout)
-      (apply #'invoke-restart restart values))))
+      (let ((condition (evaluation-condition evaluation)))
+        (forget-evaluation evaluation)
+        (setf (evaluation-condition evaluation) nil
+              (evaluation-waiting evaluation) nil)
+        (start-stretch evaluation timeout)
+        (flet ((keep-waiting (message)
+                 (stop-deadline evaluation)
+                 (setf (evaluation-condition evaluation) condition
+                       (evaluation-waiting evaluation) t)
+                 (register-suspended evaluation)
+                 (post-report evaluation (command-error "CL-MCP:RESTART-FAILED" message))))
+          ;; A restart that transfers control never comes back here.  One
+          ;; that refuses the values does so before control leaves.
+          (handler-case (apply #'invoke-restart restart values)
+            (program-error (c)
+              (keep-waiting (format nil "Restart ~A did not accept ~D value~:P (~A); ~
+                                         the evaluation still waits."
+                                    (restart-name restart) (length values)
+                                    (condition-message c)))))
+          (keep-waiting (format nil "Restart ~A returned without leaving the error; ~
+                                     the evaluation still waits."
+                                (restart-name restart))))))))
 
 (defun command-error (type message)
   (list :status :error :error (list :type type :message message :backtrace nil)
@@ -791,7 +826,8 @@ them."
         (locals '()))
     (handler-case
         (sb-di:do-debug-fun-vars (var (sb-di:frame-debug-fun frame))
-          (when (eq (sb-di:debug-var-validity var location) :valid)
+          (when (and (sb-di:debug-var-symbol var)
+                     (eq (sb-di:debug-var-validity var location) :valid))
             (push (list (symbol-designator (sb-di:debug-var-symbol var))
                         (one-line (with-result-printing ()
                                     (let ((*print-pretty* nil))
@@ -802,23 +838,69 @@ them."
       (serious-condition () nil))
     (nreverse locals)))
 
-(defun frame-eval-report (evaluation index code)
-  "Evaluate CODE in frame INDEX of the waiting evaluation, with that frame's
-local variables in scope."
+(defun frame-eval-report (evaluation index code &optional timeout)
+  "Evaluate the forms of CODE in frame INDEX of the waiting evaluation, with
+that frame's local variables in scope, for at most TIMEOUT seconds."
   (let ((frame (nth index (evaluation-frames evaluation))))
     (unless frame
       (return-from frame-eval-report
         (command-error "CL-MCP:NO-SUCH-FRAME" (format nil "There is no frame ~D." index))))
     (start-stretch evaluation nil)
-    (handler-case
-        (let ((values (multiple-value-list
-                       (sb-di:eval-in-frame frame (let ((*read-eval* t))
-                                                    (read-from-string code))))))
-          (stretch-report evaluation :ok
-                          :values (print-values values (evaluation-max-output evaluation))))
-      (serious-condition (c)
-        (stretch-report evaluation :error
-                        :error (describe-error c nil))))))
+    (let ((outcome (call-with-deadline-throw
+                    timeout
+                    (lambda ()
+                      (let ((form (handler-case (read-all-forms code)
+                                    (serious-condition (c)
+                                      (return-from frame-eval-report
+                                        (stretch-report evaluation :error
+                                                        :error (describe-error c nil :reading t)))))))
+                        (sb-di:eval-in-frame frame form)))
+                    (lambda (w) (push w (evaluation-warnings evaluation))))))
+      (ecase (first outcome)
+        (:ok (stretch-report evaluation :ok
+                             :values (print-values (second outcome)
+                                                   (evaluation-max-output evaluation))))
+        (:error (stretch-report evaluation :error :error (describe-error (second outcome) nil)))
+        (:timeout (stretch-report evaluation :error
+                                  :error (list :type "SB-EXT:TIMEOUT"
+                                               :message (format nil "Evaluation in the frame exceeded ~
+                                                                     its deadline of ~A; the evaluation ~
+                                                                     still waits."
+                                                                (seconds-text timeout))
+                                               :backtrace nil)))))))
+
+(defun read-all-forms (code)
+  "The forms of CODE as one PROGN (read with the evaluation's *PACKAGE*)."
+  (let ((stream (make-string-input-stream code))
+        (eof (make-symbol "EOF")))
+    (cons 'progn (loop for form = (read-next-form stream eof)
+                       until (eq form eof)
+                       collect form))))
+
+(defun call-with-deadline-throw (timeout thunk record-warning)
+  "Call THUNK; return (:ok VALUES), (:error CONDITION) or (:timeout).  Used
+for work done while an evaluation waits at an error, where no condition may
+be left to the debugger and the deadline unwinds instead of signalling."
+  (catch 'deadline-passed
+    (let ((timer (and timeout (plusp timeout)
+                      (sb-ext:make-timer (lambda () (throw 'deadline-passed (list :timeout)))
+                                         :name "cl-mcp frame deadline"
+                                         :thread sb-thread:*current-thread*))))
+      (when timer (sb-ext:schedule-timer timer timeout))
+      (unwind-protect
+           (block call
+             (handler-bind ((warning (lambda (w)
+                                       (funcall record-warning w)
+                                       (muffle-warning w)))
+                            (serious-condition (lambda (c)
+                                                 (return-from call (list :error c)))))
+               (let ((sb-ext:*invoke-debugger-hook*
+                       (lambda (condition hook)
+                         (declare (ignore hook))
+                         (return-from call (list :error condition))))
+                     (*debugger-hook* nil))
+                 (list :ok (multiple-value-list (funcall thunk))))))
+        (when timer (sb-ext:unschedule-timer timer))))))
 
 ;;; The registry of waiting evaluations
 
@@ -969,10 +1051,11 @@ or nil."
     (post-command evaluation (list :backtrace count))
     (list* :evaluation (evaluation-id evaluation) (await-report evaluation))))
 
-(defun eval-in-frame-of (id frame code)
-  "Evaluate CODE in FRAME of the waiting evaluation ID."
+(defun eval-in-frame-of (id frame code &key (timeout 30))
+  "Evaluate CODE in FRAME of the waiting evaluation ID, for at most TIMEOUT
+seconds."
   (with-suspended (evaluation id)
-    (post-command evaluation (list :eval-in-frame frame code))
+    (post-command evaluation (list :eval-in-frame frame code timeout))
     (await-report evaluation)))
 
 (defun abort-all ()
@@ -1147,13 +1230,15 @@ MAX-OUTPUT) or :error.  Packages the system creates are libraries, not the
 session's own definitions."
   (let* ((stdout (make-capped-output-stream max-output))
          (warnings '())
+         (before (list-all-packages))
          (quicklisp (ensure-quicklisp))
          (outcome (with-running-thread (tag)
                     (or (catch 'load-cancelled
                           (%load-system name quicklisp stdout
                                         (lambda (w) (push w warnings))))
                         (list :aborted)))))
-    (setf *baseline-packages* (union *baseline-packages* (list-all-packages)))
+    (setf *baseline-packages*
+          (union *baseline-packages* (set-difference (list-all-packages) before)))
     (list* :status (first outcome)
            :system name
            :loader (if quicklisp "quicklisp" "asdf")

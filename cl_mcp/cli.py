@@ -30,6 +30,13 @@ def bounded_int(low: int, high: int):
     return parse
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 86400 * 365:
+        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     parser = argparse.ArgumentParser(
@@ -42,16 +49,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slime-dir", default=env("CL_MCP_SLIME_DIR"),
                         help="directory with swank-loader.lisp (env CL_MCP_SLIME_DIR; "
                              "default: Debian's cl-swank)")
-    parser.add_argument("--eval-timeout", type=float, default=float(env("CL_MCP_EVAL_TIMEOUT", "30")),
+    parser.add_argument("--eval-timeout", type=positive_float, default=float(env("CL_MCP_EVAL_TIMEOUT", "30")),
                         help="seconds before an evaluation is interrupted (default: 30)")
-    parser.add_argument("--load-timeout", type=float, default=300.0,
+    parser.add_argument("--load-timeout", type=positive_float, default=300.0,
                         help="seconds load-system may take (default: 300)")
     parser.add_argument("--max-output", type=bounded_int(1_000, 2_000_000), default=1_000_000,
                         help="characters of output and of printed values kept per evaluation "
                              "(1000 to 2000000; default: 1000000)")
     parser.add_argument("--max-suspended", type=bounded_int(0, 64), default=8,
                         help="evaluations that may wait at an error at once (0: none wait; default: 8)")
-    parser.add_argument("--suspend-timeout", type=float, default=600.0,
+    parser.add_argument("--suspend-timeout", type=positive_float, default=600.0,
                         help="seconds an evaluation waits at an error before it is aborted (default: 600)")
     parser.add_argument("--log-level", default=env("CL_MCP_LOG_LEVEL", "info"),
                         choices=["debug", "info", "warning", "error"],

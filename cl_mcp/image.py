@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,14 +76,22 @@ def agent_fasl(bootstrap: Path) -> Path:
     return cache / "cl-mcp" / f"agent-{digest}"
 
 
+STALE_FASL_SECONDS = 30 * 86400
+
+
 def remove_stale_fasls(current: Path) -> None:
-    """Delete compiled agents of earlier versions of the agent file."""
+    """Delete compiled agents of other versions of the agent file that have
+    not been used for a month.  (Recent ones may belong to another cl-mcp
+    installation of this user, running now.)"""
+    now = time.time()
     for old in current.parent.glob("agent-*.fasl"):
-        if not old.name.startswith(current.name + "-"):
-            try:
+        if old.name.startswith(current.name + "-"):
+            continue
+        try:
+            if now - old.stat().st_atime > STALE_FASL_SECONDS:
                 old.unlink()
-            except OSError:
-                pass
+        except OSError:
+            pass
 
 
 def _load_compiled_form(bootstrap: Path) -> str:

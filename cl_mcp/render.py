@@ -137,10 +137,10 @@ def render_evaluation(result: dict[str, Any]) -> Rendered:
     sections: list[str | None] = []
     status = result.get("status")
     structure = evaluation_structure(result)
+    is_error = status not in ("ok", "aborted")
     if status == "aborted":
-        return Rendered("The evaluation was aborted.", False, structure)
-    is_error = status != "ok"
-    if is_error:
+        sections.append("The evaluation was aborted.")
+    elif is_error:
         error = result["error"]
         sections.append(error_text(error["type"], error["message"], error.get("backtrace") or ()))
         sections.append(_restarts_section(result.get("restarts") or (), result.get("evaluation")))
@@ -149,7 +149,7 @@ def render_evaluation(result: dict[str, Any]) -> Rendered:
         _output_section("stderr", result.get("stderr", ""), result.get("stderr-dropped", 0)),
         _warnings_section(result.get("warnings") or ()),
     ]
-    if not is_error:
+    if status == "ok":
         values = result.get("values") or []
         sections.append("\n".join(f"=> {value}" for value in values) if values else "; No values")
     if result.get("timing"):

@@ -50,6 +50,13 @@ class SessionError(Exception):
         self.message = message
 
 
+def exit_text(code: int | None) -> str:
+    """How a process ended, in words: a negative code is a signal."""
+    if code is None:
+        return "exit status unknown"
+    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+
+
 def _name(value: SExp) -> SExp:
     return value.name if isinstance(value, Keyword) else value
 
@@ -103,7 +110,7 @@ class LispSession:
         if self._connection is not None:
             exit_code = await self._discard_image("the Lisp image exited")
             self.lost_state = (
-                f"The Lisp image had exited (exit code {exit_code}) since the last call, so this "
+                f"The Lisp image had exited ({exit_text(exit_code)}) since the last call, so this "
                 "call ran in a fresh image: earlier definitions and loaded systems are gone.")
         if self._starting is None or (self._starting.done() and self._starting.exception()):
             if self._starting is not None:
@@ -128,8 +135,8 @@ class LispSession:
             await image.stop(grace=0.5)
             exit_code = image.returncode
             if lost:
-                log.warning("%s (exit code %s); the session's state was lost, the next "
-                            "call starts a fresh image", reason, exit_code)
+                log.warning("%s (%s); the session's state was lost, the next "
+                            "call starts a fresh image", reason, exit_text(exit_code))
             else:
                 log.info("%s: image (pid %s) stopped", reason, image.pid)
             return exit_code
@@ -256,7 +263,8 @@ class LispSession:
     async def eval_in_frame(self, frame: int, code: str, evaluation: int | None = None) -> dict[str, Any]:
         """Evaluate CODE in a frame of a waiting evaluation."""
         async with self._lock:
-            form = [Symbol("cl-mcp-agent:eval-in-frame-of"), evaluation, frame, code]
+            form = [Symbol("cl-mcp-agent:eval-in-frame-of"), evaluation, frame, code,
+                    Keyword("timeout"), float(self.config.eval_timeout)]
             return _result_dict(await self._call(form, self.config.eval_timeout + DEADLINE_GRACE))
 
     async def list_definitions(self, kind: str = "all") -> list[tuple[str, str, str]]:

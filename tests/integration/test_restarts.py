@@ -162,3 +162,37 @@ def test_repeated_stack_overflows_leave_the_image_alive(server):
         assert is_error and text.startswith("[ERROR] STORAGE-CONDITION\nControl stack exhausted")
         assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
     assert server.eval("(sb-posix:getpid)")[0] == pid
+
+
+def test_eval_in_frame_reads_every_form_and_records_warnings(server):
+    server.eval("(defun inner (a) (declare (optimize (debug 2))) (error \"bad ~a\" a))")
+    text, _ = server.eval("(inner 3)")
+    frame = next(int(line.split(":")[0]) for line in text.splitlines() if line.endswith("(INNER 3)"))
+    assert tool_text(server, "eval-in-frame", frame=frame, code='(warn "w") (format t "x~%") (* a 2)') == (
+        "[stdout]\nx\n\n[warnings]\nSIMPLE-WARNING: w\n\n=> 6", False)
+    text, is_error = tool_text(server, "eval-in-frame", frame=frame, code="(1 2")
+    assert is_error and text.startswith("[ERROR] END-OF-FILE\nIncomplete form")
+
+
+def test_break_and_endless_loops_in_a_frame_leave_the_evaluation_waiting():
+    process = McpProcess("--eval-timeout", "1")
+    try:
+        process.initialize()
+        process.eval("(break)")
+        text, is_error = tool_text(process, "eval-in-frame", frame=0, code="(break)")
+        assert is_error and text.startswith("[ERROR]")
+        text, is_error = tool_text(process, "eval-in-frame", frame=0, code="(loop)")
+        assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
+        assert restart(process, "CONTINUE") == ("=> NIL", False)
+    finally:
+        process.close()
+
+
+def test_wrong_number_of_restart_values_keeps_the_evaluation_waiting(server):
+    server.eval("(foo-missing)")
+    text, is_error = restart(server, "CONTINUE", values=["1", "2"])
+    assert is_error and text.startswith("[ERROR] CL-MCP:RESTART-FAILED")
+    assert "still waits" in text
+    server.eval("(defun foo-missing () :found)")
+    assert restart(server, "CONTINUE") == ("=> :FOUND", False)
+
