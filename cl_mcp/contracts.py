@@ -54,7 +54,8 @@ def tool_definitions() -> list[dict[str, Any]]:
 
 
 def first_error(validator: Validator, instance: Any) -> ValidationError | None:
-    """The most relevant schema violation of INSTANCE, or None."""
+    """The most relevant schema violation of INSTANCE, or None.  Raises
+    RecursionError for an instance nested too deeply to walk."""
     return best_match(validator.iter_errors(instance))
 
 

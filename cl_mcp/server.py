@@ -121,7 +121,16 @@ class McpServer:
 
     def receive(self, line: bytes | OversizedLine) -> None:
         """Take one line of input.  Parsing and validation happen now, in
-        arrival order; the work itself runs as a task."""
+        arrival order; the work itself runs as a task.  Nothing a line holds
+        may stop the server from reading the next one."""
+        try:
+            self._receive(line)
+        except Exception as error:  # a bug; the line gets an error, the server goes on
+            log.exception("internal error while reading a message")
+            self._send(jsonrpc.error_message(None, INTERNAL_ERROR, "Internal error",
+                                             {"detail": str(error)[:500]}))
+
+    def _receive(self, line: bytes | OversizedLine) -> None:
         if isinstance(line, OversizedLine):
             self._send(jsonrpc.error_message(
                 None, INVALID_REQUEST,
@@ -180,7 +189,11 @@ class McpServer:
     def _accept(self, message: Any, in_batch: bool) -> Request | dict[str, Any] | None:
         """Validate one message.  A request to run, an error response to
         send, or None (a notification, handled here)."""
-        violation = first_error(shared_type("JsonRpcRequest"), message)
+        try:
+            violation = first_error(shared_type("JsonRpcRequest"), message)
+        except RecursionError:
+            return jsonrpc.error_message(_valid_id(message), INVALID_REQUEST,
+                                         "Invalid Request: nested too deeply to validate")
         if violation is not None:
             return jsonrpc.error_message(_valid_id(message), INVALID_REQUEST, "Invalid Request",
                                          error_location(violation, "$"))
@@ -328,7 +341,10 @@ class McpServer:
 
     def _check_params(self, schema: str, params: Any) -> dict[str, Any]:
         params = {} if params is None else params
-        violation = first_error(params_validator(schema), params)
+        try:
+            violation = first_error(params_validator(schema), params)
+        except RecursionError:
+            raise JsonRpcError(INVALID_PARAMS, "Invalid params: nested too deeply to validate") from None
         if violation is not None:
             raise JsonRpcError(INVALID_PARAMS, "Invalid params", error_location(violation, "params"))
         return params
@@ -407,7 +423,10 @@ class McpServer:
         if spec is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {params['name']}")
         arguments = params["arguments"]
-        violation = first_error(spec.validator, arguments)
+        try:
+            violation = first_error(spec.validator, arguments)
+        except RecursionError:
+            raise JsonRpcError(INVALID_PARAMS, "Invalid arguments: nested too deeply to validate") from None
         if violation is not None:
             raise JsonRpcError(
                 INVALID_PARAMS, f"Invalid arguments for tool {spec.name}: {violation.message[:200]}",
