@@ -27,13 +27,23 @@
            #:list-definitions
            #:load-system
            #:prepare-embedded-image
+           #:prepare-attached-connection
+           #:soft-reset
            #:set-connection-nodelay
            #:*agent-version*))
 
 (in-package #:cl-mcp-agent)
 
 (defparameter *agent-version* "0.1.0"
-  "Version of this agent; cl-mcp compares it before reloading the file.")
+  "Version of this agent.")
+
+(defvar *loaded-digest* nil
+  "The SHA-256 of the agent source loaded into a shared image, set by
+cl-mcp after loading it, so that attaching again does not reload it.")
+
+(defvar *track-session* nil
+  "True in an attached image: remember what cl-mcp's evaluations create,
+so that a soft reset removes exactly that.")
 
 (defvar *baseline-packages* (list-all-packages)
   "Packages that existed when the agent was first loaded.  Packages created
@@ -666,6 +676,11 @@ exits is never reused; it costs its stack and nothing else."
 (defun read-and-evaluate (evaluation)
   "Read the forms of the code one after another and evaluate each; return
 (:ok VALUES-OF-THE-LAST) or (:reader-error ERROR-PLIST)."
+  (if *track-session*
+      (call-tracking-session (lambda () (%read-and-evaluate evaluation)))
+      (%read-and-evaluate evaluation)))
+
+(defun %read-and-evaluate (evaluation)
   (let ((stream (make-string-input-stream (evaluation-code evaluation)))
         (eof (make-symbol "EOF"))
         (values '()))
@@ -1294,6 +1309,74 @@ of its dependencies)."
       (string= (symbol-name (type-of condition)) "SYSTEM-NOT-FOUND")))
 
 ;;; ------------------------------------------------------------------
+;;; What the session created, in an image it shares (attach mode)
+
+(defvar *session-symbols* '()
+  "Symbols of CL-USER first interned by a cl-mcp evaluation.")
+
+(defvar *session-created-packages* '()
+  "Packages created by a cl-mcp evaluation.")
+
+(defun present-symbols (package)
+  (let ((symbols (make-hash-table :test #'eq)))
+    (do-symbols (symbol package)
+      (when (eq (symbol-package symbol) package)
+        (setf (gethash symbol symbols) t)))
+    symbols))
+
+(defun call-tracking-session (thunk)
+  "Call THUNK, recording the CL-USER symbols and the packages it creates
+(also when it exits non-locally)."
+  (let* ((user (find-package "COMMON-LISP-USER"))
+         (symbols-before (present-symbols user))
+         (packages-before (list-all-packages)))
+    (unwind-protect (funcall thunk)
+      (sb-thread:with-mutex (*registry-lock*)
+        (do-symbols (symbol user)
+          (when (and (eq (symbol-package symbol) user)
+                     (not (gethash symbol symbols-before)))
+            (pushnew symbol *session-symbols*)))
+        (dolist (package (set-difference (list-all-packages) packages-before))
+          (pushnew package *session-created-packages*))))))
+
+(defun soft-reset ()
+  "Remove what cl-mcp's evaluations created in a shared image (their CL-USER
+definitions and their packages) and abort the evaluations waiting at an
+error.  Everything else in the image is left as it was."
+  (abort-all)
+  (let ((user (find-package "COMMON-LISP-USER"))
+        (symbols (sb-thread:with-mutex (*registry-lock*) (shiftf *session-symbols* '())))
+        (packages (sb-thread:with-mutex (*registry-lock*)
+                    (shiftf *session-created-packages* '()))))
+    (dolist (package packages)
+      (when (package-name package)
+        (handler-case (delete-package package)
+          (error (c) (log-note "could not delete package ~A: ~A" (package-name package) c)))))
+    (dolist (symbol symbols)
+      (when (eq (symbol-package symbol) user)
+        (forget-definitions symbol)
+        (unintern symbol user))))
+  t)
+
+(defun forget-definitions (symbol)
+  "Remove the function, macro, variable and class SYMBOL names (a constant
+stays: it cannot be unbound)."
+  (handler-case
+      (progn
+        (when (fboundp symbol) (fmakunbound symbol))
+        (when (fboundp `(setf ,symbol)) (fmakunbound `(setf ,symbol)))
+        (when (and (boundp symbol) (not (constantp symbol))) (makunbound symbol))
+        (when (find-class symbol nil) (setf (find-class symbol) nil)))
+    (error (c) (log-note "could not remove ~S: ~A" symbol c))))
+
+(defun log-note (control &rest arguments)
+  "A line on the image's own error output (cl-mcp's log, in an embedded
+image)."
+  (ignore-errors
+   (format *error-output* "~&;; cl-mcp: ~?~%" control arguments)
+   (finish-output *error-output*)))
+
+;;; ------------------------------------------------------------------
 ;;; Image set-up
 
 (defun set-connection-nodelay ()
@@ -1321,6 +1404,18 @@ thread, instead of waiting for a debugger nobody will open."
   (if (sb-thread:main-thread-p)
       (sb-ext:exit :code 70 :abort t)
       (sb-thread:abort-thread :allow-exit t)))
+
+(defun prepare-attached-connection ()
+  "Settings for cl-mcp's connection to an image the programmer shares:
+remember what the session creates, and stand aside so that Swank keeps
+sending the debugger of the programmer's own threads to Emacs (Swank sends
+it to the newest connection, which would otherwise be cl-mcp's)."
+  (setf *track-session* t)
+  (let ((ours swank::*emacs-connection*))
+    (setf swank::*connections*
+          (append (remove ours swank::*connections*) (list ours))))
+  (set-connection-nodelay)
+  t)
 
 (defun prepare-embedded-image (secret)
   "Settings for an image cl-mcp owns: Swank demands SECRET from the one

@@ -12,6 +12,7 @@ import sys
 from cl_mcp import __version__, jsonrpc
 from cl_mcp.client_log import ClientLogHandler
 from cl_mcp.image import ImageConfig
+from cl_mcp.link import parse_address
 from cl_mcp.session import LispSession, SessionConfig
 from cl_mcp.stdio import StdioTransport, claim_stdout
 
@@ -30,6 +31,13 @@ def bounded_int(low: int, high: int):
     return parse
 
 
+def address(text: str) -> tuple[str, int]:
+    try:
+        return parse_address(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not 0 < value <= 86400 * 365:
@@ -44,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="MCP server over stdio that evaluates Common Lisp in an SBCL image through Swank.",
     )
     parser.add_argument("--version", action="version", version=f"cl-mcp {__version__}")
+    parser.add_argument("--connect", metavar="[HOST:]PORT", type=address,
+                        default=address(env("CL_MCP_CONNECT")) if env("CL_MCP_CONNECT") else None,
+                        help="attach to a running Swank (e.g. Emacs's M-x slime) instead of "
+                             "starting SBCL (env CL_MCP_CONNECT); presents ~/.slime-secret if it exists")
     parser.add_argument("--sbcl", default=env("CL_MCP_SBCL", "sbcl"),
                         help="SBCL executable (env CL_MCP_SBCL; default: sbcl)")
     parser.add_argument("--slime-dir", default=env("CL_MCP_SLIME_DIR"),
@@ -113,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     out_fd = claim_stdout()
     config = SessionConfig(
         image=ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir),
+        connect=args.connect,
         eval_timeout=args.eval_timeout,
         load_timeout=args.load_timeout,
         max_output=args.max_output,

@@ -1,12 +1,16 @@
 """The one Lisp session the tools talk to.
 
-It owns the image (started in the background so `initialize` is answered at
-once), the Swank connection, and the session's current package.  Work in
-the image runs one request at a time, in arrival order: an asyncio.Lock is
-FIFO, and callers take it before their first await.
+It owns the link to the image (embedded: started in the background so
+`initialize` is answered at once; attached: the programmer's Swank), the
+Swank connection, and the session's current package.  Work in the image runs
+one request at a time, in arrival order: an asyncio.Lock is FIFO, and
+callers take it before their first await.
 
-When the image dies, the call in flight fails with a clear error, a line is
-logged, and the next call starts a fresh image.
+When an embedded image dies, the call in flight fails with a clear error, a
+line is logged, and the next call starts a fresh image.  When the
+connection to an attached image drops, calls fail at once with a clear
+error while cl-mcp reconnects with backoff; the image itself is never
+stopped or replaced.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 
 from cl_mcp import sexp
 from cl_mcp.errors import ImageError, SwankError
-from cl_mcp.image import ImageConfig, LispImage
+from cl_mcp.image import ImageConfig
+from cl_mcp.link import AttachedLink, EmbeddedLink
 from cl_mcp.sexp import Keyword, SExp, Symbol
 from cl_mcp.swank.client import SwankConnection
 
@@ -29,11 +34,13 @@ DEFAULT_PACKAGE = "COMMON-LISP-USER"
 # How long past its own deadline an evaluation may take to come back (the
 # image interrupts it itself) before cl-mcp gives up on the image.
 DEADLINE_GRACE = 5.0
+RECONNECT_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # then every 8 s
 
 
 @dataclass(frozen=True, slots=True)
 class SessionConfig:
     image: ImageConfig = ImageConfig()
+    connect: tuple[str, int] | None = None  # attach to this Swank instead
     eval_timeout: float = 30.0
     load_timeout: float = 300.0
     max_output: int = 1_000_000
@@ -74,39 +81,46 @@ class LispSession:
         self.config = config
         self.package = DEFAULT_PACKAGE
         self._lock = asyncio.Lock()
-        self._image: LispImage | None = None
+        self._link: EmbeddedLink | AttachedLink = (
+            AttachedLink(*config.connect) if config.connect else EmbeddedLink(config.image))
         self._connection: SwankConnection | None = None
         self._starting: asyncio.Task[SwankConnection] | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._last_failure = ""
         # Set when the image died between calls; the next result says so.
         self.lost_state: str | None = None
         # The tag of the call running in the image (calls run one at a time).
         self._tags = itertools.count(1)
         self.running_tag: int | None = None
 
+    @property
+    def shared(self) -> bool:
+        """True when the image is the programmer's (attach mode)."""
+        return self._link.shared
+
     # ------------------------------------------------------------ lifecycle
 
     def start_in_background(self) -> None:
-        """Begin starting the image now, so the first call waits less."""
+        """Begin starting (or connecting to) the image now, so the first call
+        waits less."""
         if self._starting is None:
-            self._starting = asyncio.create_task(self._start_image(), name="image-start")
+            self._starting = asyncio.create_task(self._open(), name="image-start")
 
-    async def _start_image(self) -> SwankConnection:
-        image = LispImage(self.config.image)
-        self._image = image
-        port = await image.start()
-        connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
-        await connection.rex([Symbol("cl-mcp-agent:set-connection-nodelay")])
+    async def _open(self) -> SwankConnection:
+        connection = await self._link.open()
         await connection.rex([Symbol("cl-mcp-agent:configure"),
                               Keyword("max-suspended"), self.config.max_suspended,
                               Keyword("suspend-seconds"), float(self.config.suspend_timeout)])
-        log.info("Lisp image ready (pid %s, port %s)", image.pid, port)
         self._connection = connection
         return connection
 
     async def _connection_ready(self) -> SwankConnection:
-        """The live connection, starting a fresh image when there is none."""
+        """The live connection.  Embedded: a fresh image when there is none.
+        Attached: a clear error at once while reconnecting."""
         if self._connection is not None and not self._connection.closed:
             return self._connection
+        if self._link.shared:
+            return await self._attached_connection()
         if self._connection is not None:
             exit_code = await self._discard_image("the Lisp image exited")
             self.lost_state = (
@@ -115,46 +129,89 @@ class LispSession:
         if self._starting is None or (self._starting.done() and self._starting.exception()):
             if self._starting is not None:
                 self._starting.exception()  # retrieved; a new attempt follows
-            self._starting = asyncio.create_task(self._start_image(), name="image-start")
+            self._starting = asyncio.create_task(self._open(), name="image-start")
         try:
             return await asyncio.shield(self._starting)
         except (ImageError, SwankError) as error:
             self._starting = None
             raise SessionError("CL-MCP:IMAGE-START-FAILED", str(error)) from None
 
+    async def _attached_connection(self) -> SwankConnection:
+        if self._connection is not None:  # it was there and dropped
+            log.warning("the connection to %s was lost; reconnecting", self._link.describe())
+            await self._connection.close()
+            self._connection = None
+            self._starting = None
+        if self._starting is not None and not self._starting.done():
+            try:
+                return await asyncio.shield(self._starting)  # the first connection
+            except (ImageError, SwankError, OSError) as error:
+                self._last_failure = str(error)
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.create_task(self._reconnect(), name="reconnect")
+        raise SessionError(
+            "CL-MCP:NOT-CONNECTED",
+            f"Not connected to {self._link.describe()} ({self._last_failure or 'connection lost'}); "
+            "cl-mcp keeps trying to reconnect in the background. Try again shortly.")
+
+    async def _reconnect(self) -> None:
+        """Try to connect again, with growing pauses, until it works."""
+        for attempt in itertools.count():
+            delay = RECONNECT_DELAYS[min(attempt, len(RECONNECT_DELAYS) - 1)]
+            await asyncio.sleep(delay)
+            try:
+                await self._open()
+            except (ImageError, SwankError, OSError) as error:
+                self._last_failure = str(error)
+                log.info("reconnecting to %s failed: %s", self._link.describe(), error)
+                continue
+            log.warning("reconnected to %s", self._link.describe())
+            return
+
     async def _discard_image(self, reason: str, *, lost: bool = True) -> int | None:
-        """Forget the current image (stopping it if it still runs) and return
-        its exit code.  LOST says the user did not ask for this, so it is
-        logged as a warning."""
-        image, connection = self._image, self._connection
-        self._image = self._connection = self._starting = None
+        """Forget the current embedded image (stopping it if it still runs)
+        and return its exit code.  LOST says the user did not ask for this,
+        so it is logged as a warning."""
+        connection = self._connection
+        self._connection = self._starting = None
         self.package = DEFAULT_PACKAGE
         if connection is not None:
             await connection.close()
-        if image is not None:
-            await image.stop(grace=0.5)
-            exit_code = image.returncode
-            if lost:
-                log.warning("%s (%s); the session's state was lost, the next "
-                            "call starts a fresh image", reason, exit_text(exit_code))
-            else:
-                log.info("%s: image (pid %s) stopped", reason, image.pid)
-            return exit_code
-        return None
+        description = self._link.describe()
+        exit_code = await self._link.close(grace=0.5)
+        if lost:
+            log.warning("%s (%s); the session's state was lost, the next "
+                        "call starts a fresh image", reason, exit_text(exit_code))
+        else:
+            log.info("%s: %s stopped", reason, description)
+        return exit_code
 
     async def close(self) -> None:
-        """Stop the image.  Safe to call more than once."""
-        if self._starting is not None and not self._starting.done():
-            self._starting.cancel()
-            try:
-                await self._starting
-            except (asyncio.CancelledError, Exception):
-                pass
+        """Stop the embedded image, or leave the attached one.  Safe to call
+        more than once."""
+        for task in (self._starting, self._reconnecting):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
         if self._connection is not None:
+            if self._link.shared:
+                await self._leave_shared_image(self._connection)
             await self._connection.close()
-        if self._image is not None:
-            await self._image.stop()
-        self._image = self._connection = self._starting = None
+        await self._link.close()
+        self._connection = self._starting = self._reconnecting = None
+
+    async def _leave_shared_image(self, connection: SwankConnection) -> None:
+        """Abort the evaluations still waiting at an error in the
+        programmer's image: nobody is left to continue them."""
+        if connection.closed:
+            return
+        try:
+            await asyncio.wait_for(connection.rex([Symbol("cl-mcp-agent:abort-all")]), 2)
+        except (SwankError, asyncio.TimeoutError):
+            pass
 
     # ------------------------------------------------------------ requests
 
@@ -172,6 +229,14 @@ class LispSession:
                 await asyncio.shield(self._abort_in_image(connection, tag))
             raise
         except asyncio.TimeoutError:
+            if self._link.shared:
+                # Never the programmer's image: abort the work, keep the image.
+                if tag is not None:
+                    await self._abort_in_image(connection, tag)
+                raise SessionError(
+                    "CL-MCP:IMAGE-UNRESPONSIVE",
+                    f"The image did not answer within {deadline:g} seconds; cl-mcp asked it "
+                    "to abort the call.") from None
             await self._discard_image("the Lisp image did not respond")
             raise SessionError(
                 "CL-MCP:IMAGE-UNRESPONSIVE",
@@ -180,6 +245,11 @@ class LispSession:
             ) from None
         except SwankError as error:
             if connection.closed:
+                if self._link.shared:
+                    raise SessionError(
+                        "CL-MCP:CONNECTION-LOST",
+                        f"The connection to {self._link.describe()} was lost during this call; "
+                        "cl-mcp is reconnecting. The image itself is not restarted.") from None
                 await self._discard_image("the Lisp image exited")
                 raise SessionError(
                     "CL-MCP:IMAGE-LOST",
@@ -279,10 +349,15 @@ class LispSession:
             return _result_dict(await self._call(form, self.config.load_timeout, tag))
 
     async def reset(self) -> None:
-        """A fresh image: nothing of the old session survives."""
+        """Embedded: a fresh image, nothing of the old session survives.
+        Attached: only what the session created goes (soft reset)."""
         async with self._lock:
-            await self._discard_image("session reset", lost=False)
-            await self._connection_ready()
+            if self._link.shared:
+                await self._call([Symbol("cl-mcp-agent:soft-reset")], self.config.eval_timeout)
+            else:
+                await self._discard_image("session reset", lost=False)
+                await self._connection_ready()
+            self.package = DEFAULT_PACKAGE
             self.lost_state = None
 
     def take_lost_state(self) -> str | None:

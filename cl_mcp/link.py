@@ -1,0 +1,138 @@
+"""How the session reaches an image: one it owns, or one it shares.
+
+`EmbeddedLink` starts cl-mcp's own SBCL (see image.py) and may stop and
+replace it.  `AttachedLink` connects to a Swank server the programmer
+started (typically from Emacs) and must never stop, hang or disturb that
+image: it only ever closes its own connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+from cl_mcp import sexp
+from cl_mcp.errors import ImageError, SwankError
+from cl_mcp.image import ImageConfig, LispImage, find_bootstrap
+from cl_mcp.sexp import Symbol
+from cl_mcp.swank.client import SwankConnection
+
+log = logging.getLogger("cl_mcp.link")
+
+# Loads the agent into a shared image: compiled as one unit from a file
+# written on the image's side (the image may not see cl-mcp's files), with
+# every message of the compiler kept out of the programmer's REPL.
+LOAD_AGENT = """
+(let* ((path (format nil "/tmp/cl-mcp-agent-~D-~D.lisp" (get-universal-time) (random 1000000)))
+       (noise (make-string-output-stream)))
+  (unwind-protect
+       (let ((*standard-output* noise) (*error-output* noise) (*trace-output* noise)
+             (*package* (find-package "COMMON-LISP-USER")))
+         (with-open-file (out path :direction :output :if-exists :supersede
+                                   :external-format :utf-8)
+           (write-string @SOURCE@ out))
+         (handler-bind ((warning #'muffle-warning))
+           (load (compile-file path :output-file (concatenate 'string path ".fasl")))))
+    (ignore-errors (delete-file path))
+    (ignore-errors (delete-file (concatenate 'string path ".fasl"))))
+  (setf (symbol-value (find-symbol "*LOADED-DIGEST*" "CL-MCP-AGENT")) @DIGEST@)
+  t)
+"""
+
+# The digest of the agent source the image has loaded, or nil.
+LOADED_DIGEST_FORM = """
+(let* ((package (find-package "CL-MCP-AGENT"))
+       (symbol (and package (find-symbol "*LOADED-DIGEST*" package))))
+  (and symbol (boundp symbol) (symbol-value symbol)))
+"""
+
+
+def read_slime_secret(home: Path | None = None) -> str | None:
+    """The first line of ~/.slime-secret, which Swank demands when it exists
+    (read as slime.el reads it)."""
+    try:
+        text = ((home or Path.home()) / ".slime-secret").read_text("utf-8")
+    except FileNotFoundError:
+        return None
+    return text.splitlines()[0] if text else ""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`[HOST:]PORT` as (host, port); the host defaults to 127.0.0.1."""
+    host, _, port = text.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not a [HOST:]PORT address: {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _eval_text(code: str) -> list:
+    """A form that reads and evaluates CODE in the image."""
+    return [Symbol("cl:eval"), [Symbol("cl:read-from-string"), code]]
+
+
+class EmbeddedLink:
+    """cl-mcp's own image, started anew whenever one is needed."""
+
+    shared = False
+
+    def __init__(self, config: ImageConfig) -> None:
+        self._config = config
+        self._image: LispImage | None = None
+
+    def describe(self) -> str:
+        return f"embedded SBCL (pid {self._image.pid})" if self._image else "embedded SBCL"
+
+    async def open(self) -> SwankConnection:
+        image = LispImage(self._config)
+        self._image = image
+        port = await image.start()
+        connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
+        await connection.rex([Symbol("cl-mcp-agent:set-connection-nodelay")])
+        log.info("Lisp image ready (pid %s, port %s)", image.pid, port)
+        return connection
+
+    async def close(self, grace: float = 2.0) -> int | None:
+        """Stop the image; its exit code."""
+        image, self._image = self._image, None
+        if image is None:
+            return None
+        await image.stop(grace=grace)
+        return image.returncode
+
+
+class AttachedLink:
+    """A Swank server the programmer runs; shared, never stopped by cl-mcp."""
+
+    shared = True
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+
+    def describe(self) -> str:
+        return f"Swank at {self.host}:{self.port}"
+
+    async def open(self) -> SwankConnection:
+        connection = await SwankConnection.open(
+            self.host, self.port, secret=read_slime_secret(), timeout=5.0)
+        try:
+            source = find_bootstrap().read_text("utf-8")
+            digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
+            # Loaded once per version: attaching again changes nothing.
+            if await connection.rex(_eval_text(LOADED_DIGEST_FORM)) != digest:
+                # The source goes in last, so nothing in it is taken for a slot.
+                code = LOAD_AGENT.replace("@DIGEST@", sexp.dumps(digest)).replace(
+                    "@SOURCE@", sexp.dumps(source))
+                await connection.rex(_eval_text(code))
+                log.info("loaded the cl-mcp agent into %s", self.describe())
+            await connection.rex([Symbol("cl-mcp-agent:prepare-attached-connection")])
+        except (SwankError, ImageError):
+            await connection.close()
+            raise
+        log.info("attached to %s", self.describe())
+        return connection
+
+    async def close(self, grace: float = 0.0) -> None:
+        """Nothing to stop: the image is the programmer's."""
+        return None
