@@ -1,29 +1,41 @@
 # The two commands of README.md: `make run` and `make test`.  Each installs
-# what is missing first: SBCL and Swank from Debian, and a venv with cl-mcp.
+# what is missing first: SBCL and Swank from Debian (plus, for the tests,
+# Alexandria, Emacs and SLIME), and a venv with cl-mcp.
 
 VENV := .venv
 PYTHON ?= python3
-DEBIAN_PACKAGES := sbcl cl-swank cl-alexandria
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SWANK_LOADER := /usr/share/common-lisp/source/slime/swank-loader.lisp
 ALEXANDRIA := /usr/share/common-lisp/source/alexandria/alexandria.asd
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SLIME_EL := /usr/share/emacs/site-lisp/elpa-src/slime-*/slime.el
 
-.PHONY: run test setup lisp venv clean
+.PHONY: run test bench setup lisp test-lisp venv clean
 
-run: setup
+run: lisp venv
 	@exec $(VENV)/bin/cl-mcp
 
-test: setup
+test: test-lisp venv
 	$(VENV)/bin/python -m pytest
 
-setup: lisp venv
+bench: lisp venv
+	$(VENV)/bin/python bench/run.py
+
+setup: test-lisp venv
+
+# apt-get install only what is absent: $(call debian,PACKAGES,CONDITION)
+define debian
+	@if $(2); then \
+	  echo "Installing $(1) from Debian" >&2; \
+	  $(SUDO) apt-get update >&2 && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y $(1) >&2; \
+	fi
+endef
 
 lisp:
-	@if ! command -v sbcl >/dev/null || [ ! -f $(SWANK_LOADER) ] || [ ! -f $(ALEXANDRIA) ]; then \
-	  echo "Installing $(DEBIAN_PACKAGES) from Debian" >&2; \
-	  $(SUDO) apt-get update >&2 && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y $(DEBIAN_PACKAGES) >&2; \
-	fi
+	$(call debian,sbcl cl-swank,! command -v sbcl >/dev/null || [ ! -f $(SWANK_LOADER) ])
+
+test-lisp: lisp
+	$(call debian,cl-alexandria emacs-nox slime,[ ! -f $(ALEXANDRIA) ] || ! command -v emacs >/dev/null || ! ls $(SLIME_EL) >/dev/null 2>&1)
 
 venv: $(VENV)/.installed
 

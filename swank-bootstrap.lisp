@@ -1311,6 +1311,9 @@ of its dependencies)."
 ;;; ------------------------------------------------------------------
 ;;; What the session created, in an image it shares (attach mode)
 
+(defvar *connection* nil
+  "cl-mcp's Swank connection, in an attached image.")
+
 (defvar *session-symbols* '()
   "Symbols of CL-USER first interned by a cl-mcp evaluation.")
 
@@ -1411,7 +1414,12 @@ remember what the session creates, and stand aside so that Swank keeps
 sending the debugger of the programmer's own threads to Emacs (Swank sends
 it to the newest connection, which would otherwise be cl-mcp's)."
   (setf *track-session* t)
+  ;; A new session: what earlier ones created belongs to the image now.
+  (sb-thread:with-mutex (*registry-lock*)
+    (setf *session-symbols* '()
+          *session-created-packages* '()))
   (let ((ours swank::*emacs-connection*))
+    (setf *connection* ours)
     (setf swank::*connections*
           (append (remove ours swank::*connections*) (list ours))))
   (set-connection-nodelay)

@@ -1,0 +1,116 @@
+"""A programmer's image (SBCL with Swank, started as from Emacs) and a real
+Emacs with SLIME connected to it, for the attach-mode tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cl_mcp.image import find_slime_dir
+
+SLIME_ELISP = Path("/usr/share/emacs/site-lisp/elpa-src")
+
+
+class SwankServer:
+    """SBCL running Swank with :dont-close t, as `M-x slime` leaves it."""
+
+    def __init__(self, home: Path) -> None:
+        slime = find_slime_dir()
+        script = home / "start-swank.lisp"
+        script.write_text(
+            "(require :asdf)\n"
+            f'(load "{slime}/swank-loader.lisp")\n'
+            "(swank-loader:init :load-contribs nil :setup nil)\n"
+            '(format t "~&SWANK-PORT ~D~%" (swank:create-server :port 0 :interface "127.0.0.1"'
+            " :dont-close t))\n"
+            "(finish-output)\n"
+            "(loop (sleep 1))\n")
+        self.proc = subprocess.Popen(
+            ["sbcl", "--noinform", "--no-userinit", "--load", str(script)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, "HOME": str(home)}, start_new_session=True)
+        assert self.proc.stdout
+        for line in self.proc.stdout:
+            match = re.match(rb"SWANK-PORT (\d+)", line)
+            if match:
+                self.port = int(match.group(1))
+                break
+        else:
+            raise AssertionError("Swank did not start")
+        # Keep draining its output so it never blocks on a full pipe.
+        import threading
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+class Emacs:
+    """An Emacs daemon with SLIME, driven through emacsclient."""
+
+    def __init__(self, home: Path) -> None:
+        if shutil.which("emacs") is None or not list(SLIME_ELISP.glob("slime-*/slime.el")):
+            pytest.fail("Emacs and SLIME are not installed: run `make test`, which installs "
+                        "Debian's emacs-nox and slime")
+        self.name = f"clmcp-{uuid.uuid4().hex[:8]}"
+        self.env = {**os.environ, "HOME": str(home)}
+        slime_dir = sorted(SLIME_ELISP.glob("slime-*"))[-1]
+        setup = (f'(progn (add-to-list (quote load-path) "{slime_dir}") (require (quote slime)) '
+                 "(slime-setup (quote (slime-repl))))")
+        subprocess.run(["emacs", "-Q", f"--daemon={self.name}", "--eval", setup],
+                       env=self.env, check=True, capture_output=True, timeout=60)
+
+    def eval(self, elisp: str, timeout: float = 30) -> str:
+        out = subprocess.run(["emacsclient", "-s", self.name, "--eval", elisp], env=self.env,
+                             capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise AssertionError(f"emacsclient failed: {out.stderr}")
+        return out.stdout.strip()
+
+    def connect(self, port: int) -> None:
+        self.eval(f'(slime-connect "127.0.0.1" {port})')
+        deadline = time.monotonic() + 30
+        while self.eval("(if (slime-connected-p) 1 0)") != "1":
+            if time.monotonic() > deadline:
+                raise AssertionError("SLIME did not connect")
+            time.sleep(0.2)
+        # The REPL is set up asynchronously after connecting.
+        while self.eval("(if (slime-output-buffer) 1 0)") != "1":
+            if time.monotonic() > deadline:
+                raise AssertionError("SLIME's REPL did not start")
+            time.sleep(0.2)
+
+    def slime_eval(self, lisp: str) -> str:
+        """Evaluate LISP (with package-qualified symbols) in the image, as
+        SLIME does for its own commands; the printed result."""
+        return self.eval(f"(slime-eval (quote {lisp}))")
+
+    def debugger_windows(self) -> int:
+        return int(self.eval("(length (sldb-buffers))"))
+
+    def repl_text(self) -> str:
+        return self.eval("(with-current-buffer (slime-output-buffer) "
+                         "(buffer-substring-no-properties (point-min) (point-max)))")
+
+    def quit_debuggers(self) -> None:
+        self.eval("(progn (dolist (b (sldb-buffers)) (with-current-buffer b (sldb-quit))) t)")
+
+    def stop(self) -> None:
+        subprocess.run(["emacsclient", "-s", self.name, "--eval", "(kill-emacs)"], env=self.env,
+                       capture_output=True, timeout=30)
+
+
+def temporary_home() -> Path:
+    return Path(tempfile.mkdtemp(prefix="cl-mcp-home-"))

@@ -1,0 +1,169 @@
+"""Attach mode: cl-mcp joins a Swank server the programmer runs."""
+
+import os
+import time
+
+import pytest
+
+from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
+from tests.integration.conftest import McpProcess
+
+
+@pytest.fixture
+def programmer():
+    home = temporary_home()
+    server = SwankServer(home)
+    yield server, home
+    server.stop()
+
+
+def attached(port, home, *args):
+    process = McpProcess("--connect", str(port), *args, env={"HOME": str(home)})
+    process.initialize()
+    return process
+
+
+def test_tools_work_attached_and_reset_is_soft(programmer):
+    server, home = programmer
+    # Something of the programmer's own, made before this session: through
+    # an earlier cl-mcp session, whose definitions count as the image's now.
+    other = attached(server.port, home)
+    other.eval("(defun users-own () :mine) (defpackage :users-pkg (:use :cl))")
+    other.close()
+    process = attached(server.port, home)
+    try:
+        assert process.eval("(defun session-fn () 1) (defpackage :session-pkg (:use :cl)) (session-fn)") == ("=> 1", False)
+        assert "- SESSION-FN ()" in process.call("list-definitions")["content"][0]["text"]
+        assert process.call("reset-session")["content"][0]["text"] == "Session reset. All definitions cleared."
+        assert process.eval("(list (fboundp 'session-fn) (find-package :session-pkg) (users-own) "
+                            "(not (null (find-package :users-pkg))))") == ("=> (NIL NIL :MINE T)", False)
+        assert server.alive()
+    finally:
+        process.close()
+    assert server.alive()  # cl-mcp leaving never stops the image
+
+
+def test_attaching_again_does_not_reload_the_agent(programmer):
+    server, home = programmer
+    first = attached(server.port, home)
+    first.eval("(setf (get 'cl-mcp-agent::*loaded-digest* :marker) :kept)")
+    first.close()
+    second = attached(server.port, home)
+    try:
+        assert second.eval("(get 'cl-mcp-agent::*loaded-digest* :marker)") == ("=> :KEPT", False)
+        assert not any("loaded the cl-mcp agent" in line for line in second.stderr_lines)
+    finally:
+        second.close()
+
+
+def test_a_dropped_connection_fails_at_once_and_reconnects(programmer):
+    server, home = programmer
+    process = attached(server.port, home)
+    try:
+        process.eval("(defvar *kept* :still-here)")
+        # Drop cl-mcp's connection from the image's side.
+        process.eval("(let ((c cl-mcp-agent::*connection*)) (sb-thread:make-thread "
+                     "(lambda () (sleep 0.2) (swank::close-connection c nil nil))))")
+        time.sleep(0.6)
+        started = time.monotonic()
+        text, is_error = process.eval("(+ 1 1)")
+        assert is_error and text.startswith("[ERROR] CL-MCP:")
+        assert time.monotonic() - started < 2
+        deadline = time.monotonic() + 15
+        while True:
+            text, is_error = process.eval("*kept*")
+            if not is_error:
+                break
+            assert time.monotonic() < deadline, text
+            time.sleep(0.3)
+        assert text == "=> :STILL-HERE"  # the image was never restarted
+    finally:
+        process.close()
+
+
+def test_the_slime_secret_is_presented(tmp_path):
+    home = temporary_home()
+    (home / ".slime-secret").write_text("s3cr3t-é\n")
+    server = SwankServer(home)
+    try:
+        process = attached(server.port, home)
+        assert process.eval("(+ 2 3)") == ("=> 5", False)
+        process.close()
+    finally:
+        server.stop()
+
+
+def test_an_unreachable_swank_is_a_clear_error():
+    process = McpProcess("--connect", "127.0.0.1:1")
+    try:
+        process.initialize()
+        text, is_error = process.eval("1")
+        assert is_error and text.startswith("[ERROR] CL-MCP:NOT-CONNECTED")
+    finally:
+        process.close()
+
+
+# ---------------------------------------------------------------- with Emacs
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """The programmer's image, Emacs connected to it with SLIME, and cl-mcp
+    attached to the same image."""
+    home = temporary_home()
+    server = SwankServer(home)
+    emacs = Emacs(home)
+    emacs.connect(server.port)
+    process = attached(server.port, home)
+    yield server, emacs, process
+    process.close()
+    emacs.stop()
+    server.stop()
+
+
+def test_a_function_defined_through_cl_mcp_is_callable_from_emacs(shared):
+    _, emacs, process = shared
+    assert process.eval("(defun from-mcp (x) (* x 10))") == ("=> FROM-MCP", False)
+    assert emacs.slime_eval("(cl-user::from-mcp 4)") == "40"
+
+
+def test_a_function_defined_in_emacs_is_visible_to_cl_mcp(shared):
+    _, emacs, process = shared
+    emacs.slime_eval("(cl:progn (cl:defun cl-user::from-emacs (y) (cl:+ y 1)) cl:t)")
+    assert process.eval("(from-emacs 41)") == ("=> 42", False)
+    text = process.call("list-definitions", type="functions")["content"][0]["text"]
+    assert "- FROM-EMACS (Y)" in text
+
+
+def test_emacs_stays_healthy_after_errors_timeouts_restarts_and_reset(shared):
+    _, emacs, process = shared
+    text, is_error = process.eval('(error "boom from cl-mcp")')
+    assert is_error
+    text, is_error = process.eval("(loop)", timeout=1)
+    assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
+    assert process.call("invoke-restart", restart="ABORT")["content"][0]["text"] == "The evaluation was aborted."
+    process.eval("(undefined-yet)")
+    process.eval("(defun undefined-yet () :ok)")
+    assert process.call("invoke-restart", restart="CONTINUE")["content"][0]["text"] == "=> :OK"
+    process.eval('(error "left waiting")')
+    process.call("reset-session")
+    # Emacs never saw a debugger window, its REPL got nothing of cl-mcp's,
+    # and its connection still answers.
+    assert emacs.debugger_windows() == 0
+    assert emacs.slime_eval("(cl:+ 1 2)") == "3"
+    repl = emacs.repl_text()
+    assert "boom" not in repl and "cl-mcp" not in repl.lower() and "compil" not in repl.lower()
+    # The programmer's own definition survived the soft reset.
+    assert emacs.slime_eval("(cl-user::from-emacs 1)") == "2"
+
+
+def test_the_programmers_own_errors_still_go_to_emacs(shared):
+    _, emacs, process = shared
+    emacs.slime_eval('(cl:progn (sb-thread:make-thread (cl:lambda () (cl:error "users bg error")))'
+                     " cl:t)")
+    deadline = time.monotonic() + 10
+    while emacs.debugger_windows() == 0:
+        assert time.monotonic() < deadline, "the programmer's debugger never appeared in Emacs"
+        time.sleep(0.2)
+    emacs.quit_debuggers()
+    assert process.eval("(+ 1 1)") == ("=> 2", False)
