@@ -49,7 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     parser = argparse.ArgumentParser(
         prog="cl-mcp",
-        description="MCP server over stdio that evaluates Common Lisp in an SBCL image through Swank.",
+        usage="cl-mcp [serve] [options]  |  cl-mcp COMMAND ...",
+        description="MCP server over stdio that evaluates Common Lisp in an SBCL image through "
+                    "Swank. With no command it serves MCP on stdio, which is what MCP hosts run.",
+        epilog="commands:\n" + "\n".join(f"  {name:<8} {text}" for name, text in COMMANDS.items())
+               + "\n\n`cl-mcp COMMAND --help` describes each.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cl-mcp {__version__}")
     parser.add_argument("--connect", metavar="[HOST:]PORT", type=address,
@@ -116,7 +121,38 @@ async def serve(config: SessionConfig, out_fd: int) -> int:
     return 0
 
 
+COMMANDS = {
+    "eval": "evaluate Lisp code in a fresh image and print the result",
+    "repl": "an interactive Lisp REPL over cl-mcp",
+    "tools": "list the tools of cl-mcp (or of another server, --server CMD)",
+    "call": "call one tool: cl-mcp call TOOL JSON-ARGUMENTS [--server CMD]",
+    "doctor": "check SBCL, Swank, Quicklisp and ASDF systems, and that an image starts",
+    "serve": "serve MCP on stdio (what MCP hosts run; the default)",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in COMMANDS and argv[0] != "serve":
+        return run_command(argv[0], argv[1:])
+    return serve_main(argv[1:] if argv and argv[0] == "serve" else argv)
+
+
+def run_command(name: str, argv: list[str]) -> int:
+    logging.basicConfig(level="WARNING", stream=sys.stderr,
+                        format="cl-mcp %(levelname)s %(name)s: %(message)s")
+    if name == "repl":
+        from cl_mcp.repl import repl_command
+        return repl_command(argv)
+    if name == "doctor":
+        from cl_mcp.doctor import doctor_command
+        return doctor_command(argv)
+    from cl_mcp import commands
+    return {"eval": commands.eval_command, "tools": commands.tools_command,
+            "call": commands.call_command}[name](argv)
+
+
+def serve_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,

@@ -1,0 +1,99 @@
+"""`cl-mcp doctor`: check what cl-mcp needs, and say what to install."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from cl_mcp.errors import ClMcpError
+from cl_mcp.image import ImageConfig, LispImage, find_slime_dir
+from cl_mcp.sexp import Symbol, plist
+from cl_mcp.swank.client import SwankConnection
+
+# Where Debian's cl-* packages and local projects keep .asd files.
+SYSTEM_GLOBS = ("/usr/share/common-lisp/source/*/*.asd", "/usr/share/common-lisp/systems/*.asd")
+
+
+def line(ok: bool | None, what: str, detail: str) -> bool:
+    mark = {True: "ok  ", False: "FAIL", None: "note"}[ok]
+    print(f"[{mark}] {what}: {detail}")
+    return ok is not False
+
+
+def check_sbcl(sbcl: str) -> bool:
+    path = shutil.which(sbcl)
+    if path is None:
+        return line(False, "SBCL", f"{sbcl!r} not on PATH; install it: apt-get install sbcl")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.strip()
+    return line(True, "SBCL", f"{version} ({path})")
+
+
+def check_swank(slime_dir: str | None) -> bool:
+    try:
+        directory = find_slime_dir(slime_dir)
+    except ClMcpError as error:
+        return line(False, "Swank", str(error))
+    version_file = directory / "slime-version"
+    version = version_file.read_text().strip() if version_file.exists() else "unknown version"
+    return line(True, "Swank", f"{version} ({directory})")
+
+
+def check_quicklisp() -> bool:
+    setup = Path.home() / "quicklisp" / "setup.lisp"
+    if setup.exists():
+        return line(True, "Quicklisp", f"{setup} (load-system uses it)")
+    return line(None, "Quicklisp", "not installed; load-system uses ASDF and Debian's cl-* packages")
+
+
+def check_systems() -> bool:
+    found = sorted({asd.stem for pattern in SYSTEM_GLOBS
+                    for asd in Path("/").glob(pattern.lstrip("/"))})
+    if not found:
+        return line(None, "ASDF systems", "none registered; e.g. apt-get install cl-alexandria")
+    shown = ", ".join(found[:12]) + (f" and {len(found) - 12} more" if len(found) > 12 else "")
+    return line(True, "ASDF systems", f"{len(found)} registered: {shown}")
+
+
+async def start_image(config: ImageConfig) -> str:
+    image = LispImage(config)
+    try:
+        port = await image.start()
+        connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
+        value = await connection.rex([Symbol("cl-mcp-agent:evaluate"), "(+ 1 2)"])
+        await connection.close()
+        return str(plist(value).get("values"))
+    finally:
+        await image.stop()
+
+
+def check_image(config: ImageConfig) -> bool:
+    try:
+        value = asyncio.run(asyncio.wait_for(start_image(config), 180))
+    except (ClMcpError, OSError, asyncio.TimeoutError) as error:
+        return line(False, "image", f"could not start SBCL with Swank and the agent: {error}")
+    if value != "['3']":
+        return line(False, "image", f"started, but (+ 1 2) gave {value[:200]}")
+    return line(True, "image", "SBCL starts with Swank and the agent, and (+ 1 2) => 3")
+
+
+def doctor_command(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="cl-mcp doctor", description="Check what cl-mcp needs.")
+    parser.add_argument("--sbcl", default="sbcl")
+    parser.add_argument("--slime-dir")
+    args = parser.parse_args(argv)
+    print(f"Python {sys.version.split()[0]} ({sys.executable})")
+    essentials = [check_sbcl(args.sbcl), check_swank(args.slime_dir)]
+    check_quicklisp()
+    check_systems()
+    if all(essentials):
+        essentials.append(check_image(ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir)))
+    if all(essentials):
+        print("cl-mcp is ready.")
+        return 0
+    print("cl-mcp is not ready: install what is marked FAIL (make run does it on Debian).")
+    return 1

@@ -1,0 +1,131 @@
+"""The command line, end to end: eval, tools, call, doctor, and the REPL
+driven through a pseudo-terminal."""
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FIXTURES = Path(__file__).parent.parent / "fixtures"
+CL_MCP = str(Path(sys.executable).parent / "cl-mcp")
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([CL_MCP, *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_version_and_help():
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("cl-mcp ")
+    out = cli("--help")
+    assert "--connect" in out.stdout and "doctor" in out.stdout and "repl" in out.stdout
+
+
+def test_eval():
+    out = cli("eval", "(+ 1 2 3)")
+    assert (out.returncode, out.stdout) == (0, "=> 6\n")
+    out = cli("eval", "(car 1)")
+    assert out.returncode == 1 and out.stdout.startswith("[ERROR] TYPE-ERROR")
+    out = cli("eval", "(package-name *package*)", "--package", "COMMON-LISP", "--time")
+    assert out.returncode == 0 and out.stdout.startswith('=> "COMMON-LISP"\n\n; Timing: ')
+
+
+def test_eval_shows_progress_of_long_calls_on_stderr():
+    out = cli("eval", '(format t "working~%") (finish-output) (sleep 2.5) :done')
+    assert out.stdout.endswith("=> :DONE\n")
+    assert "cl-mcp: running for" in out.stderr
+
+
+def test_tools_and_call_against_cl_mcp():
+    out = cli("tools")
+    assert out.returncode == 0 and out.stdout.startswith("evaluate-lisp code [package]")
+    out = cli("call", "evaluate-lisp", '{"code": "(list 1 2)"}')
+    assert (out.returncode, out.stdout) == (0, "=> (1 2)\n")
+    out = cli("call", "evaluate-lisp", '{"code": 1}')
+    assert out.returncode == 2 and "invalid arguments" in out.stderr
+
+
+def test_tools_and_call_against_another_server():
+    server = f"{sys.executable} {FIXTURES / 'sdk_server.py'}"
+    out = cli("tools", "--server", server)
+    assert out.returncode == 0 and "add a b" in out.stdout
+    out = cli("call", "add", '{"a": 20, "b": 22}', "--server", server)
+    assert (out.returncode, out.stdout) == (0, "42\n")
+    out = cli("call", "picture", "--server", server)
+    assert out.stdout == "[image content: image/png]\none pixel\n"
+
+
+def test_doctor():
+    out = cli("doctor", timeout=300)
+    assert out.returncode == 0, out.stdout
+    assert "[ok  ] SBCL" in out.stdout and "[ok  ] Swank" in out.stdout
+    assert "[ok  ] image" in out.stdout and "alexandria" in out.stdout
+
+
+def test_doctor_says_what_to_install():
+    out = cli("doctor", "--sbcl", "no-such-sbcl")
+    assert out.returncode == 1 and "apt-get install sbcl" in out.stdout
+
+
+class Terminal:
+    """cl-mcp repl in a pseudo-terminal, typed at as a person would."""
+
+    def __init__(self, home):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.environ["HOME"] = str(home)
+            os.environ["TERM"] = "dumb"
+            os.execv(CL_MCP, [CL_MCP, "repl"])
+        self.screen = b""
+
+    def expect(self, text, timeout=60):
+        deadline = time.monotonic() + timeout
+        while text.encode() not in self.screen:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} never appeared; screen:\n{self.screen.decode(errors='replace')}")
+            ready, _, _ = select.select([self.fd], [], [], 0.1)
+            if ready:
+                try:
+                    self.screen += os.read(self.fd, 65536)
+                except OSError:
+                    break
+        position = self.screen.index(text.encode()) + len(text)
+        seen, self.screen = self.screen[:position], self.screen[position:]
+        return seen.decode(errors="replace")
+
+    def type(self, text):
+        os.write(self.fd, text.encode())
+
+    def wait(self):
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+
+def test_repl_in_a_terminal(tmp_path):
+    term = Terminal(tmp_path)
+    term.expect("CL-USER> ")
+    term.type("(defun twice (x)\r")          # multi-line input
+    term.type("  (* 2 x))\r")
+    term.expect("=> TWICE")
+    term.expect("CL-USER> ")
+    term.type("(twice 21)\r")
+    term.expect("=> 42")
+    term.expect("CL-USER> ")
+    term.type("(defpackage :demo (:use :cl)) (in-package :demo)\r")
+    term.expect("DEMO> ")                    # the prompt follows the package
+    term.type("(sleep 30)\r")
+    time.sleep(1.0)
+    term.type("\x03")                        # Ctrl-C cancels the evaluation
+    term.expect("; cancelled")
+    term.expect("DEMO> ")
+    term.type("(error \"oops\")\r")
+    term.expect("[ERROR] SIMPLE-ERROR")
+    term.type(":restart ABORT\r")
+    term.expect("The evaluation was aborted.")
+    term.type("\x04")                        # Ctrl-D leaves
+    assert term.wait() == 0
+    assert "(twice 21)" in (tmp_path / ".cl_mcp_history").read_text()
