@@ -572,22 +572,24 @@ detection on for everything printed."
      ,@body))
 
 (defun stretch-report (evaluation status &rest more)
-  "The plist describing the stretch that just ended."
+  "The plist describing the stretch that just ended.  Empty output, no
+warnings and an unchanged package are left out: the reply is printed and
+read on every call."
   (let* ((stdout (evaluation-stdout evaluation))
          (stderr (evaluation-stderr evaluation))
-         (report (list* :status status
-                        :stdout (stream-text stdout)
-                        :stdout-dropped (dropped stdout)
-                        :stderr (stream-text stderr)
-                        :stderr-dropped (dropped stderr)
-                        :warnings (warning-entries (evaluation-warnings evaluation)
-                                                   (evaluation-condition evaluation))
-                        :package (package-name *package*)
-                        :package-changed (not (eq *package* (evaluation-package evaluation)))
-                        more)))
-    (if (evaluation-capture-time evaluation)
-        (list* :timing (apply #'timing-since (evaluation-readings evaluation)) report)
-        report)))
+         (warnings (warning-entries (evaluation-warnings evaluation)
+                                    (evaluation-condition evaluation)))
+         (report (list* :status status :package (package-name *package*) more)))
+    (flet ((add (key value) (setf report (list* key value report))))
+      (when (plusp (kept stdout)) (add :stdout (stream-text stdout)))
+      (when (plusp (dropped stdout)) (add :stdout-dropped (dropped stdout)))
+      (when (plusp (kept stderr)) (add :stderr (stream-text stderr)))
+      (when (plusp (dropped stderr)) (add :stderr-dropped (dropped stderr)))
+      (when warnings (add :warnings warnings))
+      (unless (eq *package* (evaluation-package evaluation)) (add :package-changed t))
+      (when (evaluation-capture-time evaluation)
+        (add :timing (apply #'timing-since (evaluation-readings evaluation)))))
+    report))
 
 ;;; The evaluation's thread
 
@@ -917,6 +919,55 @@ be left to the debugger and the deadline unwinds instead of signalling."
                  (list :ok (multiple-value-list (funcall thunk))))))
         (when timer (sb-ext:unschedule-timer timer))))))
 
+;;; Evaluation threads, reused
+;;;
+;;; A thread that finished its evaluation waits for the next one instead of
+;;; exiting: handing work to a waiting thread costs a wake-up, where creating
+;;; one costs several times that, and every call pays it.  A thread waiting
+;;; at an error is busy; a parked one never comes back.
+
+(defparameter *max-idle-workers* 2
+  "Finished evaluation threads kept waiting for more work.")
+
+(defstruct (worker (:constructor make-worker ()))
+  (lock (sb-thread:make-mutex :name "cl-mcp worker"))
+  (ready (sb-thread:make-waitqueue))
+  (job nil)
+  (thread nil))
+
+(defvar *idle-workers* '())
+
+(defun start-evaluation (evaluation)
+  "Run EVALUATION in an idle worker thread, or in a new one."
+  (let ((worker (sb-thread:with-mutex (*registry-lock*) (pop *idle-workers*))))
+    (cond (worker
+           (setf (evaluation-thread evaluation) (worker-thread worker))
+           (sb-thread:with-mutex ((worker-lock worker))
+             (setf (worker-job worker) evaluation)
+             (sb-thread:condition-notify (worker-ready worker))))
+          (t
+           (let ((worker (make-worker)))
+             (setf (worker-job worker) evaluation)
+             (setf (worker-thread worker)
+                   (sb-thread:make-thread #'worker-loop :name "cl-mcp evaluation"
+                                                        :arguments (list worker)))
+             (setf (evaluation-thread evaluation) (worker-thread worker)))))))
+
+(defun worker-loop (worker)
+  "Run evaluations handed to WORKER until it is not wanted as an idle one."
+  (loop
+    (let ((job (sb-thread:with-mutex ((worker-lock worker))
+                 (loop until (worker-job worker)
+                       do (sb-thread:condition-wait (worker-ready worker) (worker-lock worker)))
+                 (shiftf (worker-job worker) nil))))
+      ;; The thread is known before the job starts (see START-EVALUATION).
+      (loop until (evaluation-thread job) do (sb-thread:thread-yield))
+      (run-evaluation job)
+      (unless (sb-thread:with-mutex (*registry-lock*)
+                (when (< (length *idle-workers*) *max-idle-workers*)
+                  (push worker *idle-workers*)))
+        (return)))))
+
 ;;; The registry of waiting evaluations
 
 (defun register-suspended (evaluation)
@@ -1016,9 +1067,7 @@ string or integer, names the evaluation for `cancel-evaluation' and
                                        :max-output max-output
                                        :tag tag)))
       (with-running (evaluation)
-        (setf (evaluation-thread evaluation)
-              (sb-thread:make-thread #'run-evaluation :name "cl-mcp evaluation"
-                                                      :arguments (list evaluation)))
+        (start-evaluation evaluation)
         (await-report evaluation)))))
 
 (defun invoke-restart-of (id restart &key values (timeout nil) (tag nil))

@@ -51,8 +51,7 @@ def evaluation_structure(result: dict[str, Any]) -> dict[str, Any]:
     if status == "ok":
         structure["values"] = list(result.get("values") or [])
     for stream in ("stdout", "stderr"):
-        if isinstance(result.get(stream), str):
-            structure[stream] = result[stream]
+        structure[stream] = result.get(stream) or ""
     structure["warnings"] = [condition_structure(kind, message)
                              for kind, message in result.get("warnings") or []]
     if status == "aborted":

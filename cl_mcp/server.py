@@ -16,6 +16,7 @@ appears only in the revisions that define it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -398,20 +399,24 @@ class McpServer:
         if "cursor" in params:
             # One page holds every tool, so no cursor was ever handed out.
             raise JsonRpcError(INVALID_PARAMS, "Invalid cursor", {"cursor": params["cursor"]})
-        with_annotations = request.version >= "2025-03-26"
-        with_output_schema = request.version >= "2025-06-18"
-        tools = []
-        for spec in self._tools.values():
-            tool = dict(spec.definition)
-            if not with_annotations:
-                tool.pop("annotations", None)
-            if not with_output_schema:
-                tool.pop("outputSchema", None)
-            tools.append(tool)
-        result: dict[str, Any] = {"tools": tools}
+        result: dict[str, Any] = {"tools": self._tool_list(request.version)}
         if request.modern:
             result.update(ttlMs=TOOLS_TTL_MS, cacheScope="public")
         return result
+
+    @functools.lru_cache(maxsize=8)
+    def _tool_list(self, version: str) -> list[dict[str, Any]]:
+        """The tool definitions with the fields VERSION defines (built once
+        per revision: the list never changes)."""
+        tools = []
+        for spec in self._tools.values():
+            tool = dict(spec.definition)
+            if version < "2025-03-26":
+                tool.pop("annotations", None)
+            if version < "2025-06-18":
+                tool.pop("outputSchema", None)
+            tools.append(tool)
+        return tools
 
     async def _tools_call(self, request: Request) -> dict[str, Any]:
         params = request.params

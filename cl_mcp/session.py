@@ -223,7 +223,9 @@ class LispSession:
         connection = await self._connection_ready()
         self.running_tag = tag
         try:
-            return await asyncio.wait_for(connection.rex(form), deadline)
+            # asyncio.timeout, not wait_for: no extra task per call.
+            async with asyncio.timeout(deadline):
+                return await connection.rex(form)
         except asyncio.CancelledError:
             if tag is not None and not connection.closed:
                 await asyncio.shield(self._abort_in_image(connection, tag))

@@ -1,0 +1,260 @@
+"""cl-mcp's benchmarks, side by side with their baselines, in one run.
+
+    make bench            (or: .venv/bin/python bench/run.py [--quick])
+
+Writes docs/performance.md: each figure with the baseline measured in the
+same run and the ratio between them.  Figures are medians; run-to-run noise
+on a 2-core VM is around ±30 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from cl_mcp import sexp  # noqa: E402
+from cl_mcp.image import ImageConfig, LispImage  # noqa: E402
+from cl_mcp.swank.wire import encode_frame, parse_header  # noqa: E402
+
+CL_MCP = [str(Path(sys.executable).parent / "cl-mcp"), "--log-level", "warning"]
+SDK_SERVER = [sys.executable, str(ROOT / "bench" / "sdk_server.py")]
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * fraction))]
+
+
+def us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.0f} µs"
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.0f} ms"
+
+
+# ---------------------------------------------------------------- raw Swank
+
+def raw_swank(rounds: int) -> list[float]:
+    """(cl:+ 1 2) round trips from a minimal blocking client: the limit."""
+    async def start() -> LispImage:
+        image = LispImage(ImageConfig())
+        await image.start()
+        return image
+
+    loop = asyncio.new_event_loop()
+    image = loop.run_until_complete(start())
+    try:
+        with socket.create_connection(("127.0.0.1", image.port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(encode_frame(image.secret))
+            reader = sock.makefile("rb")
+            samples = []
+            for request_id in range(1, rounds + 1):
+                message = [sexp.Keyword("emacs-rex"), [sexp.Symbol("cl:+"), 1, 2],
+                           "COMMON-LISP-USER", True, request_id]
+                started = time.perf_counter()
+                sock.sendall(encode_frame(sexp.dumps(message)))
+                while True:
+                    payload = reader.read(parse_header(reader.read(6)))
+                    if payload.startswith(b"(:return"):
+                        break
+                samples.append(time.perf_counter() - started)
+        return samples
+    finally:
+        loop.run_until_complete(image.stop())
+        loop.close()
+
+
+# ---------------------------------------------------------------- stdio servers
+
+class Server:
+    """A stdio MCP server process, driven with blocking reads."""
+
+    def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+        self.ids = 0
+
+    def send(self, method: str, params: dict | None = None) -> int:
+        self.ids += 1
+        message = {"jsonrpc": "2.0", "id": self.ids, "method": method}
+        if params is not None:
+            message["params"] = params
+        assert self.proc.stdin
+        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.flush()
+        return self.ids
+
+    def receive(self) -> dict:
+        assert self.proc.stdout
+        while True:
+            message = json.loads(self.proc.stdout.readline())
+            if "id" in message:
+                return message
+
+    def call(self, method: str, params: dict | None = None) -> dict:
+        self.send(method, params)
+        return self.receive()
+
+    def initialize(self) -> None:
+        self.call("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                 "clientInfo": {"name": "bench", "version": "0"}})
+        assert self.proc.stdin
+        self.proc.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        self.proc.stdin.flush()
+
+    def sequential(self, method: str, params: dict | None, rounds: int) -> list[float]:
+        samples = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            response = self.call(method, params)
+            samples.append(time.perf_counter() - started)
+            assert "result" in response, response
+        return samples
+
+    def pipelined(self, method: str, params: dict | None, count: int) -> float:
+        """Requests per second with COUNT requests written at once."""
+        lines = b"".join(
+            json.dumps({"jsonrpc": "2.0", "id": f"p{i}", "method": method,
+                        **({"params": params} if params is not None else {})}).encode() + b"\n"
+            for i in range(count))
+        started = time.perf_counter()
+        assert self.proc.stdin
+        self.proc.stdin.write(lines)
+        self.proc.stdin.flush()
+        for _ in range(count):
+            self.receive()
+        return count / (time.perf_counter() - started)
+
+    def resident_mib(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def close(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+EVAL = {"name": "evaluate-lisp", "arguments": {"code": "(+ 1 2)"}}
+
+
+def startup(env: dict[str, str]) -> tuple[float, float]:
+    """Seconds from spawn to the initialize response and to the first result."""
+    server = Server(CL_MCP, env)
+    server.initialize()
+    initialized = time.perf_counter() - server.started
+    server.call("tools/call", EVAL)
+    first = time.perf_counter() - server.started
+    server.close()
+    return initialized, first
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--output", default=str(ROOT / "docs" / "performance.md"))
+    args = parser.parse_args()
+    rounds = 200 if args.quick else 2000
+    rows: list[tuple[str, str, str, str]] = []
+
+    def row(what: str, value: str, baseline: str = "", ratio: str = "") -> None:
+        rows.append((what, value, baseline, ratio))
+        print(f"{what:55} {value:>14} {baseline:>22} {ratio:>8}", flush=True)
+
+    raw = raw_swank(rounds)
+    server = Server(CL_MCP)
+    server.initialize()
+    server.sequential("tools/call", EVAL, 50)  # warm up
+    evals = server.sequential("tools/call", EVAL, rounds)
+    row("evaluate-lisp (+ 1 2), p50", us(statistics.median(evals)),
+        f"raw Swank {us(statistics.median(raw))}",
+        f"{statistics.median(evals) / statistics.median(raw):.2f}×")
+    row("evaluate-lisp (+ 1 2), p99", us(percentile(evals, 0.99)),
+        f"raw Swank {us(percentile(raw, 0.99))}",
+        f"{percentile(evals, 0.99) / percentile(raw, 0.99):.2f}×")
+    throughput = server.pipelined("tools/call", EVAL, rounds)
+    row("evaluate-lisp pipelined", f"{throughput:,.0f} req/s", f"raw Swank {1 / statistics.median(raw):,.0f} req/s sequential")
+
+    sdk = Server(SDK_SERVER)
+    sdk.initialize()
+    for method in ("ping", "tools/list"):
+        ours = server.sequential(method, None, rounds)
+        theirs = sdk.sequential(method, None, rounds)
+        row(f"{method}, p50", us(statistics.median(ours)), f"SDK server {us(statistics.median(theirs))}",
+            f"{statistics.median(theirs) / statistics.median(ours):.1f}× faster")
+        ours_rate = server.pipelined(method, None, rounds)
+        theirs_rate = sdk.pipelined(method, None, rounds)
+        row(f"{method}, pipelined", f"{ours_rate:,.0f} req/s", f"SDK server {theirs_rate:,.0f} req/s",
+            f"{ours_rate / theirs_rate:.1f}×")
+    sdk_rss = sdk.resident_mib()
+    sdk.close()
+
+    started = time.perf_counter()
+    text = server.call("tools/call", {"name": "evaluate-lisp", "arguments": {
+        "code": '(let ((line (make-string 99 :initial-element #\\x))) '
+                '(dotimes (i 100000) (write-line line)))'}})["result"]["content"][0]["text"]
+    row("10 MB of output (kept up to --max-output)", ms(time.perf_counter() - started),
+        "target 2,000 ms", f"{len(text):,} chars back")
+
+    server.call("tools/call", {"name": "evaluate-lisp", "arguments": {"code": (
+        "(dotimes (i 10000) (setf (fdefinition (intern (format nil \"BENCH-FN-~D\" i))) "
+        "(lambda (x) x)))")}})
+    listings = server.sequential("tools/call", {"name": "list-definitions", "arguments": {}}, 5)
+    row("list-definitions over 10,000 functions", ms(statistics.median(listings)), "target well under 1,000 ms")
+    resets = server.sequential("tools/call", {"name": "reset-session", "arguments": {}}, 5)
+    row("reset-session (a fresh image)", ms(statistics.median(resets)), "target 1,000 ms")
+    row("cl-mcp resident memory", f"{server.resident_mib():.0f} MiB", f"SDK server {sdk_rss:.0f} MiB")
+    server.close()
+
+    warm = [startup({}) for _ in range(3)]
+    cold_dir = Path(tempfile.mkdtemp(prefix="cl-mcp-cold-"))
+    cold = startup({"HOME": str(cold_dir), "XDG_CACHE_HOME": str(cold_dir / "cache")})
+    shutil.rmtree(cold_dir, ignore_errors=True)
+    row("spawn → initialize answered (warm)", ms(statistics.median(w[0] for w in warm)), "target 100 ms")
+    row("spawn → first evaluation result (warm)", ms(statistics.median(w[1] for w in warm)), "target 1,000 ms")
+    row("spawn → initialize answered (cold caches)", ms(cold[0]))
+    row("spawn → first evaluation result (cold caches)", ms(cold[1]), "compiles Swank and the agent")
+
+    write_report(Path(args.output), rows, rounds)
+
+
+def write_report(path: Path, rows: list[tuple[str, str, str, str]], rounds: int) -> None:
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+               f"{subprocess.run(['sbcl', '--version'], capture_output=True, text=True).stdout.strip()}")
+    table = "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows)
+    marker = "<!-- bench:results -->"
+    report = (f"{marker}\nMeasured {time.strftime('%Y-%m-%d')} on {machine}; {rounds} rounds per "
+              f"latency figure; reproduce with `make bench`.\n\n"
+              f"| measure | cl-mcp | baseline (same run) | ratio |\n|---|---|---|---|\n{table}\n{marker}\n")
+    text = path.read_text() if path.exists() else ""
+    if text.count(marker) == 2:
+        before, _, rest = text.partition(marker)
+        _, _, after = rest.partition(marker)
+        text = before + report.strip("\n") + after
+    else:
+        text = f"# Performance\n\n{report}\n"
+    path.write_text(text)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
