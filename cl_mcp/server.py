@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from cl_mcp import __version__, jsonrpc
-from cl_mcp.contracts import error_location, first_error, params_validator, shared_type
+from cl_mcp.contracts import error_location, first_error, params_schema, shared_type
 from cl_mcp.errors import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -343,7 +343,7 @@ class McpServer:
     def _check_params(self, schema: str, params: Any) -> dict[str, Any]:
         params = {} if params is None else params
         try:
-            violation = first_error(params_validator(schema), params)
+            violation = first_error(params_schema(schema), params)
         except RecursionError:
             raise JsonRpcError(INVALID_PARAMS, "Invalid params: nested too deeply to validate") from None
         if violation is not None:

@@ -9,9 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from jsonschema.protocols import Validator
-
-from cl_mcp.contracts import tool_definitions, tool_validator
+from cl_mcp.contracts import Schema, tool_definitions, tool_schema
 from cl_mcp.render import Rendered
 from cl_mcp.session import LispSession
 
@@ -22,7 +20,7 @@ Handler = Callable[[LispSession, dict[str, Any]], Awaitable[Rendered]]
 class ToolSpec:
     name: str
     definition: dict[str, Any]
-    validator: Validator
+    validator: Schema
     handler: Handler
 
 
@@ -42,5 +40,5 @@ def build_tools() -> dict[str, ToolSpec]:
     tools = {}
     for definition in tool_definitions():
         name = definition["name"]
-        tools[name] = ToolSpec(name, definition, tool_validator(definition["inputSchema"]), handlers[name])
+        tools[name] = ToolSpec(name, definition, tool_schema(definition["inputSchema"]), handlers[name])
     return tools
