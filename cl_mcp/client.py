@@ -189,8 +189,9 @@ class McpClient:
                 break
             except asyncio.TimeoutError:
                 continue
-        if self._reader is not None:
-            self._reader.cancel()
+        for task in (self._reader, self._refresh):
+            if task is not None:
+                task.cancel()
         self._fail_pending(ServerError("the client closed the session"))
 
     # ------------------------------------------------------------ messages
@@ -280,22 +281,44 @@ class McpClient:
 
     def _on_server_message(self, message: dict[str, Any]) -> None:
         method, params = message["method"], message.get("params") or {}
-        if "id" in message:  # a request from the server: we offer no capabilities
-            self._write({"jsonrpc": "2.0", "id": message["id"],
-                         "error": {"code": -32601, "message": f"Method not found: {method}"}})
+        if "id" in message:  # a request from the server: ping, or nothing we offer
+            reply: dict[str, Any] = {"jsonrpc": "2.0", "id": message["id"]}
+            if method == "ping":
+                reply["result"] = {}
+            else:
+                reply["error"] = {"code": -32601, "message": f"Method not found: {method}"}
+            self._write(reply)
         elif method == "notifications/tools/list_changed":
             self._tools = None
             if self._refresh is None or self._refresh.done():
                 self._refresh = asyncio.ensure_future(self.list_tools())
+            self._refresh.add_done_callback(self._log_callback_failure)
         elif method == "notifications/progress":
             callback = self._progress.get(str(params.get("progressToken")))
             if callback is not None:
-                callback(params.get("progress", 0), params.get("total"), params.get("message"))
+                self._call_back(callback, params.get("progress", 0), params.get("total"),
+                                params.get("message"))
         elif method == "notifications/message":
             if self._on_log is not None:
-                self._on_log(params)
+                self._call_back(self._on_log, params)
             else:
                 log.info("server log [%s] %s", params.get("level"), params.get("data"))
+
+    def _call_back(self, callback: Callable[..., Any], *arguments: Any) -> None:
+        """Run a caller's callback (plain or async); its failure is logged,
+        never allowed to stop the reader."""
+        try:
+            outcome = callback(*arguments)
+            if asyncio.iscoroutine(outcome):
+                task = asyncio.ensure_future(outcome)
+                task.add_done_callback(self._log_callback_failure)
+        except Exception:
+            log.exception("a client callback failed")
+
+    @staticmethod
+    def _log_callback_failure(task: asyncio.Future[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a client callback failed: %s", task.exception())
 
     # ------------------------------------------------------------ tools
 
@@ -369,7 +392,7 @@ class McpClient:
             outcome = "timeout"
             raise
         except ProtocolError as error:
-            outcome = f"protocol-error {error.code}"
+            outcome = f"protocol-error:{error.code}"
             raise
         finally:
             if token is not None:

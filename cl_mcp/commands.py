@@ -14,6 +14,28 @@ from typing import Any
 from cl_mcp.client import ClientError, McpClient, ProtocolError, ToolValidationError
 
 
+# The server's options that take a value (see cli.build_parser); the
+# commands that start cl-mcp pass them on, wherever they stand.
+SERVER_OPTIONS = ("--connect", "--sbcl", "--slime-dir", "--eval-timeout", "--load-timeout",
+                  "--max-output", "--max-suspended", "--suspend-timeout", "--log-level")
+
+
+def split_server_options(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the command's own arguments, the server's options)."""
+    own: list[str] = []
+    server: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        name = token.split("=", 1)[0]
+        if name in SERVER_OPTIONS:
+            server.append(token)
+            if "=" not in token:
+                server.append(next(tokens, ""))
+        else:
+            own.append(token)
+    return own, server
+
+
 def own_server(server_args: list[str]) -> list[str]:
     """The command that runs this cl-mcp as a server, with its options (its
     log is kept to warnings unless they say otherwise)."""
@@ -51,7 +73,8 @@ def eval_command(argv: list[str]) -> int:
     parser.add_argument("--package", help="package to evaluate in (default CL-USER)")
     parser.add_argument("--time", action="store_true", help="add the ; Timing: line")
     parser.add_argument("--timeout", type=float, help="seconds before the evaluation is interrupted")
-    args, server_args = parser.parse_known_args(argv)
+    own, server_args = split_server_options(argv)
+    args = parser.parse_args(own)
     arguments: dict[str, Any] = {"code": args.code}
     if args.package:
         arguments["package"] = args.package
@@ -75,7 +98,8 @@ def tools_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="cl-mcp tools", description="List a server's tools.")
     parser.add_argument("--server", help="server command to run instead of cl-mcp (quoted)")
     parser.add_argument("--json", action="store_true", help="print the tool list as JSON")
-    args, server_args = parser.parse_known_args(argv)
+    own, server_args = split_server_options(argv)
+    args = parser.parse_args(own)
 
     async def run() -> int:
         async with McpClient(server_command(args.server, server_args)) as client:
@@ -102,7 +126,8 @@ def call_command(argv: list[str]) -> int:
     parser.add_argument("--server", help="server command to run instead of cl-mcp (quoted)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait (default 120)")
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
-    args, server_args = parser.parse_known_args(argv)
+    own, server_args = split_server_options(argv)
+    args = parser.parse_args(own)
     try:
         arguments = json.loads(args.arguments)
     except ValueError as error:

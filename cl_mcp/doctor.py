@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -83,8 +84,8 @@ def doctor_command(argv: list[str]) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="cl-mcp doctor", description="Check what cl-mcp needs.")
-    parser.add_argument("--sbcl", default="sbcl")
-    parser.add_argument("--slime-dir")
+    parser.add_argument("--sbcl", default=os.environ.get("CL_MCP_SBCL", "sbcl"))
+    parser.add_argument("--slime-dir", default=os.environ.get("CL_MCP_SLIME_DIR"))
     args = parser.parse_args(argv)
     print(f"Python {sys.version.split()[0]} ({sys.executable})")
     essentials = [check_sbcl(args.sbcl), check_swank(args.slime_dir)]

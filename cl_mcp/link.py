@@ -8,6 +8,7 @@ image: it only ever closes its own connection.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from pathlib import Path
@@ -20,22 +21,19 @@ from cl_mcp.swank.client import SwankConnection
 
 log = logging.getLogger("cl_mcp.link")
 
-# Loads the agent into a shared image: compiled as one unit from a file
-# written on the image's side (the image may not see cl-mcp's files), with
-# every message of the compiler kept out of the programmer's REPL.
+OPEN_TIMEOUT = 60.0  # loading the agent into a busy image may take a while
+
+# Loads the agent into a shared image from a string (the image may not see
+# cl-mcp's files, and a file in a shared /tmp could be tampered with), as one
+# compilation unit, with every message of the compiler kept out of the
+# programmer's REPL.
 LOAD_AGENT = """
-(let* ((path (format nil "/tmp/cl-mcp-agent-~D-~D.lisp" (get-universal-time) (random 1000000)))
-       (noise (make-string-output-stream)))
-  (unwind-protect
-       (let ((*standard-output* noise) (*error-output* noise) (*trace-output* noise)
-             (*package* (find-package "COMMON-LISP-USER")))
-         (with-open-file (out path :direction :output :if-exists :supersede
-                                   :external-format :utf-8)
-           (write-string @SOURCE@ out))
-         (handler-bind ((warning #'muffle-warning))
-           (load (compile-file path :output-file (concatenate 'string path ".fasl")))))
-    (ignore-errors (delete-file path))
-    (ignore-errors (delete-file (concatenate 'string path ".fasl"))))
+(let ((noise (make-string-output-stream)))
+  (let ((*standard-output* noise) (*error-output* noise) (*trace-output* noise)
+        (*package* (find-package "COMMON-LISP-USER")))
+    (handler-bind ((warning #'muffle-warning))
+      (with-compilation-unit ()
+        (load (make-string-input-stream @SOURCE@)))))
   (setf (symbol-value (find-symbol "*LOADED-DIGEST*" "CL-MCP-AGENT")) @DIGEST@)
   t)
 """
@@ -117,21 +115,26 @@ class AttachedLink:
         connection = await SwankConnection.open(
             self.host, self.port, secret=read_slime_secret(), timeout=5.0)
         try:
-            source = find_bootstrap().read_text("utf-8")
-            digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
-            # Loaded once per version: attaching again changes nothing.
-            if await connection.rex(_eval_text(LOADED_DIGEST_FORM)) != digest:
-                # The source goes in last, so nothing in it is taken for a slot.
-                code = LOAD_AGENT.replace("@DIGEST@", sexp.dumps(digest)).replace(
-                    "@SOURCE@", sexp.dumps(source))
-                await connection.rex(_eval_text(code))
-                log.info("loaded the cl-mcp agent into %s", self.describe())
-            await connection.rex([Symbol("cl-mcp-agent:prepare-attached-connection")])
-        except (SwankError, ImageError):
+            async with asyncio.timeout(OPEN_TIMEOUT):
+                await self._prepare(connection)
+        except (SwankError, ImageError, TimeoutError) as error:
             await connection.close()
-            raise
+            raise SwankError(f"could not prepare {self.describe()}: {error or 'timed out'}") from None
         log.info("attached to %s", self.describe())
         return connection
+
+    async def _prepare(self, connection: SwankConnection) -> None:
+        """Load the agent (once per version) and set up this connection."""
+        source = find_bootstrap().read_text("utf-8")
+        digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
+        # Loaded once per version: attaching again changes nothing.
+        if await connection.rex(_eval_text(LOADED_DIGEST_FORM)) != digest:
+            # The source goes in last, so nothing in it is taken for a slot.
+            code = LOAD_AGENT.replace("@DIGEST@", sexp.dumps(digest)).replace(
+                "@SOURCE@", sexp.dumps(source))
+            await connection.rex(_eval_text(code))
+            log.info("loaded the cl-mcp agent into %s", self.describe())
+        await connection.rex([Symbol("cl-mcp-agent:prepare-attached-connection")])
 
     async def close(self, grace: float = 0.0) -> None:
         """Nothing to stop: the image is the programmer's."""

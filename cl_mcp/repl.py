@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from cl_mcp.client import ClientError, McpClient
-from cl_mcp.commands import ProgressPrinter, own_server
+from cl_mcp.commands import ProgressPrinter, own_server, split_server_options
 
 HISTORY = Path.home() / ".cl_mcp_history"
 HELP = """Type Lisp forms; a form is evaluated once its parentheses balance.
@@ -185,7 +185,8 @@ def repl_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="cl-mcp repl", description="An interactive Lisp REPL over cl-mcp. Options not "
         "listed here are passed to the server (cl-mcp --help lists them).")
-    _, server_args = parser.parse_known_args(argv)
+    own, server_args = split_server_options(argv)
+    parser.parse_args(own)
     setup_history()
     if not sys.stdin.isatty():
         os.environ.setdefault("TERM", "dumb")

@@ -86,6 +86,7 @@ class LispSession:
         self._connection: SwankConnection | None = None
         self._starting: asyncio.Task[SwankConnection] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._last_failure = ""
         # Set when the image died between calls; the next result says so.
         self.lost_state: str | None = None
@@ -107,12 +108,35 @@ class LispSession:
             self._starting = asyncio.create_task(self._open(), name="image-start")
 
     async def _open(self) -> SwankConnection:
-        connection = await self._link.open()
-        await connection.rex([Symbol("cl-mcp-agent:configure"),
-                              Keyword("max-suspended"), self.config.max_suspended,
-                              Keyword("suspend-seconds"), float(self.config.suspend_timeout)])
+        try:
+            connection = await self._link.open()
+            await connection.rex([Symbol("cl-mcp-agent:configure"),
+                                  Keyword("max-suspended"), self.config.max_suspended,
+                                  Keyword("suspend-seconds"), float(self.config.suspend_timeout)])
+        except (ImageError, SwankError, OSError) as error:
+            self._last_failure = str(error)
+            raise
         self._connection = connection
+        self._last_failure = ""
+        if self._link.shared:
+            # Start reconnecting as soon as the connection drops, not only
+            # when the next call finds it gone.
+            self._watcher = asyncio.create_task(self._watch(connection), name="watch-connection")
         return connection
+
+    async def _watch(self, connection: SwankConnection) -> None:
+        reason = await connection.wait_closed()
+        if self._connection is connection:
+            self._last_failure = reason
+            log.warning("the connection to %s was lost (%s); reconnecting",
+                        self._link.describe(), reason)
+            self._connection = None
+            self._starting = None
+            self._start_reconnecting()
+
+    def _start_reconnecting(self) -> None:
+        if self._reconnecting is None or self._reconnecting.done():
+            self._reconnecting = asyncio.create_task(self._reconnect(), name="reconnect")
 
     async def _connection_ready(self) -> SwankConnection:
         """The live connection.  Embedded: a fresh image when there is none.
@@ -137,18 +161,17 @@ class LispSession:
             raise SessionError("CL-MCP:IMAGE-START-FAILED", str(error)) from None
 
     async def _attached_connection(self) -> SwankConnection:
-        if self._connection is not None:  # it was there and dropped
-            log.warning("the connection to %s was lost; reconnecting", self._link.describe())
+        if self._connection is not None:  # it dropped; the watcher has not run yet
             await self._connection.close()
             self._connection = None
             self._starting = None
-        if self._starting is not None and not self._starting.done():
+        if self._starting is not None:
+            starting, self._starting = self._starting, None
             try:
-                return await asyncio.shield(self._starting)  # the first connection
-            except (ImageError, SwankError, OSError) as error:
-                self._last_failure = str(error)
-        if self._reconnecting is None or self._reconnecting.done():
-            self._reconnecting = asyncio.create_task(self._reconnect(), name="reconnect")
+                return await asyncio.shield(starting)  # the first connection
+            except (ImageError, SwankError, OSError):
+                pass  # _open kept the reason
+        self._start_reconnecting()
         raise SessionError(
             "CL-MCP:NOT-CONNECTED",
             f"Not connected to {self._link.describe()} ({self._last_failure or 'connection lost'}); "
@@ -162,7 +185,6 @@ class LispSession:
             try:
                 await self._open()
             except (ImageError, SwankError, OSError) as error:
-                self._last_failure = str(error)
                 log.info("reconnecting to %s failed: %s", self._link.describe(), error)
                 continue
             log.warning("reconnected to %s", self._link.describe())
@@ -189,7 +211,7 @@ class LispSession:
     async def close(self) -> None:
         """Stop the embedded image, or leave the attached one.  Safe to call
         more than once."""
-        for task in (self._starting, self._reconnecting):
+        for task in (self._starting, self._reconnecting, self._watcher):
             if task is not None and not task.done():
                 task.cancel()
                 try:
@@ -201,7 +223,7 @@ class LispSession:
                 await self._leave_shared_image(self._connection)
             await self._connection.close()
         await self._link.close()
-        self._connection = self._starting = self._reconnecting = None
+        self._connection = self._starting = self._reconnecting = self._watcher = None
 
     async def _leave_shared_image(self, connection: SwankConnection) -> None:
         """Abort the evaluations still waiting at an error in the

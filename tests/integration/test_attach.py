@@ -56,27 +56,43 @@ def test_attaching_again_does_not_reload_the_agent(programmer):
         second.close()
 
 
-def test_a_dropped_connection_fails_at_once_and_reconnects(programmer):
+def test_a_dropped_connection_fails_the_call_in_flight_and_reconnects(programmer):
     server, home = programmer
     process = attached(server.port, home)
     try:
         process.eval("(defvar *kept* :still-here)")
-        # Drop cl-mcp's connection from the image's side.
-        process.eval("(let ((c cl-mcp-agent::*connection*)) (sb-thread:make-thread "
-                     "(lambda () (sleep 0.2) (swank::close-connection c nil nil))))")
-        time.sleep(0.6)
-        started = time.monotonic()
-        text, is_error = process.eval("(+ 1 1)")
-        assert is_error and text.startswith("[ERROR] CL-MCP:")
-        assert time.monotonic() - started < 2
+        # Drop cl-mcp's connection from the image's side during a call.
+        text, is_error = process.eval(
+            "(let ((c cl-mcp-agent::*connection*)) (sb-thread:make-thread "
+            "(lambda () (sleep 0.2) (swank::close-connection c nil nil)))) (sleep 3)")
+        assert is_error and text.startswith("[ERROR] CL-MCP:CONNECTION-LOST")
         deadline = time.monotonic() + 15
         while True:
             text, is_error = process.eval("*kept*")
             if not is_error:
                 break
+            assert text.startswith("[ERROR] CL-MCP:NOT-CONNECTED"), text
             assert time.monotonic() < deadline, text
             time.sleep(0.3)
         assert text == "=> :STILL-HERE"  # the image was never restarted
+        assert any("reconnected to" in line for line in process.stderr_lines)
+    finally:
+        process.close()
+
+
+def test_calls_fail_at_once_while_the_image_is_gone(programmer):
+    server, home = programmer
+    process = attached(server.port, home)
+    try:
+        assert process.eval("1") == ("=> 1", False)
+        server.stop()
+        time.sleep(0.5)
+        for _ in range(3):
+            started = time.monotonic()
+            text, is_error = process.eval("(+ 1 1)")
+            assert is_error and text.startswith("[ERROR] CL-MCP:NOT-CONNECTED")
+            assert "reconnect" in text
+            assert time.monotonic() - started < 1
     finally:
         process.close()
 
