@@ -610,10 +610,18 @@ as CL-MCP:INTERNAL-ERROR rather than leaving the caller waiting."
       (forget-evaluation evaluation)
       (stop-deadline evaluation)
       (unless done
-        (post-report evaluation (command-error "CL-MCP:ABORTED"
-                                               "The evaluation's thread was ended.")))
+        (post-report evaluation
+                     (if (image-exiting-p)
+                         (command-error "CL-MCP:IMAGE-EXITING"
+                                        "The image is exiting (SB-EXT:EXIT was called).")
+                         (command-error "CL-MCP:ABORTED" "The evaluation's thread was ended."))))
       (when (evaluation-overflowed evaluation)
         (park-thread)))))
+
+(defun image-exiting-p ()
+  "True once SB-EXT:EXIT has begun to shut the image down."
+  (let ((flag (find-symbol "*EXIT-IN-PROGRESS*" "SB-SYS")))
+    (and flag (boundp flag) (symbol-value flag) t)))
 
 (defparameter *control-stack-exhausted*
   (first (existing-symbols '(("SB-KERNEL" "CONTROL-STACK-EXHAUSTED"))))

@@ -325,6 +325,11 @@ class LispSession:
             ]
             result = _result_dict(await self._call(form, timeout + DEADLINE_GRACE, tag))
             self._follow_package(result, explicit=package is not None)
+            if (result.get("error") or {}).get("type") == "CL-MCP:IMAGE-EXITING" and not self.shared:
+                # The code asked the image to exit: let it, before the next call.
+                exit_code = await self._discard_image("the Lisp image exited (SB-EXT:EXIT)")
+                self.lost_state = (f"The Lisp image exited ({exit_text(exit_code)}) at the previous "
+                                   "call's request, so this call ran in a fresh image.")
             return result
 
     def _follow_package(self, result: dict[str, Any], explicit: bool) -> None:
