@@ -7,6 +7,7 @@ the proof that the server works.
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 import json
 import os
 import queue
@@ -154,6 +155,17 @@ class McpProcess:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError("cl-mcp did not exit after stdin closed")
+
+
+@contextmanager
+def cl_mcp(*args: str, version: str = "2025-11-25", env: dict[str, str] | None = None):
+    """A fresh cl-mcp with these options, initialized, closed afterwards."""
+    process = McpProcess(*args, env=env)
+    try:
+        process.initialize(version)
+        yield process
+    finally:
+        process.close()
 
 
 @pytest.fixture

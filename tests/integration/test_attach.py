@@ -1,12 +1,11 @@
 """Attach mode: cl-mcp joins a Swank server the programmer runs."""
 
-import os
 import time
 
 import pytest
 
 from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
-from tests.integration.conftest import McpProcess
+from tests.integration.conftest import McpProcess, cl_mcp
 
 
 @pytest.fixture
@@ -110,13 +109,9 @@ def test_the_slime_secret_is_presented(tmp_path):
 
 
 def test_an_unreachable_swank_is_a_clear_error():
-    process = McpProcess("--connect", "127.0.0.1:1")
-    try:
-        process.initialize()
+    with cl_mcp("--connect", "127.0.0.1:1") as process:
         text, is_error = process.eval("1")
         assert is_error and text.startswith("[ERROR] CL-MCP:NOT-CONNECTED")
-    finally:
-        process.close()
 
 
 # ---------------------------------------------------------------- with Emacs

@@ -4,6 +4,8 @@ import re
 
 import pytest
 
+from tests.integration.conftest import cl_mcp
+
 TIMING = re.compile(r"; Timing: \d+ms real, \d+ms run, \d+ms GC, \d+ bytes consed")
 
 
@@ -192,16 +194,11 @@ def test_debug_io_and_query_io_are_suppressed(shared_server):
 
 
 def test_output_is_capped_with_a_marker():
-    from tests.integration.conftest import McpProcess
-    process = McpProcess("--max-output", "1000")
-    try:
-        process.initialize()
+    with cl_mcp("--max-output", "1000") as process:
         text, is_error = process.eval('(dotimes (i 300) (write-string "abcdefghij")) (make-string 5000 :initial-element #\\z)')
         assert not is_error
         assert "[stdout]\n" + "abcdefghij" * 100 + "\n… [2000 more characters truncated]" in text
         assert text.endswith("\n… [4002 more characters truncated]")
-    finally:
-        process.close()
 
 
 # ---------------------------------------------------------------- packages
@@ -251,12 +248,7 @@ def test_endless_loop_hits_the_deadline_and_the_session_survives(shared_server):
 
 
 def test_server_wide_deadline():
-    from tests.integration.conftest import McpProcess
-    process = McpProcess("--eval-timeout", "1")
-    try:
-        process.initialize()
+    with cl_mcp("--eval-timeout", "1") as process:
         text, is_error = process.eval("(sleep 30)")
         assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
         assert process.eval("(+ 1 2)") == ("=> 3", False)
-    finally:
-        process.close()

@@ -4,7 +4,7 @@ evaluations in arrival order, cl-mcp's memory bounded."""
 import json
 from pathlib import Path
 
-from tests.integration.conftest import McpProcess
+from tests.integration.conftest import cl_mcp
 
 
 def resident_kib(pid):
@@ -15,9 +15,7 @@ def resident_kib(pid):
 
 
 def test_a_burst_of_a_thousand_requests():
-    process = McpProcess("--log-level", "warning")
-    try:
-        process.initialize()
+    with cl_mcp("--log-level", "warning") as process:
         process.eval("(defvar *seen* nil)")
         lines = []
         for i in range(1000):
@@ -40,5 +38,3 @@ def test_a_burst_of_a_thousand_requests():
         text, _ = process.eval(f"(equal (reverse *seen*) '({' '.join(map(str, order))}))")
         assert text == "=> T"
         assert resident_kib(process.proc.pid) < 150_000
-    finally:
-        process.close()

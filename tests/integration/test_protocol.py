@@ -6,7 +6,7 @@ import time
 import pytest
 
 from cl_mcp.contracts import first_error, shared_type
-from tests.integration.conftest import McpProcess
+from tests.integration.conftest import McpProcess, cl_mcp
 
 CONTRACT_TOOLS = {"evaluate-lisp", "list-definitions", "reset-session", "load-system"}
 RESTART_TOOLS = {"invoke-restart", "backtrace", "eval-in-frame"}
@@ -42,12 +42,8 @@ def test_initialize_with_an_unknown_version_offers_the_latest(shared_server):
 
 def test_initialize_is_answered_before_the_image_is_ready():
     started = time.monotonic()
-    process = McpProcess()
-    try:
-        process.initialize()
+    with cl_mcp():
         assert time.monotonic() - started < 5  # well before a cold SBCL could compile Swank
-    finally:
-        process.close()
 
 
 def test_ping(shared_server):

@@ -3,9 +3,7 @@ restart tools act on it, as SLIME's debugger would."""
 
 import time
 
-import pytest
-
-from tests.integration.conftest import McpProcess
+from tests.integration.conftest import cl_mcp
 
 
 def restart(process, restart, **arguments):
@@ -111,40 +109,28 @@ def test_evaluations_are_named_by_number(server):
 
 
 def test_at_most_max_suspended_wait():
-    process = McpProcess("--max-suspended", "2")
-    try:
-        process.initialize()
+    with cl_mcp("--max-suspended", "2") as process:
         for n in range(3):
             process.eval(f'(error "e~a" {n})')
         text, is_error = restart(process, "ABORT", evaluation=1)
         assert is_error and "No evaluation 1 is waiting" in text
         assert restart(process, "ABORT", evaluation=2)[1] is False
         assert restart(process, "ABORT", evaluation=3)[1] is False
-    finally:
-        process.close()
 
 
 def test_waiting_is_bounded_in_time():
-    process = McpProcess("--suspend-timeout", "0.5")
-    try:
-        process.initialize()
+    with cl_mcp("--suspend-timeout", "0.5") as process:
         process.eval('(error "soon gone")')
         time.sleep(1.5)
         text, is_error = restart(process, "ABORT")
         assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUSPENDED-EVALUATION")
-    finally:
-        process.close()
 
 
 def test_waiting_can_be_switched_off():
-    process = McpProcess("--max-suspended", "0")
-    try:
-        process.initialize()
+    with cl_mcp("--max-suspended", "0") as process:
         text, is_error = process.eval('(error "plain")')
         assert is_error and "[Restarts]" in text and "is waiting" not in text
         assert restart(process, "ABORT")[0].startswith("[ERROR] CL-MCP:NO-SUSPENDED-EVALUATION")
-    finally:
-        process.close()
 
 
 def test_reset_aborts_waiting_evaluations(server):
@@ -175,17 +161,13 @@ def test_eval_in_frame_reads_every_form_and_records_warnings(server):
 
 
 def test_break_and_endless_loops_in_a_frame_leave_the_evaluation_waiting():
-    process = McpProcess("--eval-timeout", "1")
-    try:
-        process.initialize()
+    with cl_mcp("--eval-timeout", "1") as process:
         process.eval("(break)")
         text, is_error = tool_text(process, "eval-in-frame", frame=0, code="(break)")
         assert is_error and text.startswith("[ERROR]")
         text, is_error = tool_text(process, "eval-in-frame", frame=0, code="(loop)")
         assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
         assert restart(process, "CONTINUE") == ("=> NIL", False)
-    finally:
-        process.close()
 
 
 def test_wrong_number_of_restart_values_keeps_the_evaluation_waiting(server):

@@ -10,7 +10,7 @@ from jsonschema import Draft202012Validator
 from mcp import Client, StdioServerParameters
 
 from cl_mcp.contracts import first_error, shared_type
-from tests.integration.conftest import McpProcess
+from tests.integration.conftest import McpProcess, cl_mcp
 
 CALLS = [
     ("evaluate-lisp", {"code": '(format t "hi~%") (warn "w") (values 1 "two")', "capture-time": True}),
@@ -89,15 +89,11 @@ def test_the_facts_match_the_text(results):
 
 @pytest.mark.parametrize("version", ["2024-11-05", "2025-03-26"])
 def test_older_revisions_have_neither_field(version):
-    process = McpProcess()
-    try:
-        process.initialize(version)
+    with cl_mcp(version=version) as process:
         tools = process.request("tools/list")["result"]["tools"]
         assert all("outputSchema" not in tool for tool in tools)
         assert "structuredContent" not in process.call("evaluate-lisp", code="(+ 1 2)")
         assert "structuredContent" not in process.call("list-definitions")
-    finally:
-        process.close()
 
 
 CL_MCP = str(Path(sys.executable).parent / "cl-mcp")

@@ -2,7 +2,6 @@
 questions from Lisp, a lost connection, and the secret."""
 
 import asyncio
-import socket
 
 import pytest
 
