@@ -502,9 +502,12 @@ TIMEOUT seconds pass first."
         (let ((left (and deadline (/ (- deadline (get-internal-real-time))
                                      internal-time-units-per-second))))
           (when (and left (<= left 0)) (return nil))
-          (sb-thread:condition-wait (evaluation-ready evaluation)
-                                    (evaluation-lock evaluation)
-                                    :timeout left))))))
+          (unless (sb-thread:condition-wait (evaluation-ready evaluation)
+                                            (evaluation-lock evaluation)
+                                            :timeout left)
+            ;; A wait that times out returns without the mutex (SBCL's
+            ;; CONDITION-WAIT): take it back before looking again.
+            (sb-thread:grab-mutex (evaluation-lock evaluation))))))))
 
 (defun post-report (evaluation report)
   (put-slot evaluation #'(setf evaluation-report) report))
