@@ -24,7 +24,7 @@ from typing import Callable
 from cl_mcp import sexp
 from cl_mcp.errors import ProtocolError, SwankError
 from cl_mcp.sexp import Keyword, SExp, Symbol
-from cl_mcp.swank.wire import HEADER_LENGTH, encode_frame, encode_message, parse_header
+from cl_mcp.swank.wire import FrameDecoder, encode_frame, encode_message
 
 log = logging.getLogger("cl_mcp.swank")
 
@@ -158,16 +158,18 @@ class SwankConnection:
 
     async def _read_loop(self) -> None:
         reason = "connection to the Lisp image was lost"
+        decoder = FrameDecoder()
         try:
             while True:
-                header = await self._reader.readexactly(HEADER_LENGTH)
-                payload = await self._reader.readexactly(parse_header(header))
-                self._dispatch(sexp.loads(payload.decode("utf-8")))
-        except asyncio.IncompleteReadError:
-            pass
+                chunk = await self._reader.read(1 << 16)
+                if not chunk:
+                    break
+                decoder.feed(chunk)
+                while (payload := decoder.next_payload()) is not None:
+                    self._dispatch(sexp.loads(payload))
         except ConnectionError as error:
             reason = f"{reason} ({error})"
-        except (ProtocolError, UnicodeDecodeError) as error:
+        except ProtocolError as error:
             reason = f"Swank sent an unreadable message: {error}"
             log.error(reason)
         except asyncio.CancelledError:
