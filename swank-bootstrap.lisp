@@ -10,8 +10,9 @@
 ;;;;  - Nothing a user evaluates may reach Swank's debugger: every condition
 ;;;;    is caught here, before Swank sees it, so no thread is ever left
 ;;;;    waiting for an SLDB window.
-;;;;  - Every reply fits one Swank frame (16 MiB): output and printed values
-;;;;    are capped here, where they are produced.
+;;;;  - Every reply fits one Swank frame (16 MiB): output, printed values and
+;;;;    warnings are capped here, where they are produced (cl-mcp's
+;;;;    --max-output is at most 1,000,000 characters per stream).
 ;;;;  - Loading this file twice is harmless (attach mode reloads it).
 
 (defpackage #:cl-mcp-agent
@@ -285,12 +286,11 @@ this agent's own functions, and frames SBCL cannot name."
 (defparameter *frame-walk-limit* 200
   "Frames examined for one error.")
 
-(defun error-frames (condition)
-  "The frames between the point CONDITION was signalled and the evaluation
-boundary, user-relevant ones only, as frame objects.  Called from inside
-the handler, before anything unwinds, so the frames stay valid while the
-evaluation waits there."
-  (declare (ignore condition))
+(defun error-frames ()
+  "The frames between the point a condition was signalled and the
+evaluation boundary, user-relevant ones only, as frame objects.  Called
+from inside the handler, before anything unwinds, so the frames stay valid
+while the evaluation waits there."
   (let ((frames '()))
     (block walk
       (sb-debug::map-backtrace
@@ -538,12 +538,11 @@ cannot, short of being killed), say so instead of waiting forever."
 and a deadline TIMEOUT seconds away."
   (reset-capture (evaluation-stdout evaluation))
   (reset-capture (evaluation-stderr evaluation))
-  (progn
-    (setf (evaluation-warnings evaluation) '()
-          (evaluation-timeout evaluation) timeout
-          (evaluation-readings evaluation)
-          (list (get-internal-real-time) (get-internal-run-time)
-                sb-ext:*gc-run-time* (sb-ext:get-bytes-consed))))
+  (setf (evaluation-warnings evaluation) '()
+        (evaluation-timeout evaluation) timeout
+        (evaluation-readings evaluation)
+        (list (get-internal-real-time) (get-internal-run-time)
+              sb-ext:*gc-run-time* (sb-ext:get-bytes-consed)))
   (when (and timeout (plusp timeout))
     (let ((timer (sb-ext:make-timer
                   (lambda ()
@@ -672,6 +671,7 @@ exits is never reused; it costs its stack and nothing else."
                       (read-and-evaluate evaluation)))))))
         (stop-deadline evaluation)
         (forget-evaluation evaluation)
+        (setf (evaluation-abort-restart evaluation) nil)
         (destructuring-bind (status &optional detail) outcome
           (ecase status
             (:ok (post-report evaluation
@@ -716,7 +716,7 @@ commands or, when no more evaluations may wait, abort."
   (stop-deadline evaluation)
   (when (control-stack-exhausted-p condition)
     (setf (evaluation-overflowed evaluation) t))
-  (let ((frames (error-frames condition)))
+  (let ((frames (error-frames)))
     (setf (evaluation-condition evaluation) condition
           (evaluation-frames evaluation) frames
           (evaluation-restarts evaluation) (evaluation-restarts-for evaluation condition))
@@ -1046,7 +1046,7 @@ by its tag, for `cancel-evaluation' and `output-tail'."
   "Read and evaluate the forms of CODE one after another, in PACKAGE, and
 return a plist describing the outcome:
 
-  :status   :ok or :error
+  :status   :ok, :error, or :aborted (through its ABORT restart)
   :values   printed values of the last form (strings)
   :stdout, :stderr   captured output, with :stdout-dropped and
             :stderr-dropped counting characters beyond MAX-OUTPUT
@@ -1096,21 +1096,36 @@ evaluation's new outcome, as `evaluate' does."
 until that caller has its answer.  True if there was one."
   (let ((running (find-running tag)))
     (when running
-      (handler-case
-          (etypecase running
-            (evaluation
-             (let ((restart (evaluation-abort-restart running)))
-               (when restart
-                 (sb-thread:interrupt-thread (evaluation-thread running)
-                                             (lambda () (invoke-restart restart nil))))))
-            (sb-thread:thread
-             (sb-thread:interrupt-thread running (lambda () (throw 'load-cancelled nil)))))
-        ;; The thread finished in the meantime: nothing to cancel.
-        (sb-thread:interrupt-thread-error () nil))
-      (loop repeat 500
-            while (find-running tag)
-            do (sleep 0.01))
+      (let ((interrupted nil))
+        (loop repeat 500
+              while (find-running tag)
+              do (unless interrupted
+                   (setf interrupted (interrupt-running running)))
+                 (sleep 0.01)))
       t)))
+
+(defun interrupt-running (running)
+  "Ask the thread of RUNNING (an evaluation, or a load's thread) to abandon
+its work; true once asked.  An evaluation that has not yet set up its ABORT
+restart is asked again later.  The interrupt acts only while that restart
+is active, so a thread that has moved on to other work is left alone."
+  (handler-case
+      (etypecase running
+        (evaluation
+         (let ((restart (evaluation-abort-restart running)))
+           (when restart
+             (sb-thread:interrupt-thread (evaluation-thread running)
+                                         (lambda ()
+                                           (when (find-restart restart)
+                                             (invoke-restart restart nil))))
+             t)))
+        (sb-thread:thread
+         (sb-thread:interrupt-thread running
+                                     (lambda ()
+                                       (ignore-errors (throw 'load-cancelled nil))))
+         t))
+    ;; The thread finished in the meantime: nothing to cancel.
+    (sb-thread:interrupt-thread-error () t)))
 
 (defun output-tail (tag)
   "The latest line of output of the evaluation a caller waits on under TAG,
@@ -1159,15 +1174,22 @@ kept under LIMIT."
                         (format nil "~A~%… [~D more characters truncated]" kept cut)
                         kept)))))
 
+(defparameter *warning-limit* 50
+  "Warnings reported per stretch; each message is cut to 1,000 characters.")
+
 (defun warning-entries (warnings error)
   "WARNINGS as (TYPE MESSAGE) lists, in the order signalled, leaving out the
-compiler's note that a function is undefined when calling it is the ERROR."
+compiler's note that a function is undefined when calling it is the ERROR.
+At most `*warning-limit*', so that a reply stays within a Swank frame."
   (loop for w in (reverse warnings)
         unless (and (typep error 'undefined-function)
                     (typep w 'simple-condition)
                     (member (cell-error-name error)
                             (simple-condition-format-arguments w) :test #'equal))
-          collect (list (public-type-name w 'warning) (condition-message w))))
+          collect (list (public-type-name w 'warning)
+                        (cap-string (condition-message w) 1000))
+            into entries
+        finally (return (subseq entries 0 (min (length entries) *warning-limit*)))))
 
 ;;; ------------------------------------------------------------------
 ;;; Definitions of the session
@@ -1300,8 +1322,8 @@ the same image, so every macro of a freshly compiled system is 'redefined'."
 (defun load-system (name &key (max-output 20000) (tag nil))
   "Load the ASDF system NAME, through Quicklisp when it is available.
 Return a plist: :status (:ok, :error or :aborted when cancelled under TAG),
-:system, :version, :loader, :warnings, :output (compiler chatter, capped at
-MAX-OUTPUT) or :error.  Packages the system creates are libraries, not the
+:system, :version, :loader, :warnings, or :error.  Compiler chatter goes to
+a capped stream (MAX-OUTPUT characters) and is dropped.  Packages the system creates are libraries, not the
 session's own definitions."
   (let* ((stdout (make-capped-output-stream max-output))
          (warnings '())
@@ -1318,7 +1340,6 @@ session's own definitions."
            :system name
            :loader (if quicklisp "quicklisp" "asdf")
            :warnings (nreverse warnings)
-           :output (stream-text stdout)
            (case (first outcome)
              (:ok (list :version (system-version name)))
              (:error (list :error (second outcome)))))))
@@ -1334,7 +1355,7 @@ Warnings other than redefinitions go to RECORD-WARNING as (TYPE MESSAGE)."
                          (list :type (condition-type-name c)
                                :message (format nil "System ~S not found." name)
                                :backtrace nil)
-                         (describe-error c (frame-lines (error-frames c) c
+                         (describe-error c (frame-lines (error-frames) c
                                                         *backtrace-frame-limit*)))))))
       (handler-bind ((warning
                        (lambda (w)

@@ -70,9 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds before an evaluation is interrupted (default: 30)")
     parser.add_argument("--load-timeout", type=positive_float, default=300.0,
                         help="seconds load-system may take (default: 300)")
-    parser.add_argument("--max-output", type=bounded_int(1_000, 2_000_000), default=1_000_000,
-                        help="characters of output and of printed values kept per evaluation "
-                             "(1000 to 2000000; default: 1000000)")
+    parser.add_argument("--max-output", type=bounded_int(1_000, 1_000_000), default=1_000_000,
+                        help="characters kept of each of stdout, stderr and the printed values "
+                             "of one evaluation (1000 to 1000000; default: 1000000)")
     parser.add_argument("--max-suspended", type=bounded_int(0, 64), default=8,
                         help="evaluations that may wait at an error at once (0: none wait; default: 8)")
     parser.add_argument("--suspend-timeout", type=positive_float, default=600.0,

@@ -251,11 +251,16 @@ class McpClient:
                 if not chunk:
                     break
                 for line in splitter.feed(chunk):
-                    if not isinstance(line, OversizedLine):
+                    if isinstance(line, OversizedLine):
+                        continue
+                    try:
                         self._dispatch(line)
+                    except Exception:  # one odd message must not stop the reader
+                        log.exception("could not handle a message from the server: %.200r", line)
         except (ConnectionError, OSError) as error:
             reason = f"reading from the server failed: {error}"
-        self._fail_pending(ServerError(reason))
+        finally:
+            self._fail_pending(ServerError(reason))
 
     def _fail_pending(self, error: Exception) -> None:
         for future in self._pending.values():
@@ -274,7 +279,7 @@ class McpClient:
                 continue
             if "method" in item:
                 self._on_server_message(item)
-            elif item.get("id") in self._pending:
+            elif isinstance(item.get("id"), int) and item["id"] in self._pending:
                 future = self._pending[item["id"]]
                 if not future.done():
                     future.set_result(item)

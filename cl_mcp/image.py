@@ -205,11 +205,6 @@ class LispImage:
                 return
             log.info("lisp %s: %s", name, line.decode("utf-8", "replace").rstrip())
 
-    async def wait(self) -> int:
-        """Wait for the process to exit; return its exit code."""
-        assert self._process is not None
-        return await self._process.wait()
-
     async def stop(self, grace: float = 2.0) -> None:
         """Stop the image: close its stdin (it exits by itself), then kill it."""
         process = self._process

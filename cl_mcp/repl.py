@@ -113,11 +113,12 @@ class BackgroundLoop:
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
 
-    def run(self, coroutine):  # type: ignore[no-untyped-def]
-        """Run COROUTINE there and wait; Ctrl-C cancels it and re-raises."""
+    def run(self, coroutine, timeout: float | None = None):  # type: ignore[no-untyped-def]
+        """Run COROUTINE there and wait (up to TIMEOUT); Ctrl-C cancels it
+        and re-raises."""
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
         try:
-            return future.result()
+            return future.result(timeout)
         except KeyboardInterrupt:
             future.cancel()
             raise
@@ -176,7 +177,9 @@ def repl(server_args: list[str]) -> int:
                 package = str(result.structured_content.get("package", package))
     finally:
         try:
-            background.run(client.close())
+            background.run(client.close(), timeout=10)
+        except Exception:  # leaving anyway; the server is in a session of its own
+            pass
         finally:
             background.stop()
 

@@ -99,7 +99,7 @@ class McpServer:
         self._send = send
         self._tools: dict[str, ToolSpec] = build_tools()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._inflight: dict[Any, asyncio.Task[Any]] = {}
+        self._inflight: dict[Any, tuple[str, asyncio.Task[Any]]] = {}
         self._cancelled: set[Any] = set()
         self.protocol_version = LATEST_LEGACY
         self.initialized = False
@@ -234,12 +234,13 @@ class McpServer:
     def _track(self, request: Request, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
         """Make the request cancellable from the moment it is accepted, even
         before its task first runs."""
-        self._inflight[request.id] = task
+        self._inflight[request.id] = (request.method, task)
         task.add_done_callback(lambda done: self._forget(request.id, done))
         return task
 
     def _forget(self, request_id: Any, task: asyncio.Task[Any]) -> None:
-        if self._inflight.get(request_id) is task:
+        entry = self._inflight.get(request_id)
+        if entry is not None and entry[1] is task:
             del self._inflight[request_id]
             self._cancelled.discard(request_id)
 
@@ -292,9 +293,10 @@ class McpServer:
         if not isinstance(params, dict):
             return
         request_id = params.get("requestId")
-        task = self._inflight.get(request_id) if isinstance(request_id, (str, int)) else None
-        if task is None or task.done():
+        entry = self._inflight.get(request_id) if isinstance(request_id, (str, int)) else None
+        if entry is None or entry[0] == "initialize" or entry[1].done():
             return
+        task = entry[1]
         self._cancelled.add(request_id)
         task.cancel()
 
@@ -310,10 +312,6 @@ class McpServer:
                 text = f"running for {loop.time() - started:.1f} s"
                 params["message"] = text + (f"; latest output: {tail}" if tail else "")
             self._send(jsonrpc.notification("notifications/progress", params))
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._tasks)
 
     async def finish(self, timeout: float) -> None:
         """Let running requests answer for up to TIMEOUT seconds, then cancel

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cl_mcp import sexp
-from cl_mcp.errors import ImageError, SwankError
+from cl_mcp.errors import ImageError, ProtocolError, SwankError
 from cl_mcp.image import ImageConfig
 from cl_mcp.link import AttachedLink, EmbeddedLink
 from cl_mcp.sexp import Keyword, SExp, Symbol
@@ -156,7 +156,7 @@ class LispSession:
             self._starting = asyncio.create_task(self._open(), name="image-start")
         try:
             return await asyncio.shield(self._starting)
-        except (ImageError, SwankError) as error:
+        except (ImageError, SwankError, OSError) as error:
             self._starting = None
             raise SessionError("CL-MCP:IMAGE-START-FAILED", str(error)) from None
 
@@ -194,9 +194,15 @@ class LispSession:
         """Forget the current embedded image (stopping it if it still runs)
         and return its exit code.  LOST says the user did not ask for this,
         so it is logged as a warning."""
-        connection = self._connection
+        connection, starting = self._connection, self._starting
         self._connection = self._starting = None
         self.package = DEFAULT_PACKAGE
+        if starting is not None and not starting.done():
+            starting.cancel()
+            try:
+                await starting
+            except (asyncio.CancelledError, Exception):
+                pass
         if connection is not None:
             await connection.close()
         description = self._link.describe()
@@ -248,6 +254,8 @@ class LispSession:
             # asyncio.timeout, not wait_for: no extra task per call.
             async with asyncio.timeout(deadline):
                 return await connection.rex(form)
+        except ProtocolError as error:  # the request itself cannot be sent
+            raise SessionError("CL-MCP:REQUEST-TOO-LARGE", str(error)) from None
         except asyncio.CancelledError:
             if tag is not None and not connection.closed:
                 await asyncio.shield(self._abort_in_image(connection, tag))

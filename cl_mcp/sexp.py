@@ -58,9 +58,6 @@ class Unreadable:
 
 SExp = Union[Symbol, Keyword, Character, Unreadable, str, int, float, Fraction, bool, None, list, tuple]
 
-NIL: list = []
-
-
 # ---------------------------------------------------------------- writing
 
 def dumps(value: SExp) -> str:

@@ -18,7 +18,6 @@ import asyncio
 import logging
 import re
 import socket
-from dataclasses import dataclass, field
 from typing import Callable
 
 from cl_mcp import sexp
@@ -39,14 +38,6 @@ class RexAborted(SwankError):
     def __init__(self, message: str, condition: str | None = None) -> None:
         super().__init__(message)
         self.condition = condition
-
-
-@dataclass(slots=True)
-class _DebugLevel:
-    thread: SExp
-    level: int
-    condition: str
-    continuations: list[int] = field(default_factory=list)
 
 
 class SwankConnection:

@@ -9,10 +9,15 @@ from cl_mcp.render import Rendered, error_result, render_evaluation, render_fram
 from cl_mcp.session import LispSession, SessionError
 
 
+def whole(value: Any) -> Any:
+    """JSON Schema takes 1.0 for an integer; Lisp must get 1."""
+    return int(value) if isinstance(value, float) else value
+
+
 async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     try:
         result = await session.invoke_restart(
-            arguments["restart"], evaluation=arguments.get("evaluation"),
+            whole(arguments["restart"]), evaluation=whole(arguments.get("evaluation")),
             values=arguments.get("values"), timeout=arguments.get("timeout"))
     except SessionError as error:
         return error_result(error.kind, error.message)
@@ -21,7 +26,8 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
 
 async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     try:
-        result = await session.backtrace(arguments.get("evaluation"), arguments.get("count", 20))
+        result = await session.backtrace(whole(arguments.get("evaluation")),
+                                         whole(arguments.get("count", 20)))
     except SessionError as error:
         return error_result(error.kind, error.message)
     if result.get("status") != "ok":
@@ -31,8 +37,8 @@ async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered
 
 async def eval_in_frame(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     try:
-        result = await session.eval_in_frame(arguments["frame"], arguments["code"],
-                                             arguments.get("evaluation"))
+        result = await session.eval_in_frame(whole(arguments["frame"]), arguments["code"],
+                                             whole(arguments.get("evaluation")))
     except SessionError as error:
         return error_result(error.kind, error.message)
     return render_evaluation(result)

@@ -100,9 +100,23 @@ class Terminal:
     def type(self, text):
         os.write(self.fd, text.encode())
 
-    def wait(self):
-        _, status = os.waitpid(self.pid, 0)
-        return os.waitstatus_to_exitcode(status)
+    def wait(self, timeout=30):
+        """The exit code, reading the terminal meanwhile so that the
+        program never blocks writing to it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            ready, _, _ = select.select([self.fd], [], [], 0.1)
+            if ready:
+                try:
+                    self.screen += os.read(self.fd, 65536)
+                except OSError:
+                    pass
+        os.kill(self.pid, 9)
+        os.waitpid(self.pid, 0)
+        raise AssertionError(f"cl-mcp repl did not exit; screen:\n{self.screen.decode(errors='replace')}")
 
 
 def test_repl_in_a_terminal(tmp_path):
@@ -124,8 +138,11 @@ def test_repl_in_a_terminal(tmp_path):
     term.expect("DEMO> ")
     term.type("(error \"oops\")\r")
     term.expect("[ERROR] SIMPLE-ERROR")
+    term.expect("DEMO> ")
     term.type(":restart ABORT\r")
     term.expect("The evaluation was aborted.")
+    term.expect("DEMO> ")
+    time.sleep(0.3)                          # readline is reading again
     term.type("\x04")                        # Ctrl-D leaves
     assert term.wait() == 0
     assert "(twice 21)" in (tmp_path / ".cl_mcp_history").read_text()

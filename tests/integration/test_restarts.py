@@ -178,3 +178,12 @@ def test_wrong_number_of_restart_values_keeps_the_evaluation_waiting(server):
     server.eval("(defun foo-missing () :found)")
     assert restart(server, "CONTINUE") == ("=> :FOUND", False)
 
+
+
+def test_whole_number_floats_are_integers(server):
+    server.eval("(error \"float ids\")")
+    text, _ = tool_text(server, "eval-in-frame", frame=0.0, code="1")
+    assert text == "=> 1"
+    text, _ = server.eval("(foo-float)")
+    abort = next(line.split(":")[0] for line in text.splitlines() if "[ABORT]" in line)
+    assert restart(server, float(abort))[0] == "The evaluation was aborted."
