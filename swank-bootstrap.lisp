@@ -815,10 +815,11 @@ waiting."
           ;; that refuses the values does so before control leaves.
           (handler-case (apply #'invoke-restart restart values)
             (program-error (c)
-              (keep-waiting (format nil "Restart ~A did not accept ~D value~:P (~A); ~
-                                         the evaluation still waits."
-                                    (restart-name restart) (length values)
-                                    (condition-message c)))))
+              (return-from resume
+                (keep-waiting (format nil "Restart ~A did not accept ~D value~:P (~A); ~
+                                           the evaluation still waits."
+                                      (restart-name restart) (length values)
+                                      (condition-message c))))))
           (keep-waiting (format nil "Restart ~A returned without leaving the error; ~
                                      the evaluation still waits."
                                 (restart-name restart))))))))

@@ -175,6 +175,10 @@ def test_wrong_number_of_restart_values_keeps_the_evaluation_waiting(server):
     text, is_error = restart(server, "CONTINUE", values=["1", "2"])
     assert is_error and text.startswith("[ERROR] CL-MCP:RESTART-FAILED")
     assert "still waits" in text
+    # Still waiting at the same error: its frames answer, and once the
+    # function exists, CONTINUE carries on from there.
+    text, is_error = tool_text(server, "backtrace")
+    assert not is_error and "0: (FOO-MISSING)" in text
     server.eval("(defun foo-missing () :found)")
     assert restart(server, "CONTINUE") == ("=> :FOUND", False)
 
