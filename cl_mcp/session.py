@@ -64,6 +64,17 @@ def exit_text(code: int | None) -> str:
     return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
 
 
+async def _cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel TASK if it still runs, and wait until it has stopped."""
+    if task is None or task.done():
+        return
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
+
+
 def _name(value: SExp) -> SExp:
     return value.name if isinstance(value, Keyword) else value
 
@@ -197,12 +208,7 @@ class LispSession:
         connection, starting = self._connection, self._starting
         self._connection = self._starting = None
         self.package = DEFAULT_PACKAGE
-        if starting is not None and not starting.done():
-            starting.cancel()
-            try:
-                await starting
-            except (asyncio.CancelledError, Exception):
-                pass
+        await _cancel_and_wait(starting)
         if connection is not None:
             await connection.close()
         description = self._link.describe()
@@ -218,12 +224,7 @@ class LispSession:
         """Stop the embedded image, or leave the attached one.  Safe to call
         more than once."""
         for task in (self._starting, self._reconnecting, self._watcher):
-            if task is not None and not task.done():
-                task.cancel()
-                try:
-                    await task
-                except (asyncio.CancelledError, Exception):
-                    pass
+            await _cancel_and_wait(task)
         if self._connection is not None:
             if self._link.shared:
                 await self._leave_shared_image(self._connection)
