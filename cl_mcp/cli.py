@@ -86,10 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
 async def serve(config: SessionConfig, out_fd: int) -> int:
     from cl_mcp.server import McpServer
 
-    transport = StdioTransport(0, out_fd)
-    await transport.open()
     session = LispSession(config)
     server = McpServer(session, lambda message: transport.write(jsonrpc.encode(message)))
+    transport = StdioTransport(server.receive, 0, out_fd)
+    await transport.open()
     logging.getLogger("cl_mcp").addHandler(ClientLogHandler(server))
     session.start_in_background()
 
@@ -98,13 +98,7 @@ async def serve(config: SessionConfig, out_fd: int) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(signum, stop.set)
 
-    async def read_input() -> None:
-        async for line in transport.lines():
-            server.receive(line)
-            if transport.broken:
-                break
-
-    reader = asyncio.create_task(read_input())
+    reader = asyncio.create_task(transport.input_ended())
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if stop.is_set():

@@ -14,7 +14,7 @@ import logging
 import os
 import stat
 import threading
-from typing import AsyncIterator
+from typing import Callable
 
 from cl_mcp.jsonrpc import LineSplitter, OversizedLine
 
@@ -38,36 +38,45 @@ def _is_pollable(fd: int) -> bool:
 
 
 class _ReadProtocol(asyncio.Protocol):
-    def __init__(self, queue: asyncio.Queue[bytes | None]) -> None:
-        self._queue = queue
+    def __init__(self, transport: StdioTransport) -> None:
+        self._transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self._queue.put_nowait(data)
+        self._transport._feed(data)
 
     def eof_received(self) -> bool:
-        self._queue.put_nowait(None)
+        self._transport._feed(b"")
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._queue.put_nowait(None)
+        self._transport._feed(b"")
 
 
 class StdioTransport:
-    """Reads lines from IN_FD and writes messages to OUT_FD."""
+    """Reads lines from IN_FD and writes messages to OUT_FD.
 
-    def __init__(self, in_fd: int = 0, out_fd: int = 1) -> None:
+    Each complete line is handed to ON_LINE as soon as its bytes arrive, in
+    the callback that read them: no queue and no reader task stand between
+    stdin and the server (each would cost an event-loop iteration per
+    request)."""
+
+    def __init__(self, on_line: Callable[[bytes | OversizedLine], None],
+                 in_fd: int = 0, out_fd: int = 1) -> None:
+        self._on_line = on_line
         self._in_fd = in_fd
         self._out_fd = out_fd
-        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._splitter = LineSplitter()
         self._out: asyncio.WriteTransport | None = None
         self._in: asyncio.BaseTransport | None = None
+        self._input_ended: asyncio.Future[None] | None = None
         self.broken = False
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
+        self._input_ended = loop.create_future()
         if _is_pollable(self._in_fd):
             self._in, _ = await loop.connect_read_pipe(
-                lambda: _ReadProtocol(self._chunks), os.fdopen(self._in_fd, "rb", 0, closefd=False)
+                lambda: _ReadProtocol(self), os.fdopen(self._in_fd, "rb", 0, closefd=False)
             )
         else:
             threading.Thread(target=self._read_blocking, args=(loop,), daemon=True).start()
@@ -82,21 +91,27 @@ class StdioTransport:
                 data = os.read(self._in_fd, CHUNK)
             except OSError:
                 data = b""
-            loop.call_soon_threadsafe(self._chunks.put_nowait, data or None)
+            loop.call_soon_threadsafe(self._feed, data)
             if not data:
                 return
 
-    async def lines(self) -> AsyncIterator[bytes | OversizedLine]:
-        """Each line of input, until stdin ends."""
-        splitter = LineSplitter()
-        while True:
-            chunk = await self._chunks.get()
-            if chunk is None:
-                for line in splitter.finish():
-                    yield line
-                return
-            for line in splitter.feed(chunk):
-                yield line
+    def _feed(self, data: bytes) -> None:
+        """Hand on the lines DATA completes; empty DATA is the end of input."""
+        assert self._input_ended is not None
+        if self._input_ended.done():
+            return
+        lines = self._splitter.feed(data) if data else self._splitter.finish()
+        for line in lines:
+            self._on_line(line)
+            if self.broken:  # nobody reads our answers any more
+                break
+        if not data or self.broken:
+            self._input_ended.set_result(None)
+
+    async def input_ended(self) -> None:
+        """Wait until stdin ends (or stdout breaks, which ends reading too)."""
+        assert self._input_ended is not None
+        await asyncio.shield(self._input_ended)
 
     def write(self, data: bytes) -> None:
         """Send one encoded message.  A vanished reader is noted, not raised."""
