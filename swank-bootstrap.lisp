@@ -435,14 +435,18 @@ by plainer ones that say what happened to the evaluation."
           (- (sb-ext:get-bytes-consed) bytes))))
 
 ;;; ------------------------------------------------------------------
-;;; Evaluations in threads of their own
+;;; Evaluations, and evaluations that wait at an error
 ;;;
-;;; Each evaluation runs in a thread of its own.  The Swank worker that asked
-;;; for it waits for a report: the outcome, or the news that the evaluation
-;;; stopped at an error and waits there, its restarts intact, for commands
-;;; (invoke a restart, list frames, evaluate in a frame, abort).  A waiting
-;;; evaluation costs its thread and nothing else; at most
-;;; `*max-suspended*' wait at once, each for at most `*suspend-seconds*'.
+;;; An evaluation runs in the Swank worker thread of the request that asked
+;;; for it, and usually just returns its report.  When it stops at an error
+;;; it answers that request itself (a `:return' sent from inside, see
+;;; `answer-directly') and then waits there, its restarts intact, for
+;;; commands that later requests bring through the evaluation's mailbox:
+;;; invoke a restart, list frames, evaluate in a frame, abort.  Running in
+;;; the worker saves handing every evaluation to a thread of its own and
+;;; back (two thread wake-ups a call).  A waiting evaluation costs its
+;;; thread and nothing else; at most `*max-suspended*' wait at once, each
+;;; for at most `*suspend-seconds*'.
 
 (defparameter *max-suspended* 8
   "Evaluations that may wait at an error at once; the oldest is aborted to
@@ -461,6 +465,11 @@ make room for a new one.")
   code package capture-time max-output
   (timeout nil)
   (thread nil)
+  ;; The id of the Swank request this evaluation has yet to answer, while
+  ;; it may answer it from inside (see `answer-directly').  Only such an
+  ;; evaluation may wait at an error: nobody else would hear of it.
+  (continuation nil)
+  (may-wait nil)
   (lock (sb-thread:make-mutex :name "cl-mcp evaluation"))
   (ready (sb-thread:make-waitqueue))
   (command nil)
@@ -523,15 +532,54 @@ cannot, short of being killed), say so instead of waiting forever."
           (return (or (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0)
                       (command-error "CL-MCP:ABORTED" "The evaluation's thread ended."))))))))
 
+;;; When the evaluation's thread will not return to its Swank request in time
+;;; (it waits at an error, is parked, or is being ended), it sends that
+;;; request's `:return' itself.  Swank's own `:return' for the same request
+;;; follows when the thread finally unwinds, and cl-mcp ignores it: the
+;;; request is no longer pending.
+
+(defun answer-directly (evaluation report)
+  "Answer EVALUATION's Swank request with REPORT now, from inside; true if
+there was a request left to answer."
+  (let ((id (shiftf (evaluation-continuation evaluation) nil)))
+    (when id
+      (forget-running (evaluation-tag evaluation))
+      (setf swank::*pending-continuations* (remove id swank::*pending-continuations*))
+      (swank::send-to-emacs (list :return sb-thread:*current-thread* (list :ok report) id))
+      t)))
+
+(defun deliver-report (evaluation report)
+  "REPORT to whoever waits for it: EVALUATION's own request, while it is
+unanswered, or else the caller of a command."
+  (or (answer-directly evaluation report)
+      (post-report evaluation report)))
+
+(defun take-report-now (evaluation)
+  (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0))
+
 (defun post-command (evaluation command)
   (put-slot evaluation #'(setf evaluation-command) command))
 
 (defun await-command (evaluation timeout)
   (take-slot evaluation #'evaluation-command #'(setf evaluation-command) timeout))
 
-;;; Deadlines: a timer that interrupts the evaluation's thread.  It is
-;;; cancelled while the evaluation waits at an error, and set again for
-;;; each stretch of running.
+;;; Deadlines.  One watchdog thread interrupts an evaluation whose stretch of
+;;; running outlasts its timeout; the deadline is dropped while the
+;;; evaluation waits at an error, and set again for each stretch.  Why not an
+;;; SBCL timer per stretch: scheduling and cancelling one from a fresh Swank
+;;; worker thread cost ~40 µs a call, a fifth of a whole round trip.  The
+;;; watchdog looks every `*watchdog-tick*' seconds, so deadlines are that
+;;; precise.  It dozes on a condition variable once no deadline has been
+;;; seen for `*watchdog-linger*' seconds, so a burst of calls wakes it once.
+
+(defvar *deadline-lock* (sb-thread:make-mutex :name "cl-mcp deadlines"))
+(defvar *deadline-set* (sb-thread:make-waitqueue))
+(defvar *deadlines* '()
+  "(INTERNAL-TIME EVALUATION TOKEN) for each running stretch with a deadline.")
+(defvar *watchdog* nil)
+(defvar *watchdog-dozing* nil)
+(defparameter *watchdog-tick* 0.1)
+(defparameter *watchdog-linger* 5)
 
 (defun start-stretch (evaluation timeout)
   "Begin a stretch of running: fresh output capture, readings for timing,
@@ -544,17 +592,55 @@ and a deadline TIMEOUT seconds away."
         (list (get-internal-real-time) (get-internal-run-time)
               sb-ext:*gc-run-time* (sb-ext:get-bytes-consed)))
   (when (and timeout (plusp timeout))
-    (let ((timer (sb-ext:make-timer
-                  (lambda ()
-                    (cerror "Continue the evaluation." 'sb-ext:timeout :seconds timeout))
-                  :name "cl-mcp deadline"
-                  :thread sb-thread:*current-thread*)))
-      (setf (evaluation-timer evaluation) timer)
-      (sb-ext:schedule-timer timer timeout))))
+    (let ((token (list timeout))
+          (due (+ (get-internal-real-time)
+                  (round (* timeout internal-time-units-per-second)))))
+      (setf (evaluation-timer evaluation) token)
+      (sb-thread:with-mutex (*deadline-lock*)
+        (push (list due evaluation token) *deadlines*)
+        (unless (and *watchdog* (sb-thread:thread-alive-p *watchdog*))
+          (setf *watchdog* (sb-thread:make-thread #'watchdog-loop
+                                                  :name "cl-mcp deadline watchdog")))
+        (when *watchdog-dozing*
+          (sb-thread:condition-notify *deadline-set*))))))
 
 (defun stop-deadline (evaluation)
-  (let ((timer (shiftf (evaluation-timer evaluation) nil)))
-    (when timer (sb-ext:unschedule-timer timer))))
+  (let ((token (shiftf (evaluation-timer evaluation) nil)))
+    (when token
+      (sb-thread:with-mutex (*deadline-lock*)
+        (setf *deadlines* (delete token *deadlines* :key #'third))))))
+
+(defun watchdog-loop ()
+  (let ((last-seen (get-internal-real-time)))
+    (loop
+      (let ((expired '()))
+        (sb-thread:with-mutex (*deadline-lock*)
+          (let ((now (get-internal-real-time)))
+            (setf *deadlines* (delete-if (lambda (entry)
+                                           (when (<= (first entry) now)
+                                             (push entry expired)))
+                                         *deadlines*))
+            (cond ((or *deadlines* expired) (setf last-seen now))
+                  ((> (- now last-seen) (* *watchdog-linger* internal-time-units-per-second))
+                   (setf *watchdog-dozing* t)
+                   (loop until *deadlines*
+                         do (sb-thread:condition-wait *deadline-set* *deadline-lock*))
+                   (setf *watchdog-dozing* nil
+                         last-seen (get-internal-real-time))))))
+        (loop for (nil evaluation token) in expired
+              do (interrupt-at-deadline evaluation token))
+        (sleep *watchdog-tick*)))))
+
+(defun interrupt-at-deadline (evaluation token)
+  "Signal SB-EXT:TIMEOUT (continuable) in EVALUATION's thread, if the stretch
+TOKEN stands for is still running when the interrupt lands."
+  (handler-case
+      (sb-thread:interrupt-thread
+       (evaluation-thread evaluation)
+       (lambda ()
+         (when (eq (evaluation-timer evaluation) token)
+           (cerror "Continue the evaluation." 'sb-ext:timeout :seconds (first token)))))
+    (sb-thread:interrupt-thread-error () nil)))
 
 (defmacro with-evaluation-streams ((evaluation) &body body)
   "Run BODY with the standard streams bound to EVALUATION's capture: output
@@ -617,6 +703,11 @@ as CL-MCP:INTERNAL-ERROR rather than leaving the caller waiting."
                          (command-error "CL-MCP:IMAGE-EXITING"
                                         "The image is exiting (SB-EXT:EXIT was called).")
                          (command-error "CL-MCP:ABORTED" "The evaluation's thread was ended."))))
+      (when (and (evaluation-continuation evaluation)
+                 (or (not done) (evaluation-overflowed evaluation)))
+        ;; This thread is being ended, or is about to park: it will not
+        ;; return to its request.
+        (answer-directly evaluation (take-report-now evaluation)))
       (when (evaluation-overflowed evaluation)
         (park-thread)))))
 
@@ -720,7 +811,8 @@ commands or, when no more evaluations may wait, abort."
     (setf (evaluation-condition evaluation) condition
           (evaluation-frames evaluation) frames
           (evaluation-restarts evaluation) (evaluation-restarts-for evaluation condition))
-    (let* ((waiting (register-suspended evaluation))
+    (let* ((waiting (and (evaluation-may-wait evaluation)
+                         (register-suspended evaluation)))
            (report (stretch-report
                     evaluation :error
                     :error (describe-error condition
@@ -728,7 +820,7 @@ commands or, when no more evaluations may wait, abort."
                                            :timeout (evaluation-timeout evaluation))
                     :restarts (restart-entries (evaluation-restarts evaluation))
                     :evaluation (and waiting (evaluation-id evaluation)))))
-      (post-report evaluation report)
+      (if waiting (deliver-report evaluation report) (post-report evaluation report))
       (if waiting
           (command-loop evaluation)
           (invoke-restart (evaluation-abort-restart evaluation) t)))))
@@ -931,55 +1023,6 @@ be left to the debugger and the deadline unwinds instead of signalling."
                  (list :ok (multiple-value-list (funcall thunk))))))
         (when timer (sb-ext:unschedule-timer timer))))))
 
-;;; Evaluation threads, reused
-;;;
-;;; A thread that finished its evaluation waits for the next one instead of
-;;; exiting: handing work to a waiting thread costs a wake-up, where creating
-;;; one costs several times that, and every call pays it.  A thread waiting
-;;; at an error is busy; a parked one never comes back.
-
-(defparameter *max-idle-workers* 2
-  "Finished evaluation threads kept waiting for more work.")
-
-(defstruct (worker (:constructor make-worker ()))
-  (lock (sb-thread:make-mutex :name "cl-mcp worker"))
-  (ready (sb-thread:make-waitqueue))
-  (job nil)
-  (thread nil))
-
-(defvar *idle-workers* '())
-
-(defun start-evaluation (evaluation)
-  "Run EVALUATION in an idle worker thread, or in a new one."
-  (let ((worker (sb-thread:with-mutex (*registry-lock*) (pop *idle-workers*))))
-    (cond (worker
-           (setf (evaluation-thread evaluation) (worker-thread worker))
-           (sb-thread:with-mutex ((worker-lock worker))
-             (setf (worker-job worker) evaluation)
-             (sb-thread:condition-notify (worker-ready worker))))
-          (t
-           (let ((worker (make-worker)))
-             (setf (worker-job worker) evaluation)
-             (setf (worker-thread worker)
-                   (sb-thread:make-thread #'worker-loop :name "cl-mcp evaluation"
-                                                        :arguments (list worker)))
-             (setf (evaluation-thread evaluation) (worker-thread worker)))))))
-
-(defun worker-loop (worker)
-  "Run evaluations handed to WORKER until it is not wanted as an idle one."
-  (loop
-    (let ((job (sb-thread:with-mutex ((worker-lock worker))
-                 (loop until (worker-job worker)
-                       do (sb-thread:condition-wait (worker-ready worker) (worker-lock worker)))
-                 (shiftf (worker-job worker) nil))))
-      ;; The thread is known before the job starts (see START-EVALUATION).
-      (loop until (evaluation-thread job) do (sb-thread:thread-yield))
-      (run-evaluation job)
-      (unless (sb-thread:with-mutex (*registry-lock*)
-                (when (< (length *idle-workers*) *max-idle-workers*)
-                  (push worker *idle-workers*)))
-        (return)))))
-
 ;;; The registry of waiting evaluations
 
 (defun register-suspended (evaluation)
@@ -1011,9 +1054,12 @@ by its tag, for `cancel-evaluation' and `output-tail'."
        (sb-thread:with-mutex (*registry-lock*)
          (push (cons tag ,evaluation) *running*)))
      (unwind-protect (progn ,@body)
-       (when tag
-         (sb-thread:with-mutex (*registry-lock*)
-           (setf *running* (remove tag *running* :key #'car :test #'equal)))))))
+       (forget-running tag))))
+
+(defun forget-running (tag)
+  (when tag
+    (sb-thread:with-mutex (*registry-lock*)
+      (setf *running* (remove tag *running* :key #'car :test #'equal)))))
 
 (defun find-running (tag)
   "The evaluation, or for a load the thread, a caller waits on under TAG."
@@ -1072,15 +1118,29 @@ string or integer, names the evaluation for `cancel-evaluation' and
                            :message (format nil "The package ~S does not exist." package)
                            :backtrace nil)
               :package "COMMON-LISP-USER")))
-    (let ((evaluation (make-evaluation :code code
-                                       :package (or target (find-package "COMMON-LISP-USER"))
-                                       :capture-time capture-time
-                                       :timeout timeout
-                                       :max-output max-output
-                                       :tag tag)))
+    (let* ((request (cl-mcp-request))
+           (evaluation (make-evaluation :code code
+                                        :package (or target (find-package "COMMON-LISP-USER"))
+                                        :capture-time capture-time
+                                        :timeout timeout
+                                        :max-output max-output
+                                        :tag tag
+                                        :thread sb-thread:*current-thread*
+                                        :continuation request
+                                        :may-wait (and request t))))
       (with-running (evaluation)
-        (start-evaluation evaluation)
-        (await-report evaluation)))))
+        (run-evaluation evaluation)
+        (if (evaluation-continuation evaluation)
+            (take-report-now evaluation)
+            ;; Answered from inside already; Swank's reply to this is ignored.
+            :answered)))))
+
+(defun cl-mcp-request ()
+  "The id of the Swank request this thread serves, when cl-mcp sent it (any
+request, in an image cl-mcp owns); else nil, and an error in the evaluation
+is reported without waiting, because nobody could send it commands."
+  (and (or (not *track-session*) (member swank::*emacs-connection* *connections*))
+       (first swank::*pending-continuations*)))
 
 (defun invoke-restart-of (id restart &key values (timeout nil) (tag nil))
   "Invoke RESTART (an index or a name) of the waiting evaluation ID (the
@@ -1316,9 +1376,7 @@ the same image, so every macro of a freshly compiled system is 'redefined'."
        (sb-thread:with-mutex (*registry-lock*)
          (push (cons tag sb-thread:*current-thread*) *running*)))
      (unwind-protect (progn ,@body)
-       (when tag
-         (sb-thread:with-mutex (*registry-lock*)
-           (setf *running* (remove tag *running* :key #'car :test #'equal)))))))
+       (forget-running tag))))
 
 (defun load-system (name &key (max-output 20000) (tag nil))
   "Load the ASDF system NAME, through Quicklisp when it is available.
@@ -1393,8 +1451,8 @@ of its dependencies)."
 ;;; ------------------------------------------------------------------
 ;;; What the session created, in an image it shares (attach mode)
 
-(defvar *connection* nil
-  "cl-mcp's Swank connection, in an attached image.")
+(defvar *connections* '()
+  "cl-mcp's Swank connections to an attached image.")
 
 (defvar *session-symbols* '()
   "Symbols of CL-USER first interned by a cl-mcp evaluation.")
@@ -1539,7 +1597,7 @@ it to the newest connection, which would otherwise be cl-mcp's)."
     (setf *session-symbols* '()
           *session-created-packages* '()))
   (let ((ours swank::*emacs-connection*))
-    (setf *connection* ours)
+    (setf *connections* (cons ours (intersection *connections* swank::*connections*)))
     (setf swank::*connections*
           (append (remove ours swank::*connections*) (list ours))))
   (set-connection-nodelay)

@@ -31,6 +31,7 @@ from cl_mcp.swank.client import SwankConnection
 log = logging.getLogger("cl_mcp.session")
 
 DEFAULT_PACKAGE = "COMMON-LISP-USER"
+AGENT_MAX_OUTPUT = 1_000_000  # cl-mcp-agent:evaluate's default :max-output
 # How long past its own deadline an evaluation may take to come back (the
 # image interrupts it itself) before cl-mcp gives up on the image.
 DEADLINE_GRACE = 5.0
@@ -73,6 +74,12 @@ async def _cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
         await task
     except (asyncio.CancelledError, Exception):
         pass
+
+
+def _lisp_seconds(seconds: float) -> int | float:
+    """Whole seconds as an integer: the Lisp reader reads one much faster
+    than a double-float."""
+    return int(seconds) if float(seconds).is_integer() else float(seconds)
 
 
 def _name(value: SExp) -> SExp:
@@ -323,15 +330,19 @@ class LispSession:
         """Evaluate CODE; return the agent's result plist as a dict."""
         timeout = timeout or self.config.eval_timeout
         async with self._lock:
-            form = [
-                Symbol("cl-mcp-agent:evaluate"), code,
-                Keyword("package"), package or self.package,
-                Keyword("explicit-package"), package is not None,
-                Keyword("capture-time"), capture_time,
-                Keyword("timeout"), float(timeout),
-                Keyword("max-output"), self.config.max_output,
-                Keyword("tag"), tag := next(self._tags),
-            ]
+            # Only what differs from the agent's defaults: Swank reads every
+            # request, and each keyword (a float most of all) costs microseconds.
+            form: list[SExp] = [Symbol("cl-mcp-agent:evaluate"), code,
+                                Keyword("timeout"), _lisp_seconds(timeout),
+                                Keyword("tag"), tag := next(self._tags)]
+            if (package or self.package) != DEFAULT_PACKAGE:
+                form += [Keyword("package"), package or self.package]
+            if package is not None:
+                form += [Keyword("explicit-package"), True]
+            if capture_time:
+                form += [Keyword("capture-time"), True]
+            if self.config.max_output != AGENT_MAX_OUTPUT:
+                form += [Keyword("max-output"), self.config.max_output]
             result = _result_dict(await self._call(form, timeout + DEADLINE_GRACE, tag))
             self._follow_package(result, explicit=package is not None)
             if (result.get("error") or {}).get("type") == "CL-MCP:IMAGE-EXITING" and not self.shared:

@@ -62,7 +62,7 @@ def test_a_dropped_connection_fails_the_call_in_flight_and_reconnects(programmer
         process.eval("(defvar *kept* :still-here)")
         # Drop cl-mcp's connection from the image's side during a call.
         text, is_error = process.eval(
-            "(let ((c cl-mcp-agent::*connection*)) (sb-thread:make-thread "
+            "(let ((c (first cl-mcp-agent::*connections*))) (sb-thread:make-thread "
             "(lambda () (sleep 0.2) (swank::close-connection c nil nil)))) (sleep 3)")
         assert is_error and text.startswith("[ERROR] CL-MCP:CONNECTION-LOST")
         deadline = time.monotonic() + 15

@@ -1,6 +1,7 @@
 """evaluate-lisp against a real SBCL, case by case against the contracts."""
 
 import re
+import time
 
 import pytest
 
@@ -245,6 +246,20 @@ def test_endless_loop_hits_the_deadline_and_the_session_survives(shared_server):
     assert is_error
     assert text.startswith("[ERROR] SB-EXT:TIMEOUT\nEvaluation exceeded its deadline of 1 second")
     assert shared_server.eval("*ev-survivor*") == ("=> :ALIVE", False)
+
+
+def test_a_deadline_wakes_the_dozing_watchdog(shared_server):
+    """The deadline watchdog dozes once no deadline has been seen for a
+    while; a new evaluation must wake it."""
+    shared_server.eval("(setf cl-mcp-agent::*watchdog-linger* 0)")
+    try:
+        time.sleep(0.5)  # no deadline for a while: it dozes off
+        started = time.monotonic()
+        text, is_error = shared_server.eval("(loop)", timeout=1)
+        assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
+        assert time.monotonic() - started < 5
+    finally:
+        shared_server.eval("(setf cl-mcp-agent::*watchdog-linger* 5)")
 
 
 def test_server_wide_deadline():
