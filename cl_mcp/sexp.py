@@ -123,6 +123,77 @@ _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eEdDfFsSlL][+-]?\d+)?\Z")
 def loads(text: str) -> SExp:
     """The one s-expression TEXT holds.  Raises `ProtocolError` on anything
     malformed or trailing."""
+    try:
+        return _loads_common(text)
+    except (_Uncommon, ProtocolError):
+        return _loads_any(text)
+
+
+# The fast path: lists, strings and atoms, which is all the agent's replies
+# hold.  One regex finds each token (possessive quantifiers: no
+# backtracking); a string is cut out with str.find when it has no escapes.
+# Anything else (#-syntax, quote, a lone dot, an error of any kind) is left
+# to the general reader below, which also gives malformed input its precise
+# error.
+_TOKEN = re.compile(
+    r'[ \t\r\n\f]*+(?:(\()|(\))|(")'
+    r"|((?:[^ \t\r\n\f()\"|;#']|\|[^|]*+\|)(?:[^ \t\r\n\f()\"|;]|\|[^|]*+\|)*+))")
+_TRAILING_SPACE = re.compile(r"[ \t\r\n\f]*\Z")
+
+
+class _Uncommon(Exception):
+    pass
+
+
+# Keywords and symbols recur in every reply and are immutable: read each once.
+_ATOM_CACHE: dict[str, SExp] = {"t": True, "T": True}  # never nil: a list is mutable
+_ATOM_CACHE_SIZE = 4096
+_MISSING = object()
+
+
+def _loads_common(text: str) -> SExp:
+    match = _TOKEN.match
+    stack: list[list[SExp] | None] = []
+    items: list[SExp] | None = None  # the list being read; None at top level
+    pos = 0
+    while True:
+        token = match(text, pos)
+        if token is None:
+            raise _Uncommon
+        pos = token.end()
+        kind = token.lastindex
+        value: SExp
+        if kind == 1:
+            stack.append(items)
+            items = []
+            continue
+        if kind == 2:
+            if not stack:
+                raise _Uncommon
+            value, items = items, stack.pop()
+        elif kind == 3:
+            end = text.find('"', pos)
+            if end >= 0 and text.find("\\", pos, end) < 0:
+                value, pos = text[pos:end], end + 1
+            else:
+                value, pos = _read_string(text, pos)
+        else:
+            atom = token.group(4)
+            value = _ATOM_CACHE.get(atom, _MISSING)
+            if value is _MISSING:
+                if atom == ".":
+                    raise _Uncommon
+                value = _atom(atom)
+                if isinstance(value, (Keyword, Symbol)) and len(_ATOM_CACHE) < _ATOM_CACHE_SIZE:
+                    _ATOM_CACHE[atom] = value
+        if items is None:
+            if not _TRAILING_SPACE.match(text, pos):
+                raise _Uncommon
+            return value
+        items.append(value)
+
+
+def _loads_any(text: str) -> SExp:
     value, end = _read(text, _skip(text, 0))
     end = _skip(text, end)
     if end != len(text):

@@ -105,3 +105,21 @@ def test_garbage_only_ever_raises_protocol_error(text):
         sexp.loads(text)
     except ProtocolError:
         pass
+
+
+def _outcome(read, text):
+    try:
+        return ("value", read(text))
+    except ProtocolError:
+        return ("error", None)
+
+
+@given(st.one_of(values.map(sexp.dumps),
+                 st.text(alphabet=st.sampled_from('()"\\#<>|:;\' abc1.\n\t-/'), max_size=40)))
+def test_the_fast_path_reads_exactly_what_the_general_reader_reads(text):
+    assert _outcome(sexp.loads, text) == _outcome(sexp._loads_any, text)
+
+
+def test_a_multi_megabyte_string_with_escapes_reads_in_linear_time():
+    text = 'x\\"y' * 1_000_000  # 4 MB, a million escaped quotes
+    assert sexp.loads(sexp.dumps(["big", text])) == ["big", text]
