@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slime-dir", default=env("CL_MCP_SLIME_DIR"),
                         help="directory with swank-loader.lisp (env CL_MCP_SLIME_DIR; "
                              "default: Debian's cl-swank)")
+    parser.add_argument("--no-saved-core", action="store_true",
+                        default=env("CL_MCP_NO_SAVED_CORE", "") not in ("", "0"),
+                        help="start SBCL from fasls every time instead of from a core with Swank "
+                             "and the agent saved under ~/.cache/cl-mcp (~50 MB; env CL_MCP_NO_SAVED_CORE=1)")
     parser.add_argument("--eval-timeout", type=positive_float, default=float(env("CL_MCP_EVAL_TIMEOUT", "30")),
                         help="seconds before an evaluation is interrupted (default: 30)")
     parser.add_argument("--load-timeout", type=positive_float, default=300.0,
@@ -154,7 +158,8 @@ def serve_main(argv: list[str]) -> int:
     )
     out_fd = claim_stdout()
     config = SessionConfig(
-        image=ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir),
+        image=ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir,
+                          saved_core=not args.no_saved_core),
         connect=args.connect,
         eval_timeout=args.eval_timeout,
         load_timeout=args.load_timeout,

@@ -18,6 +18,7 @@ from cl_mcp.client import ClientError, McpClient, ProtocolError, ToolValidationE
 # commands that start cl-mcp pass them on, wherever they stand.
 SERVER_OPTIONS = ("--connect", "--sbcl", "--slime-dir", "--eval-timeout", "--load-timeout",
                   "--max-output", "--max-suspended", "--suspend-timeout", "--log-level")
+SERVER_FLAGS = ("--no-saved-core",)  # server options without a value
 
 
 def split_server_options(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -27,7 +28,9 @@ def split_server_options(argv: list[str]) -> tuple[list[str], list[str]]:
     tokens = iter(argv)
     for token in tokens:
         name = token.split("=", 1)[0]
-        if name in SERVER_OPTIONS:
+        if token in SERVER_FLAGS:
+            server.append(token)
+        elif name in SERVER_OPTIONS:
             server.append(token)
             if "=" not in token:
                 server.append(next(tokens, ""))

@@ -62,36 +62,58 @@ class ImageConfig:
     sbcl: str = "sbcl"
     slime_dir: str | None = None
     startup_timeout: float = 120.0
+    saved_core: bool = True  # start from a cached core with Swank and the agent
 
 
 def _lisp_string(text: str) -> str:
     return sexp.dumps(text)
 
 
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cl-mcp"
+
+
 def agent_fasl(bootstrap: Path) -> Path:
     """Where the compiled agent is cached: keyed by the source's hash, so an
     edited agent is recompiled (the SBCL version is added on the Lisp side)."""
     digest = hashlib.sha256(bootstrap.read_bytes()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "cl-mcp" / f"agent-{digest}"
+    return cache_dir() / f"agent-{digest}"
+
+
+def saved_core(sbcl: str, slime_dir: Path, bootstrap: Path) -> Path:
+    """Where the saved core with Swank and the agent loaded is cached.  Its
+    name is a hash of the agent's text and of the path, size and mtime of
+    the SBCL binary and of every Swank source, so a new agent, an upgraded
+    SBCL or another Swank gets a core of its own."""
+    digest = hashlib.sha256(bootstrap.read_bytes())
+    for path in [Path(sbcl).resolve(), *sorted(slime_dir.glob("*.lisp")),
+                 *sorted(slime_dir.glob("swank/*.lisp"))]:
+        info = path.stat()
+        digest.update(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+    return cache_dir() / f"image-{digest.hexdigest()[:16]}.core"
 
 
 STALE_FASL_SECONDS = 30 * 86400
+STALE_CORE_SECONDS = 86400  # a core is ~50 MB: others go once unused for a day
 
 
-def remove_stale_fasls(current: Path) -> None:
-    """Delete compiled agents of other versions of the agent file that have
-    not been used for a month.  (Recent ones may belong to another cl-mcp
-    installation of this user, running now.)"""
+def remove_stale_caches(fasl: Path, core: Path | None) -> None:
+    """Delete compiled agents and saved cores of other versions that have
+    not been used for a while, and core files a build left half-written.
+    (Recent ones may belong to another cl-mcp installation of this user,
+    running now.)"""
     now = time.time()
-    for old in current.parent.glob("agent-*.fasl"):
-        if old.name.startswith(current.name + "-"):
-            continue
-        try:
-            if now - old.stat().st_atime > STALE_FASL_SECONDS:
-                old.unlink()
-        except OSError:
-            pass
+    for pattern, current, limit in (("agent-*.fasl", fasl.name + "-", STALE_FASL_SECONDS),
+                                    ("image-*.core", core.name if core else None, STALE_CORE_SECONDS),
+                                    ("image-*.core.*.tmp", None, 3600)):
+        for old in fasl.parent.glob(pattern):
+            if current and old.name.startswith(current):
+                continue
+            try:
+                if now - max(old.stat().st_atime, old.stat().st_mtime) > limit:
+                    old.unlink()
+            except OSError:
+                pass
 
 
 def _load_compiled_form(bootstrap: Path) -> str:
@@ -112,13 +134,25 @@ def _load_compiled_form(bootstrap: Path) -> str:
     )
 
 
-def startup_forms(slime_dir: Path, bootstrap: Path) -> list[str]:
-    """The --eval forms that turn a bare SBCL into cl-mcp's image."""
+def loading_forms(slime_dir: Path, bootstrap: Path) -> list[str]:
+    """The --eval forms that load Swank and the agent into a bare SBCL."""
     return [
         "(require :asdf)",
         f"(load {_lisp_string(str(slime_dir / 'swank-loader.lisp'))})",
         "(swank-loader:init :setup nil :quiet t)",
         _load_compiled_form(bootstrap),
+    ]
+
+
+def core_building_forms(slime_dir: Path, bootstrap: Path, output: Path) -> list[str]:
+    """The --eval forms that load Swank and the agent and save the image."""
+    return [*loading_forms(slime_dir, bootstrap),
+            f"(sb-ext:save-lisp-and-die {_lisp_string(str(output))})"]
+
+
+def serving_forms() -> list[str]:
+    """The --eval forms that start Swank in an image with the agent loaded."""
+    return [
         "(cl-mcp-agent:prepare-embedded-image (read-line *standard-input*))",
         # :dont-close nil: the listener closes after cl-mcp's one connection.
         '(format t "~&;; cl-mcp swank port ~D~%" (swank:create-server :port 0'
@@ -147,7 +181,12 @@ class LispImage:
         return self._process.returncode if self._process else None
 
     async def start(self) -> int:
-        """Spawn SBCL and return the Swank port once it listens."""
+        """Spawn SBCL and return the Swank port once it listens.
+
+        With a saved core (the default) the image starts in a few tens of
+        milliseconds instead of a few hundred.  When there is none yet, it
+        is built first (about as long as a start from fasls, once); when it
+        cannot be built or will not start, the image starts from fasls."""
         sbcl = shutil.which(self._config.sbcl)
         if sbcl is None:
             raise ImageError(
@@ -155,13 +194,26 @@ class LispImage:
                 "install it (apt-get install sbcl) or pass --sbcl"
             )
         slime_dir = find_slime_dir(self._config.slime_dir)
-        remove_stale_fasls(agent_fasl(find_bootstrap()))
+        bootstrap = find_bootstrap()
+        core = saved_core(sbcl, slime_dir, bootstrap) if self._config.saved_core else None
+        remove_stale_caches(agent_fasl(bootstrap), core)
+        if core is not None and not core.is_file():
+            await build_core(sbcl, slime_dir, bootstrap, core, self._config.startup_timeout)
+        if core is not None and core.is_file():
+            try:
+                return await self._spawn([sbcl, "--core", str(core)], serving_forms())
+            except ImageError as error:
+                log.warning("the saved core %s did not start (%s); removing it", core, error)
+                core.unlink(missing_ok=True)
+        return await self._spawn([sbcl], loading_forms(slime_dir, bootstrap) + serving_forms())
+
+    async def _spawn(self, runtime: list[str], forms: list[str]) -> int:
         argv = [
-            sbcl, "--noinform", "--disable-ldb",
+            *runtime, "--noinform", "--disable-ldb",
             "--end-runtime-options",
             "--no-sysinit", "--no-userinit", "--disable-debugger",
         ]
-        for form in startup_forms(slime_dir, find_bootstrap()):
+        for form in forms:
             argv += ["--eval", form]
         self._process = await asyncio.create_subprocess_exec(
             *argv,
@@ -230,3 +282,48 @@ class LispImage:
                 os.killpg(self._process.pid, 9)
             except ProcessLookupError:
                 pass
+
+
+async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
+                     timeout: float) -> None:
+    """Save a core with Swank and the agent loaded at CORE.  It is written to
+    a name of its own and renamed, so a concurrent start never sees half a
+    core.  A failure is logged: the image then starts from fasls."""
+    temp = core.with_name(f"{core.name}.{os.getpid()}.tmp")
+    argv = [sbcl, "--noinform", "--disable-ldb", "--end-runtime-options",
+            "--no-sysinit", "--no-userinit", "--disable-debugger", "--non-interactive"]
+    for form in core_building_forms(slime_dir, bootstrap, temp):
+        argv += ["--eval", form]
+    log.info("saving an SBCL core with Swank and the agent at %s (once)", core)
+    started = time.monotonic()
+    try:
+        core.parent.mkdir(parents=True, exist_ok=True)
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+    except OSError as error:
+        log.warning("could not save a core (%s); starting from fasls", error)
+        return
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), timeout)
+    except asyncio.TimeoutError:
+        await _abandon_build(process, temp)
+        log.warning("saving a core took over %g s; starting from fasls", timeout)
+        return
+    except asyncio.CancelledError:  # cl-mcp is stopping: the builder goes too
+        await _abandon_build(process, temp)
+        raise
+    if process.returncode != 0 or not temp.is_file():
+        tail = output.decode("utf-8", "replace").strip().splitlines()[-3:]
+        log.warning("could not save a core (exit code %s): %s", process.returncode, " / ".join(tail))
+        temp.unlink(missing_ok=True)
+        return
+    temp.replace(core)
+    log.info("saved the core in %.1f s", time.monotonic() - started)
+
+
+async def _abandon_build(process: asyncio.subprocess.Process, temp: Path) -> None:
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+    temp.unlink(missing_ok=True)

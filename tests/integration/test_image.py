@@ -3,10 +3,11 @@
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import McpProcess, listening_ports, pid_alive, sbcl_children
+from tests.integration.conftest import McpProcess, cl_mcp, listening_ports, pid_alive, sbcl_children
 
 
 def wait_for(predicate, timeout=10.0):
@@ -124,3 +125,42 @@ def test_swank_mailboxes_of_finished_requests_are_dropped(shared_server):
     text, is_error = shared_server.eval(count)
     assert not is_error
     assert int(text.removeprefix("=> ")) <= 20
+
+
+def image_command_line(process):
+    return Path(f"/proc/{image_pid(process)}/cmdline").read_bytes().split(b"\0")
+
+
+def test_the_image_starts_from_a_saved_core_built_on_first_use(tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    with cl_mcp(env=env) as first:
+        assert first.eval("(+ 1 2)") == ("=> 3", False)
+        cores = list((tmp_path / "cl-mcp").glob("image-*.core"))
+        assert len(cores) == 1
+        assert str(cores[0]).encode() in image_command_line(first)
+    with cl_mcp(env=env) as second:
+        assert str(cores[0]).encode() in image_command_line(second)
+        assert second.eval("(swank:connection-info)")[1] is False
+        # reset-session starts a fresh image from the same core
+        second.call("reset-session")
+        assert str(cores[0]).encode() in image_command_line(second)
+
+
+def test_a_core_that_will_not_start_is_replaced_by_fasls(tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    with cl_mcp(env=env) as first:
+        first.eval("1")
+    core = next((tmp_path / "cl-mcp").glob("image-*.core"))
+    core.write_bytes(b"not a core")
+    with cl_mcp(env=env) as process:
+        assert process.eval("(+ 1 2)") == ("=> 3", False)
+        assert b"--core" not in image_command_line(process)
+        assert any("did not start" in line for line in process.stderr_lines)
+    assert not core.exists()
+
+
+def test_no_saved_core_starts_from_fasls(tmp_path):
+    with cl_mcp("--no-saved-core", env={"XDG_CACHE_HOME": str(tmp_path)}) as process:
+        assert process.eval("(+ 1 2)") == ("=> 3", False)
+        assert b"--core" not in image_command_line(process)
+    assert not list((tmp_path / "cl-mcp").glob("image-*.core"))
