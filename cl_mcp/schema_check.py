@@ -2,12 +2,13 @@
 
 Why: every message is validated, and jsonschema's general machinery costs
 tens of microseconds per message (and about 100 ms to import).  This module
-compiles the subset of JSON Schema that cl-mcp's schemas use into plain
-closures, once; only when a message fails does cl-mcp ask jsonschema which
-rule failed and where (see contracts.py).  A keyword outside the subset is
-refused at compile time, so a schema can never be checked more loosely than
-it says; tests/unit/test_schema_check.py checks the verdicts against
-jsonschema's on generated instances.
+compiles the subset of JSON Schema that cl-mcp's schemas use into Python
+source, once: straight-line `if ...: return False` statements, one function
+per schema and per `$ref` target.  Only when a message fails does cl-mcp ask
+jsonschema which rule failed and where (see contracts.py).  A keyword outside
+the subset is refused at compile time, so a schema can never be checked more
+loosely than it says; tests/unit/test_schema_check.py checks the verdicts
+against jsonschema's on generated instances.
 """
 
 from __future__ import annotations
@@ -19,18 +20,17 @@ Check = Callable[[Any], bool]
 # Keywords that only document a schema.
 ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description", "default", "examples"}
 
-
-def _is_type(name: str) -> Check:
-    return {
-        "object": lambda v: isinstance(v, dict),
-        "array": lambda v: isinstance(v, list),
-        "string": lambda v: isinstance(v, str),
-        "boolean": lambda v: isinstance(v, bool),
-        "null": lambda v: v is None,
-        "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool))
-        or (isinstance(v, float) and v.is_integer()),
-        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    }[name]
+_TYPE_TESTS = {
+    "object": "isinstance({v}, dict)",
+    "array": "isinstance({v}, list)",
+    "string": "isinstance({v}, str)",
+    "boolean": "isinstance({v}, bool)",
+    "null": "{v} is None",
+    "integer": "((isinstance({v}, int) and not isinstance({v}, bool))"
+               " or (isinstance({v}, float) and {v}.is_integer()))",
+    "number": "(isinstance({v}, (int, float)) and not isinstance({v}, bool))",
+}
+_COMPARISONS = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
 
 
 def _json_equal(a: Any, b: Any) -> bool:
@@ -48,75 +48,125 @@ def _json_equal(a: Any, b: Any) -> bool:
 
 def compile_schema(schema: Any, root: Any = None) -> Check:
     """A predicate that is true exactly when an instance is valid."""
-    root = schema if root is None else root
-    if schema is True or schema == {}:
-        return lambda value: True
-    if schema is False:
-        return lambda value: False
-    if "$ref" in schema:  # draft 7: siblings of $ref are ignored
-        return _resolve(schema["$ref"], root)
-    checks: list[Check] = []
-    for keyword, argument in schema.items():
-        if keyword in ANNOTATIONS or keyword == "definitions":
-            continue
-        checks.append(_keyword(keyword, argument, schema, root))
-    if len(checks) == 1:
-        return checks[0]
-    return lambda value: all(check(value) for check in checks)
+    compiler = _Compiler(schema if root is None else root)
+    entry = compiler.function(schema)
+    namespace: dict[str, Any] = {"_json_equal": _json_equal, "_MISSING": _MISSING,
+                                 **compiler.constants}
+    exec("\n\n".join(compiler.sources), namespace)  # noqa: S102 - our own generated code
+    return namespace[entry]  # type: ignore[no-any-return]
 
 
-def _resolve(reference: str, root: Any) -> Check:
-    if not reference.startswith("#/"):
-        raise ValueError(f"only local references are supported: {reference}")
-    target = root
-    for part in reference[2:].split("/"):
-        target = target[part]
-    compiled: list[Check] = []
-
-    def check(value: Any) -> bool:  # compiled on first use: references may recurse
-        if not compiled:
-            compiled.append(compile_schema(target, root))
-        return compiled[0](value)
-    return check
+_MISSING = object()
 
 
-def _keyword(keyword: str, argument: Any, schema: dict[str, Any], root: Any) -> Check:
-    if keyword == "type":
-        names = argument if isinstance(argument, list) else [argument]
-        tests = [_is_type(name) for name in names]
-        return lambda value: any(test(value) for test in tests)
-    if keyword == "const":
-        return lambda value: _json_equal(value, argument)
-    if keyword == "enum":
-        return lambda value: any(_json_equal(value, item) for item in argument)
-    if keyword == "required":
-        return lambda value: not isinstance(value, dict) or all(key in value for key in argument)
-    if keyword == "properties":
-        checks = {name: compile_schema(sub, root) for name, sub in argument.items()}
-        return lambda value: not isinstance(value, dict) or all(
-            check(value[name]) for name, check in checks.items() if name in value)
-    if keyword == "additionalProperties":
-        known = set(schema.get("properties", {}))
-        extra = compile_schema(argument, root)
-        return lambda value: not isinstance(value, dict) or all(
-            extra(item) for name, item in value.items() if name not in known)
-    if keyword == "items":
-        item_check = compile_schema(argument, root)
-        return lambda value: not isinstance(value, list) or all(item_check(item) for item in value)
-    if keyword == "oneOf":
-        options = [compile_schema(sub, root) for sub in argument]
-        return lambda value: sum(1 for option in options if option(value)) == 1
-    if keyword == "anyOf":
-        options = [compile_schema(sub, root) for sub in argument]
-        return lambda value: any(option(value) for option in options)
-    if keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        compare = {"minimum": lambda v: v >= argument, "maximum": lambda v: v <= argument,
-                   "exclusiveMinimum": lambda v: v > argument,
-                   "exclusiveMaximum": lambda v: v < argument}[keyword]
-        return lambda value: not _is_type("number")(value) or compare(value)
-    if keyword in ("minLength", "maxLength"):
-        bound = argument
-        if keyword == "minLength":
-            return lambda value: not isinstance(value, str) or len(value) >= bound
-        return lambda value: not isinstance(value, str) or len(value) <= bound
-    raise ValueError(f"schema keyword not supported by the fast check: {keyword}")
+class _Compiler:
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.sources: list[str] = []
+        self.constants: dict[str, Any] = {}
+        self._references: dict[str, str] = {}  # $ref → the name of its function
+        self._names = 0
+
+    def _name(self, prefix: str) -> str:
+        self._names += 1
+        return f"{prefix}{self._names}"
+
+    def constant(self, value: Any) -> str:
+        name = self._name("_C")
+        self.constants[name] = value
+        return name
+
+    def function(self, schema: Any, name: str | None = None) -> str:
+        """The name of a generated function that checks SCHEMA."""
+        name = name or self._name("_check")
+        body = self.statements(schema, "v", 1)
+        self.sources.append("\n".join([f"def {name}(v):", *body, "    return True"]))
+        return name
+
+    def statements(self, schema: Any, var: str, depth: int) -> list[str]:
+        """Lines, indented to DEPTH, that return False unless VAR is valid."""
+        pad = "    " * depth
+        if schema is True or schema == {}:
+            return []
+        if schema is False:
+            return [f"{pad}return False"]
+        if "$ref" in schema:  # draft 7: siblings of $ref are ignored
+            return [f"{pad}if not {self.reference(schema['$ref'])}({var}): return False"]
+        lines: list[str] = []
+        for keyword, argument in schema.items():
+            if keyword in ANNOTATIONS or keyword == "definitions":
+                continue
+            lines += self.keyword(keyword, argument, schema, var, depth)
+        return lines
+
+    def reference(self, reference: str) -> str:
+        if reference not in self._references:
+            if not reference.startswith("#/"):
+                raise ValueError(f"only local references are supported: {reference}")
+            target = self.root
+            for part in reference[2:].split("/"):
+                target = target[part]
+            # Named before it is compiled: a reference may recurse.
+            self._references[reference] = name = self._name("_ref")
+            self.function(target, name)
+        return self._references[reference]
+
+    def keyword(self, keyword: str, argument: Any, schema: dict[str, Any],
+                var: str, depth: int) -> list[str]:
+        pad = "    " * depth
+        if keyword == "type":
+            names = argument if isinstance(argument, list) else [argument]
+            test = " or ".join(_TYPE_TESTS[name].format(v=var) for name in names)
+            return [f"{pad}if not ({test}): return False"]
+        if keyword == "const":
+            if isinstance(argument, str):
+                return [f"{pad}if not (isinstance({var}, str) and {var} == {argument!r}): return False"]
+            return [f"{pad}if not _json_equal({var}, {self.constant(argument)}): return False"]
+        if keyword == "enum":
+            if all(isinstance(item, str) for item in argument):
+                names = self.constant(frozenset(argument))
+                return [f"{pad}if not (isinstance({var}, str) and {var} in {names}): return False"]
+            items = self.constant(list(argument))
+            return [f"{pad}if not any(_json_equal({var}, item) for item in {items}): return False"]
+        if keyword == "required":
+            if not argument:
+                return []
+            missing = " or ".join(f"{name!r} not in {var}" for name in argument)
+            return [f"{pad}if isinstance({var}, dict) and ({missing}): return False"]
+        if keyword == "properties":
+            lines = [f"{pad}if isinstance({var}, dict):"]
+            for name, sub in argument.items():
+                inner = self.statements(sub, item := self._name("p"), depth + 2)
+                if inner:
+                    lines += [f"{pad}    {item} = {var}.get({name!r}, _MISSING)",
+                              f"{pad}    if {item} is not _MISSING:", *inner]
+            return lines if len(lines) > 1 else []
+        if keyword == "additionalProperties":
+            known = self.constant(frozenset(schema.get("properties", {})))
+            key, item = self._name("k"), self._name("a")
+            inner = self.statements(argument, item, depth + 3)
+            if not inner:
+                return []
+            return [f"{pad}if isinstance({var}, dict):",
+                    f"{pad}    for {key}, {item} in {var}.items():",
+                    f"{pad}        if {key} not in {known}:", *inner]
+        if keyword == "items":
+            item = self._name("i")
+            inner = self.statements(argument, item, depth + 2)
+            if not inner:
+                return []
+            return [f"{pad}if isinstance({var}, list):", f"{pad}    for {item} in {var}:", *inner]
+        if keyword in ("oneOf", "anyOf"):
+            options = [self.function(sub) for sub in argument]
+            if keyword == "anyOf":
+                return [f"{pad}if not ({' or '.join(f'{o}({var})' for o in options)}): return False"]
+            count = " + ".join(f"{o}({var})" for o in options)
+            return [f"{pad}if ({count}) != 1: return False"]
+        if keyword in _COMPARISONS:
+            number = _TYPE_TESTS["number"].format(v=var)
+            return [f"{pad}if {number} and not ({var} {_COMPARISONS[keyword]} {argument!r}): return False"]
+        if keyword in ("minLength", "maxLength"):
+            compare = ">=" if keyword == "minLength" else "<="
+            return [f"{pad}if isinstance({var}, str) and not (len({var}) {compare} {int(argument)}): "
+                    "return False"]
+        raise ValueError(f"schema keyword not supported by the fast check: {keyword}")
