@@ -21,6 +21,7 @@ from cl_mcp.jsonrpc import LineSplitter, OversizedLine
 log = logging.getLogger("cl_mcp.stdio")
 
 CHUNK = 1 << 16
+OUTPUT_BACKLOG = 4 << 20  # bytes of unread answers before reading pauses
 
 
 def claim_stdout() -> int:
@@ -50,6 +51,21 @@ class _ReadProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport._feed(b"")
+
+
+class _WriteProtocol(asyncio.Protocol):
+    """Flow control: while answers pile up unread on stdout, stop reading
+    requests, so a client that writes without reading cannot make cl-mcp
+    hold an unbounded backlog of answers."""
+
+    def __init__(self, transport: StdioTransport) -> None:
+        self._transport = transport
+
+    def pause_writing(self) -> None:
+        self._transport._set_reading(False)
+
+    def resume_writing(self) -> None:
+        self._transport._set_reading(True)
 
 
 class StdioTransport:
@@ -82,8 +98,9 @@ class StdioTransport:
             threading.Thread(target=self._read_blocking, args=(loop,), daemon=True).start()
         if _is_pollable(self._out_fd):
             self._out, _ = await loop.connect_write_pipe(
-                asyncio.Protocol, os.fdopen(self._out_fd, "wb", 0, closefd=False)
+                lambda: _WriteProtocol(self), os.fdopen(self._out_fd, "wb", 0, closefd=False)
             )
+            self._out.set_write_buffer_limits(high=OUTPUT_BACKLOG)
 
     def _read_blocking(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
@@ -94,6 +111,13 @@ class StdioTransport:
             loop.call_soon_threadsafe(self._feed, data)
             if not data:
                 return
+
+    def _set_reading(self, on: bool) -> None:
+        if isinstance(self._in, asyncio.ReadTransport) and not self._in.is_closing():
+            if on:
+                self._in.resume_reading()
+            else:
+                self._in.pause_reading()
 
     def _feed(self, data: bytes) -> None:
         """Hand on the lines DATA completes; empty DATA is the end of input."""

@@ -1,10 +1,14 @@
-"""A burst of 1,000 requests written at once: every one answered, the
-evaluations in arrival order, cl-mcp's memory bounded."""
+"""Bursts of requests written at once: every one answered, the evaluations
+in arrival order, cl-mcp's memory bounded, even when the client is slow to
+read."""
 
 import json
+import subprocess
+import threading
+import time
 from pathlib import Path
 
-from tests.integration.conftest import cl_mcp
+from tests.integration.conftest import cl_mcp, cl_mcp_command
 
 
 def resident_kib(pid):
@@ -38,3 +42,30 @@ def test_a_burst_of_a_thousand_requests():
         text, _ = process.eval(f"(equal (reverse *seen*) '({' '.join(map(str, order))}))")
         assert text == "=> T"
         assert resident_kib(process.proc.pid) < 150_000
+
+
+def test_a_client_that_does_not_read_cannot_pile_up_answers():
+    """20,000 tools/list requests (~240 MB of answers) from a client that
+    reads nothing for a while: cl-mcp stops reading requests once 4 MB of
+    answers wait, so its memory stays bounded, and every answer comes."""
+    proc = subprocess.Popen(cl_mcp_command() + ["--log-level", "warning"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "0"}}}).encode() + b"\n")
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 0
+        count = 20_000
+        requests = b"".join(b'{"jsonrpc":"2.0","id":%d,"method":"tools/list"}\n' % i
+                            for i in range(1, count + 1))
+        writer = threading.Thread(target=lambda: (proc.stdin.write(requests), proc.stdin.flush()))
+        writer.start()
+        time.sleep(3)
+        assert resident_kib(proc.pid) < 120_000
+        ids = [json.loads(proc.stdout.readline())["id"] for _ in range(count)]
+        assert sorted(ids) == list(range(1, count + 1))
+        writer.join(10)
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
