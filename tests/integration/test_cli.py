@@ -64,6 +64,7 @@ def test_doctor():
     assert out.returncode == 0, out.stdout
     assert "[ok  ] SBCL" in out.stdout and "[ok  ] Swank" in out.stdout
     assert "[ok  ] image" in out.stdout and "alexandria" in out.stdout
+    assert "[ok  ] saved core" in out.stdout
 
 
 def test_doctor_says_what_to_install():
