@@ -96,7 +96,28 @@ def encode(message: dict[str, Any] | list[dict[str, Any]]) -> bytes:
     try:
         return orjson.dumps(message) + b"\n"
     except TypeError:  # an integer beyond 64 bits, echoed from a request id
-        return json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n"
+        return json.dumps(message, separators=(",", ":"),
+                          default=_encoded_value).encode("ascii") + b"\n"
+
+
+# Values that never change (the tool list) are encoded once: `preencoded`
+# returns an orjson.Fragment, which orjson copies into a message as it is.
+# The json module cannot read a Fragment, so the value is kept beside it.
+_PREENCODED: dict[int, tuple[orjson.Fragment, Any]] = {}
+
+
+def preencoded(value: Any) -> orjson.Fragment:
+    """VALUE encoded once, for messages that include it again and again.
+    For values that live as long as the process: they are never freed."""
+    fragment = orjson.Fragment(orjson.dumps(value))
+    _PREENCODED[id(fragment)] = (fragment, value)
+    return fragment
+
+
+def _encoded_value(item: Any) -> Any:
+    if isinstance(item, orjson.Fragment) and id(item) in _PREENCODED:
+        return _PREENCODED[id(item)][1]
+    raise TypeError(f"{type(item).__name__} is not JSON")
 
 
 def result_message(request_id: Any, result: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+import orjson
+
 from cl_mcp import __version__, jsonrpc
 from cl_mcp.contracts import error_location, first_error, params_schema, shared_type
 from cl_mcp.errors import (
@@ -403,9 +405,10 @@ class McpServer:
         return result
 
     @functools.lru_cache(maxsize=8)
-    def _tool_list(self, version: str) -> list[dict[str, Any]]:
-        """The tool definitions with the fields VERSION defines (built once
-        per revision: the list never changes)."""
+    def _tool_list(self, version: str) -> orjson.Fragment:
+        """The tool definitions with the fields VERSION defines, built and
+        encoded once per revision: the list never changes, and encoding its
+        ~12 KB took a third of a tools/list call."""
         tools = []
         for spec in self._tools.values():
             tool = dict(spec.definition)
@@ -414,7 +417,7 @@ class McpServer:
             if version < "2025-06-18":
                 tool.pop("outputSchema", None)
             tools.append(tool)
-        return tools
+        return jsonrpc.preencoded(tools)
 
     async def _tools_call(self, request: Request) -> dict[str, Any]:
         params = request.params

@@ -64,3 +64,11 @@ def test_parse_errors(line):
     with pytest.raises(JsonRpcError) as caught:
         jsonrpc.parse(line)
     assert caught.value.code == PARSE_ERROR
+
+
+def test_a_preencoded_value_is_sent_as_it_was_encoded():
+    tools = [{"name": "evaluate-lisp", "inputSchema": {"type": "object"}}]
+    fragment = jsonrpc.preencoded(tools)
+    for request_id in (7, 2**70):  # the second goes through the json module
+        line = jsonrpc.encode(jsonrpc.result_message(request_id, {"tools": fragment}))
+        assert json.loads(line) == {"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}}
