@@ -9,7 +9,7 @@ SWANK_LOADER := /usr/share/common-lisp/source/slime/swank-loader.lisp
 ALEXANDRIA := /usr/share/common-lisp/source/alexandria/alexandria.asd
 SLIME_EL := /usr/share/emacs/site-lisp/elpa-src/slime-*/slime.el
 
-.PHONY: run test bench setup lisp test-lisp venv clean
+.PHONY: run test bench profile setup lisp test-lisp venv clean
 
 run: lisp venv
 	@exec $(VENV)/bin/cl-mcp
@@ -19,6 +19,9 @@ test: test-lisp venv
 
 bench: lisp venv
 	$(VENV)/bin/python bench/run.py
+
+profile: lisp venv
+	$(VENV)/bin/python bench/profile_lisp.py
 
 setup: test-lisp venv
 

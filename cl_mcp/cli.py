@@ -10,6 +10,7 @@ import signal
 import sys
 
 from cl_mcp import __version__, jsonrpc
+from cl_mcp.jsonrpc import OversizedLine
 from cl_mcp.client_log import ClientLogHandler
 from cl_mcp.image import ImageConfig
 from cl_mcp.link import parse_address
@@ -92,10 +93,17 @@ async def serve(config: SessionConfig, out_fd: int) -> int:
 
     session = LispSession(config)
     server = McpServer(session, lambda message: transport.write(jsonrpc.encode(message)))
-    transport = StdioTransport(server.receive, 0, out_fd)
+
+    def receive_first(line: bytes | OversizedLine) -> None:
+        # The image starts once the first message (initialize) is under way,
+        # so that its start-up does not compete with the first answer.
+        transport.on_line = server.receive
+        server.receive(line)
+        session.start_in_background()
+
+    transport = StdioTransport(receive_first, 0, out_fd)
     await transport.open()
     logging.getLogger("cl_mcp").addHandler(ClientLogHandler(server))
-    session.start_in_background()
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -78,7 +78,7 @@ class StdioTransport:
 
     def __init__(self, on_line: Callable[[bytes | OversizedLine], None],
                  in_fd: int = 0, out_fd: int = 1) -> None:
-        self._on_line = on_line
+        self.on_line = on_line
         self._in_fd = in_fd
         self._out_fd = out_fd
         self._splitter = LineSplitter()
@@ -126,7 +126,7 @@ class StdioTransport:
             return
         lines = self._splitter.feed(data) if data else self._splitter.finish()
         for line in lines:
-            self._on_line(line)
+            self.on_line(line)
             if self.broken:  # nobody reads our answers any more
                 break
         if not data or self.broken:
