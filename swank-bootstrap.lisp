@@ -708,7 +708,9 @@ as CL-MCP:INTERNAL-ERROR rather than leaving the caller waiting."
         ;; This thread is being ended, or is about to park: it will not
         ;; return to its request.
         (answer-directly evaluation (take-report-now evaluation)))
-      (when (evaluation-overflowed evaluation)
+      ;; A caller that could not be answered from inside (not cl-mcp) must
+      ;; get its reply the normal way, so its thread cannot be parked.
+      (when (and (evaluation-overflowed evaluation) (evaluation-may-wait evaluation))
         (park-thread)))))
 
 (defun image-exiting-p ()
@@ -1130,10 +1132,10 @@ string or integer, names the evaluation for `cancel-evaluation' and
                                         :may-wait (and request t))))
       (with-running (evaluation)
         (run-evaluation evaluation)
-        (if (evaluation-continuation evaluation)
-            (take-report-now evaluation)
+        (if (and request (null (evaluation-continuation evaluation)))
             ;; Answered from inside already; Swank's reply to this is ignored.
-            :answered)))))
+            :answered
+            (take-report-now evaluation))))))
 
 (defun cl-mcp-request ()
   "The id of the Swank request this thread serves, when cl-mcp sent it (any

@@ -178,3 +178,14 @@ def test_the_programmers_own_errors_still_go_to_emacs(shared):
         time.sleep(0.2)
     emacs.quit_debuggers()
     assert process.eval("(+ 1 1)") == ("=> 2", False)
+
+
+def test_the_agents_evaluate_called_from_emacs_reports_without_waiting(shared):
+    """Only cl-mcp's own requests may wait at an error: the programmer who
+    calls the agent from SLIME gets the report back at once."""
+    _, emacs, process = shared
+    result = emacs.slime_eval('(cl-mcp-agent:evaluate "(error \\"from emacs\\")")')
+    assert "SIMPLE-ERROR" in result and "from emacs" in result
+    assert ":evaluation nil" in result
+    assert emacs.debugger_windows() == 0
+    assert process.eval("(+ 2 2)") == ("=> 4", False)
