@@ -455,6 +455,10 @@ make room for a new one.")
 (defparameter *suspend-seconds* 600
   "How long an evaluation waits at an error before it aborts itself.")
 
+(defvar *inside-evaluation* nil
+  "True in the code an evaluation runs: an evaluate called from there is
+nested, and its request belongs to the outer evaluation.")
+
 (defvar *registry-lock* (sb-thread:make-mutex :name "cl-mcp evaluations"))
 (defvar *suspended* '() "Evaluations waiting at an error, newest first.")
 (defvar *evaluation-counter* 0)
@@ -541,12 +545,16 @@ cannot, short of being killed), say so instead of waiting forever."
 (defun answer-directly (evaluation report)
   "Answer EVALUATION's Swank request with REPORT now, from inside; true if
 there was a request left to answer."
-  (let ((id (shiftf (evaluation-continuation evaluation) nil)))
-    (when id
-      (forget-running (evaluation-tag evaluation))
-      (setf swank::*pending-continuations* (remove id swank::*pending-continuations*))
-      (swank::send-to-emacs (list :return sb-thread:*current-thread* (list :ok report) id))
-      t)))
+  ;; No interrupt (a deadline, a cancel) may land between taking the
+  ;; request and handing its answer to Swank's control thread.
+  (sb-sys:without-interrupts
+    (let ((id (evaluation-continuation evaluation)))
+      (when id
+        (forget-running (evaluation-tag evaluation) evaluation)
+        (setf swank::*pending-continuations* (remove id swank::*pending-continuations*))
+        (swank::send-to-emacs (list :return sb-thread:*current-thread* (list :ok report) id))
+        (setf (evaluation-continuation evaluation) nil)
+        t))))
 
 (defun deliver-report (evaluation report)
   "REPORT to whoever waits for it: EVALUATION's own request, while it is
@@ -761,7 +769,12 @@ exits is never reused; it costs its stack and nothing else."
                               (stop-at-error evaluation condition)))
                           (*debugger-hook* nil))
                       (start-stretch evaluation (evaluation-timeout evaluation))
-                      (read-and-evaluate evaluation)))))))
+                      ;; The deadline ends while the handlers still stand, so
+                      ;; an interrupt that lands as the code finishes is
+                      ;; either a timeout like any other or nothing.
+                      (unwind-protect (let ((*inside-evaluation* t))
+                                        (read-and-evaluate evaluation))
+                        (stop-deadline evaluation))))))))
         (stop-deadline evaluation)
         (forget-evaluation evaluation)
         (setf (evaluation-abort-restart evaluation) nil)
@@ -1005,10 +1018,12 @@ that frame's local variables in scope, for at most TIMEOUT seconds."
 for work done while an evaluation waits at an error, where no condition may
 be left to the debugger and the deadline unwinds instead of signalling."
   (catch 'deadline-passed
-    (let ((timer (and timeout (plusp timeout)
-                      (sb-ext:make-timer (lambda () (throw 'deadline-passed (list :timeout)))
-                                         :name "cl-mcp frame deadline"
-                                         :thread sb-thread:*current-thread*))))
+    (let* ((live t)   ; the timer's interrupt may land after the unschedule
+           (timer (and timeout (plusp timeout)
+                       (sb-ext:make-timer (lambda ()
+                                            (when live (throw 'deadline-passed (list :timeout))))
+                                          :name "cl-mcp frame deadline"
+                                          :thread sb-thread:*current-thread*))))
       (when timer (sb-ext:schedule-timer timer timeout))
       (unwind-protect
            (block call
@@ -1023,6 +1038,7 @@ be left to the debugger and the deadline unwinds instead of signalling."
                          (return-from call (list :error condition))))
                      (*debugger-hook* nil))
                  (list :ok (multiple-value-list (funcall thunk))))))
+        (setf live nil)
         (when timer (sb-ext:unschedule-timer timer))))))
 
 ;;; The registry of waiting evaluations
@@ -1056,12 +1072,16 @@ by its tag, for `cancel-evaluation' and `output-tail'."
        (sb-thread:with-mutex (*registry-lock*)
          (push (cons tag ,evaluation) *running*)))
      (unwind-protect (progn ,@body)
-       (forget-running tag))))
+       (forget-running tag ,evaluation))))
 
-(defun forget-running (tag)
+(defun forget-running (tag object)
+  "Forget that OBJECT runs under TAG (only OBJECT: another session attached
+to the same image may use the same tag)."
   (when tag
     (sb-thread:with-mutex (*registry-lock*)
-      (setf *running* (remove tag *running* :key #'car :test #'equal)))))
+      (setf *running* (remove-if (lambda (entry)
+                                   (and (equal (car entry) tag) (eq (cdr entry) object)))
+                                 *running*)))))
 
 (defun find-running (tag)
   "The evaluation, or for a load the thread, a caller waits on under TAG."
@@ -1139,9 +1159,11 @@ string or integer, names the evaluation for `cancel-evaluation' and
 
 (defun cl-mcp-request ()
   "The id of the Swank request this thread serves, when cl-mcp sent it (any
-request, in an image cl-mcp owns); else nil, and an error in the evaluation
-is reported without waiting, because nobody could send it commands."
-  (and (or (not *track-session*) (member swank::*emacs-connection* *connections*))
+request, in an image cl-mcp owns) and no evaluation in this thread has it
+already; else nil, and an error in the evaluation is reported without
+waiting, because nobody could send it commands."
+  (and (not *inside-evaluation*)
+       (or (not *track-session*) (member swank::*emacs-connection* *connections*))
        (first swank::*pending-continuations*)))
 
 (defun invoke-restart-of (id restart &key values (timeout nil) (tag nil))
@@ -1378,7 +1400,7 @@ the same image, so every macro of a freshly compiled system is 'redefined'."
        (sb-thread:with-mutex (*registry-lock*)
          (push (cons tag sb-thread:*current-thread*) *running*)))
      (unwind-protect (progn ,@body)
-       (forget-running tag))))
+       (forget-running tag sb-thread:*current-thread*))))
 
 (defun load-system (name &key (max-output 20000) (tag nil))
   "Load the ASDF system NAME, through Quicklisp when it is available.

@@ -105,7 +105,9 @@ def remove_stale_caches(fasl: Path, core: Path | None) -> None:
     now = time.time()
     for pattern, current, limit in (("agent-*.fasl", fasl.name + "-", STALE_FASL_SECONDS),
                                     ("image-*.core", core.name if core else None, STALE_CORE_SECONDS),
-                                    ("image-*.core.*.tmp", None, 3600)):
+                                    ("image-*.core.*.tmp", None, 3600),
+                                    ("image-*.core.failed", core.name if core else None,
+                                     CORE_RETRY_SECONDS)):
         for old in fasl.parent.glob(pattern):
             if current and old.name.startswith(current):
                 continue
@@ -147,7 +149,17 @@ def loading_forms(slime_dir: Path, bootstrap: Path) -> list[str]:
 def core_building_forms(slime_dir: Path, bootstrap: Path, output: Path) -> list[str]:
     """The --eval forms that load Swank and the agent and save the image."""
     return [*loading_forms(slime_dir, bootstrap),
+            # UIOP's hooks for saved images: forget what belongs to this
+            # machine state (ASDF's source registry and output translations,
+            # the user cache) so that each start computes it afresh.
+            "(uiop:call-image-dump-hook)",
             f"(sb-ext:save-lisp-and-die {_lisp_string(str(output))})"]
+
+
+def restoring_forms() -> list[str]:
+    """The --eval forms that bring a saved core up to date with this start's
+    environment (CL_SOURCE_REGISTRY, HOME, ...) before anything else runs."""
+    return ["(uiop:call-image-restore-hook)", "(asdf:clear-configuration)"]
 
 
 def serving_forms() -> list[str]:
@@ -197,14 +209,16 @@ class LispImage:
         bootstrap = find_bootstrap()
         core = saved_core(sbcl, slime_dir, bootstrap) if self._config.saved_core else None
         remove_stale_caches(agent_fasl(bootstrap), core)
-        if core is not None and not core.is_file():
+        if core is not None and not core.is_file() and not _failed_lately(core):
             await build_core(sbcl, slime_dir, bootstrap, core, self._config.startup_timeout)
         if core is not None and core.is_file():
             try:
-                return await self._spawn([sbcl, "--core", str(core)], serving_forms())
+                return await self._spawn([sbcl, "--core", str(core)],
+                                         restoring_forms() + serving_forms())
             except ImageError as error:
                 log.warning("the saved core %s did not start (%s); removing it", core, error)
                 core.unlink(missing_ok=True)
+                _note_failure(core)
         return await self._spawn([sbcl], loading_forms(slime_dir, bootstrap) + serving_forms())
 
     async def _spawn(self, runtime: list[str], forms: list[str]) -> int:
@@ -298,6 +312,9 @@ async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
     started = time.monotonic()
     try:
         core.parent.mkdir(parents=True, exist_ok=True)
+        # Marked failed until it is saved: a build that cannot finish is not
+        # retried at every start, and a concurrent start does not build too.
+        _note_failure(core)
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, start_new_session=True)
@@ -312,6 +329,7 @@ async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
         return
     except asyncio.CancelledError:  # cl-mcp is stopping: the builder goes too
         await _abandon_build(process, temp)
+        _failure_marker(core).unlink(missing_ok=True)  # not a failure: try again next time
         raise
     if process.returncode != 0 or not temp.is_file():
         tail = output.decode("utf-8", "replace").strip().splitlines()[-3:]
@@ -319,6 +337,7 @@ async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
         temp.unlink(missing_ok=True)
         return
     temp.replace(core)
+    _failure_marker(core).unlink(missing_ok=True)
     log.info("saved the core in %.1f s", time.monotonic() - started)
 
 
@@ -327,3 +346,26 @@ async def _abandon_build(process: asyncio.subprocess.Process, temp: Path) -> Non
         process.kill()
         await process.wait()
     temp.unlink(missing_ok=True)
+
+
+# A core that could not be built, or would not start, is not tried again for
+# a while: each try costs a build on every start.
+CORE_RETRY_SECONDS = 86400
+
+
+def _failure_marker(core: Path) -> Path:
+    return core.with_name(core.name + ".failed")
+
+
+def _note_failure(core: Path) -> None:
+    try:
+        _failure_marker(core).touch()
+    except OSError:
+        pass
+
+
+def _failed_lately(core: Path) -> bool:
+    try:
+        return time.time() - _failure_marker(core).stat().st_mtime < CORE_RETRY_SECONDS
+    except OSError:
+        return False

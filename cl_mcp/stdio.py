@@ -67,6 +67,11 @@ class _WriteProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._transport._set_reading(True)
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        # The reader is gone, possibly while reading was paused: nothing will
+        # resume it, so end the input here.
+        self._transport._output_lost()
+
 
 class StdioTransport:
     """Reads lines from IN_FD and writes messages to OUT_FD.
@@ -130,6 +135,13 @@ class StdioTransport:
             if self.broken:  # nobody reads our answers any more
                 break
         if not data or self.broken:
+            self._input_ended.set_result(None)
+
+    def _output_lost(self) -> None:
+        if not self.broken:
+            self.broken = True
+            log.info("stdout closed by the client")
+        if self._input_ended is not None and not self._input_ended.done():
             self._input_ended.set_result(None)
 
     async def input_ended(self) -> None:

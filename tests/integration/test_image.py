@@ -164,3 +164,19 @@ def test_no_saved_core_starts_from_fasls(tmp_path):
         assert process.eval("(+ 1 2)") == ("=> 3", False)
         assert b"--core" not in image_command_line(process)
     assert not list((tmp_path / "cl-mcp").glob("image-*.core"))
+
+
+def test_an_image_from_the_saved_core_sees_this_starts_asdf_configuration(tmp_path):
+    """The core forgets ASDF's and UIOP's configuration when it is saved, so
+    a system registered after the core was built is found."""
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    with cl_mcp(env=env) as first:
+        first.eval("1")
+    systems = tmp_path / "systems"
+    systems.mkdir()
+    (systems / "clmcp-late-system.asd").write_text('(asdf:defsystem "clmcp-late-system")\n')
+    registry = f'(:source-registry (:directory "{systems}/") :inherit-configuration)'
+    with cl_mcp(env={**env, "CL_SOURCE_REGISTRY": registry}) as process:
+        assert b"--core" in image_command_line(process)
+        text, is_error = process.eval('(not (null (asdf:find-system "clmcp-late-system" nil)))')
+        assert (text, is_error) == ("=> T", False)

@@ -69,3 +69,27 @@ def test_a_client_that_does_not_read_cannot_pile_up_answers():
     finally:
         proc.stdin.close()
         proc.wait(10)
+
+
+def test_cl_mcp_ends_when_its_reader_goes_away_while_it_waits_for_it():
+    """Reading requests is paused while answers wait unread; if the client
+    then closes its end of stdout, cl-mcp must still notice and exit."""
+    proc = subprocess.Popen(cl_mcp_command() + ["--log-level", "warning"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        requests = b"".join(b'{"jsonrpc":"2.0","id":%d,"method":"tools/list"}\n' % i
+                            for i in range(1, 20_001))
+        def write() -> None:
+            try:
+                proc.stdin.write(requests)
+            except (BrokenPipeError, ValueError):  # cl-mcp has gone, as it should
+                pass
+
+        threading.Thread(target=write, daemon=True).start()
+        time.sleep(2)  # answers pile up, reading pauses
+        proc.stdout.close()
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -191,3 +191,9 @@ def test_whole_number_floats_are_integers(server):
     text, _ = server.eval("(foo-float)")
     abort = next(line.split(":")[0] for line in text.splitlines() if "[ABORT]" in line)
     assert restart(server, float(abort))[0] == "The evaluation was aborted."
+
+
+def test_a_nested_evaluate_does_not_answer_for_the_outer_evaluation(shared_server):
+    text, is_error = shared_server.eval('(getf (cl-mcp-agent:evaluate "(error \\"inner\\")") :status)')
+    assert (text, is_error) == ("=> :ERROR", False)
+    assert shared_server.eval("(+ 1 2)") == ("=> 3", False)
