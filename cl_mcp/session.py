@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,8 +109,11 @@ class LispSession:
         self._last_failure = ""
         # Set when the image died between calls; the next result says so.
         self.lost_state: str | None = None
+        # Tags name calls for cancel-evaluation and output-tail in the image.
+        # A random start keeps two sessions attached to one image apart (and
+        # stays a fixnum in SBCL).
+        self._tags = itertools.count(secrets.randbits(40) << 16)
         # The tag of the call running in the image (calls run one at a time).
-        self._tags = itertools.count(1)
         self.running_tag: int | None = None
 
     @property
