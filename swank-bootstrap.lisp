@@ -481,7 +481,7 @@ nested, and its request belongs to the outer evaluation.")
   (stdout nil) (stderr nil)
   (warnings '())
   (readings nil)
-  (timer nil)
+  (deadline nil)  ; the running stretch's token in *deadlines*
   (abort-restart nil)
   (condition nil)
   (waiting nil)
@@ -603,7 +603,7 @@ and a deadline TIMEOUT seconds away."
     (let ((token (list timeout))
           (due (+ (get-internal-real-time)
                   (round (* timeout internal-time-units-per-second)))))
-      (setf (evaluation-timer evaluation) token)
+      (setf (evaluation-deadline evaluation) token)
       (sb-thread:with-mutex (*deadline-lock*)
         (push (list due evaluation token) *deadlines*)
         (unless (and *watchdog* (sb-thread:thread-alive-p *watchdog*))
@@ -613,7 +613,7 @@ and a deadline TIMEOUT seconds away."
           (sb-thread:condition-notify *deadline-set*))))))
 
 (defun stop-deadline (evaluation)
-  (let ((token (shiftf (evaluation-timer evaluation) nil)))
+  (let ((token (shiftf (evaluation-deadline evaluation) nil)))
     (when token
       (sb-thread:with-mutex (*deadline-lock*)
         (setf *deadlines* (delete token *deadlines* :key #'third))))))
@@ -646,7 +646,7 @@ TOKEN stands for is still running when the interrupt lands."
       (sb-thread:interrupt-thread
        (evaluation-thread evaluation)
        (lambda ()
-         (when (eq (evaluation-timer evaluation) token)
+         (when (eq (evaluation-deadline evaluation) token)
            (cerror "Continue the evaluation." 'sb-ext:timeout :seconds (first token)))))
     (sb-thread:interrupt-thread-error () nil)))
 
@@ -1064,15 +1064,17 @@ oldest waiting evaluation is aborted when there are too many."
 (defvar *running* '()
   "Evaluations a caller is waiting on, by the caller's tag.")
 
-(defmacro with-running ((evaluation) &body body)
-  "Run BODY (which waits for EVALUATION's report) with EVALUATION findable
-by its tag, for `cancel-evaluation' and `output-tail'."
-  `(let ((tag (evaluation-tag ,evaluation)))
-     (when tag
-       (sb-thread:with-mutex (*registry-lock*)
-         (push (cons tag ,evaluation) *running*)))
-     (unwind-protect (progn ,@body)
-       (forget-running tag ,evaluation))))
+(defmacro with-running ((tag object) &body body)
+  "Run BODY with OBJECT (an evaluation whose report BODY waits for, or the
+thread of a load) findable under TAG, for `cancel-evaluation' and
+`output-tail'."
+  (let ((tag-var (gensym "TAG")) (object-var (gensym "OBJECT")))
+    `(let ((,tag-var ,tag) (,object-var ,object))
+       (when ,tag-var
+         (sb-thread:with-mutex (*registry-lock*)
+           (push (cons ,tag-var ,object-var) *running*)))
+       (unwind-protect (progn ,@body)
+         (forget-running ,tag-var ,object-var)))))
 
 (defun forget-running (tag object)
   "Forget that OBJECT runs under TAG (only OBJECT: another session attached
@@ -1150,7 +1152,7 @@ string or integer, names the evaluation for `cancel-evaluation' and
                                         :thread sb-thread:*current-thread*
                                         :continuation request
                                         :may-wait (and request t))))
-      (with-running (evaluation)
+      (with-running (tag evaluation)
         (run-evaluation evaluation)
         (if (and request (null (evaluation-continuation evaluation)))
             ;; Answered from inside already; Swank's reply to this is ignored.
@@ -1172,7 +1174,7 @@ newest when nil) with the values of the VALUES code strings; return the
 evaluation's new outcome, as `evaluate' does."
   (with-suspended (evaluation id)
     (setf (evaluation-tag evaluation) tag)
-    (with-running (evaluation)
+    (with-running (tag evaluation)
       (post-command evaluation (list :restart restart values timeout))
       (await-report evaluation))))
 
@@ -1393,15 +1395,6 @@ and name."
 the same image, so every macro of a freshly compiled system is 'redefined'."
   (and *redefinition-warning* (typep warning *redefinition-warning*)))
 
-(defmacro with-running-thread ((tag) &body body)
-  "Run BODY with this thread findable under TAG by `cancel-evaluation'."
-  `(let ((tag ,tag))
-     (when tag
-       (sb-thread:with-mutex (*registry-lock*)
-         (push (cons tag sb-thread:*current-thread*) *running*)))
-     (unwind-protect (progn ,@body)
-       (forget-running tag sb-thread:*current-thread*))))
-
 (defun load-system (name &key (max-output 20000) (tag nil))
   "Load the ASDF system NAME, through Quicklisp when it is available.
 Return a plist: :status (:ok, :error or :aborted when cancelled under TAG),
@@ -1412,7 +1405,7 @@ session's own definitions."
          (warnings '())
          (before (list-all-packages))
          (quicklisp (ensure-quicklisp))
-         (outcome (with-running-thread (tag)
+         (outcome (with-running (tag sb-thread:*current-thread*)
                     (or (catch 'load-cancelled
                           (%load-system name quicklisp stdout
                                         (lambda (w) (push w warnings))))

@@ -95,6 +95,9 @@ def saved_core(sbcl: str, slime_dir: Path, bootstrap: Path) -> Path:
 
 STALE_FASL_SECONDS = 30 * 86400
 STALE_CORE_SECONDS = 86400  # a core is ~50 MB: others go once unused for a day
+# A core that could not be built, or would not start, is not tried again for
+# a while: each try costs a build on every start.
+CORE_RETRY_SECONDS = 86400
 
 
 def remove_stale_caches(fasl: Path, core: Path | None) -> None:
@@ -174,6 +177,16 @@ def serving_forms() -> list[str]:
     ]
 
 
+def sbcl_command(runtime: list[str], forms: list[str]) -> list[str]:
+    """SBCL (RUNTIME: the executable and runtime options) without init files
+    or debugger, evaluating FORMS in order."""
+    argv = [*runtime, "--noinform", "--disable-ldb", "--end-runtime-options",
+            "--no-sysinit", "--no-userinit", "--disable-debugger"]
+    for form in forms:
+        argv += ["--eval", form]
+    return argv
+
+
 class LispImage:
     """One running SBCL child.  `start` returns once Swank listens."""
 
@@ -222,15 +235,8 @@ class LispImage:
         return await self._spawn([sbcl], loading_forms(slime_dir, bootstrap) + serving_forms())
 
     async def _spawn(self, runtime: list[str], forms: list[str]) -> int:
-        argv = [
-            *runtime, "--noinform", "--disable-ldb",
-            "--end-runtime-options",
-            "--no-sysinit", "--no-userinit", "--disable-debugger",
-        ]
-        for form in forms:
-            argv += ["--eval", form]
         self._process = await asyncio.create_subprocess_exec(
-            *argv,
+            *sbcl_command(runtime, forms),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -304,10 +310,7 @@ async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
     a name of its own and renamed, so a concurrent start never sees half a
     core.  A failure is logged: the image then starts from fasls."""
     temp = core.with_name(f"{core.name}.{os.getpid()}.tmp")
-    argv = [sbcl, "--noinform", "--disable-ldb", "--end-runtime-options",
-            "--no-sysinit", "--no-userinit", "--disable-debugger", "--non-interactive"]
-    for form in core_building_forms(slime_dir, bootstrap, temp):
-        argv += ["--eval", form]
+    argv = sbcl_command([sbcl], core_building_forms(slime_dir, bootstrap, temp))
     log.info("saving an SBCL core with Swank and the agent at %s (once)", core)
     started = time.monotonic()
     try:
@@ -347,10 +350,6 @@ async def _abandon_build(process: asyncio.subprocess.Process, temp: Path) -> Non
         await process.wait()
     temp.unlink(missing_ok=True)
 
-
-# A core that could not be built, or would not start, is not tried again for
-# a while: each try costs a build on every start.
-CORE_RETRY_SECONDS = 86400
 
 
 def _failure_marker(core: Path) -> Path:
