@@ -22,6 +22,9 @@ from cl_mcp.swank.client import SwankConnection
 log = logging.getLogger("cl_mcp.link")
 
 OPEN_TIMEOUT = 60.0  # loading the agent into a busy image may take a while
+# How long a request on the lane waits for its answer before it lets the
+# event loop run (see SwankConnection._read_now): (+ 1 2) takes ~50 µs.
+LANE_ANSWER_WINDOW = 0.001
 
 # Loads the agent into a shared image from a string (the image may not see
 # cl-mcp's files, and a file in a shared /tmp could be tampered with), as one
@@ -90,6 +93,17 @@ class EmbeddedLink:
         log.info("Lisp image ready (pid %s, port %s)", image.pid, port)
         return connection
 
+    async def open_lane(self, connection: SwankConnection) -> SwankConnection:
+        """A second connection to the image, for the session's requests: one
+        image thread serves it, reading each request and answering it
+        itself, where Swank's connection wakes three threads each way (see
+        the agent's `open-lane`).  CONNECTION stays for what runs alongside
+        them: cancelling, progress."""
+        assert self._image is not None
+        port = await connection.rex([Symbol("cl-mcp-agent:open-lane")])
+        return await SwankConnection.open("127.0.0.1", int(port), secret=self._image.secret,  # type: ignore[arg-type]
+                                          ids=connection.ids, answer_window=LANE_ANSWER_WINDOW)
+
     async def close(self, grace: float = 2.0) -> int | None:
         """Stop the image; its exit code."""
         image, self._image = self._image, None
@@ -135,6 +149,10 @@ class AttachedLink:
             await connection.rex(_eval_text(code))
             log.info("loaded the cl-mcp agent into %s", self.describe())
         await connection.rex([Symbol("cl-mcp-agent:prepare-attached-connection")])
+
+    async def open_lane(self, connection: SwankConnection) -> None:
+        """None: the programmer's image gets no listener of cl-mcp's."""
+        return None
 
     async def close(self, grace: float = 0.0) -> None:
         """Nothing to stop: the image is the programmer's."""

@@ -2,10 +2,11 @@
 where exceptions become wire errors.
 
 Every request with an id gets exactly one response (unless the client
-cancels it); notifications get none.  Each request runs as its own task, so
+cancels it); notifications get none.  Each request starts at once, as its
+line arrives, and goes on as a task of its own once it has to wait, so
 `ping` and `tools/list` are answered while an evaluation runs; evaluations
-queue in the session in arrival order, because parsing, validation and the
-task's first step happen in the order lines arrive.
+queue in the session in arrival order, because parsing, validation and each
+request's first step happen in the order lines arrive.
 
 Revisions: 2024-11-05 to 2025-11-25 open with `initialize` (the legacy
 era); 2026-07-28 requests carry their version and client capabilities in
@@ -19,11 +20,12 @@ import asyncio
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 import orjson
 
 from cl_mcp import __version__, jsonrpc
+from cl_mcp.eager import start_eagerly
 from cl_mcp.contracts import error_location, first_error, params_schema, shared_type
 from cl_mcp.errors import (
     INTERNAL_ERROR,
@@ -100,8 +102,8 @@ class McpServer:
         self.session = session
         self._send = send
         self._tools: dict[str, ToolSpec] = build_tools()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._inflight: dict[Any, tuple[str, asyncio.Task[Any]]] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._inflight: dict[Any, tuple[str, asyncio.Future[Any]]] = {}
         self._cancelled: set[Any] = set()
         self.protocol_version = LATEST_LEGACY
         self.initialized = False
@@ -233,23 +235,26 @@ class McpServer:
                                {"path": f"params._meta.{META_CAPABILITIES}"})
         return requested, True
 
-    def _track(self, request: Request, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+    def _track(self, request: Request, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
         """Make the request cancellable from the moment it is accepted, even
         before its task first runs."""
         self._inflight[request.id] = (request.method, task)
         task.add_done_callback(lambda done: self._forget(request.id, done))
         return task
 
-    def _forget(self, request_id: Any, task: asyncio.Task[Any]) -> None:
+    def _forget(self, request_id: Any, task: asyncio.Future[Any]) -> None:
         entry = self._inflight.get(request_id)
         if entry is not None and entry[1] is task:
             del self._inflight[request_id]
             self._cancelled.discard(request_id)
 
-    def _spawn(self, work: Awaitable[Any]) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+        """Start WORK now: a request that need not wait is answered before
+        this returns (see eager.py)."""
+        task = start_eagerly(work)
+        if not task.done():
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         return task
 
     # ------------------------------------------------------------ one request

@@ -103,6 +103,10 @@ class LispSession:
         self._link: EmbeddedLink | AttachedLink = (
             AttachedLink(*config.connect) if config.connect else EmbeddedLink(config.image))
         self._connection: SwankConnection | None = None
+        # Embedded only: the faster connection the session's requests take
+        # (see EmbeddedLink.open_lane); `_connection` is kept for what runs
+        # alongside them.
+        self._lane: SwankConnection | None = None
         self._starting: asyncio.Task[SwankConnection] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -138,6 +142,10 @@ class LispSession:
         except (ImageError, SwankError, OSError) as error:
             self._last_failure = str(error)
             raise
+        try:
+            self._lane = await self._link.open_lane(connection)
+        except (SwankError, OSError) as error:
+            log.warning("no lane to the image (%s); requests take Swank's connection", error)
         self._connection = connection
         self._last_failure = ""
         if self._link.shared:
@@ -216,12 +224,13 @@ class LispSession:
         """Forget the current embedded image (stopping it if it still runs)
         and return its exit code.  LOST says the user did not ask for this,
         so it is logged as a warning."""
-        connection, starting = self._connection, self._starting
-        self._connection = self._starting = None
+        connection, starting, lane = self._connection, self._starting, self._lane
+        self._connection = self._starting = self._lane = None
         self.package = DEFAULT_PACKAGE
         await _cancel_and_wait(starting)
-        if connection is not None:
-            await connection.close()
+        for each in (lane, connection):
+            if each is not None:
+                await each.close()
         description = self._link.describe()
         exit_code = await self._link.close(grace=0.5)
         if lost:
@@ -236,6 +245,9 @@ class LispSession:
         more than once."""
         for task in (self._starting, self._reconnecting, self._watcher):
             await _cancel_and_wait(task)
+        if self._lane is not None:
+            await self._lane.close()
+            self._lane = None
         if self._connection is not None:
             if self._link.shared:
                 await self._leave_shared_image(self._connection)
@@ -260,23 +272,22 @@ class LispSession:
         becomes a `SessionError`, and the next call gets a fresh image.  When
         the caller is cancelled, the work tagged TAG is aborted in the image
         before the cancellation goes on (so the next call never overlaps it)."""
-        connection = await self._connection_ready()
+        control = await self._connection_ready()
+        connection = self._lane_or(control)
         self.running_tag = tag
         try:
-            # asyncio.timeout, not wait_for: no extra task per call.
-            async with asyncio.timeout(deadline):
-                return await connection.rex(form)
+            return await connection.rex(form, deadline=deadline)
         except ProtocolError as error:  # the request itself cannot be sent
             raise SessionError("CL-MCP:REQUEST-TOO-LARGE", str(error)) from None
         except asyncio.CancelledError:
-            if tag is not None and not connection.closed:
-                await asyncio.shield(self._abort_in_image(connection, tag))
+            if tag is not None and not control.closed:
+                await asyncio.shield(self._abort_in_image(control, tag))
             raise
         except asyncio.TimeoutError:
             if self._link.shared:
                 # Never the programmer's image: abort the work, keep the image.
                 if tag is not None:
-                    await self._abort_in_image(connection, tag)
+                    await self._abort_in_image(control, tag)
                 raise SessionError(
                     "CL-MCP:IMAGE-UNRESPONSIVE",
                     f"The image did not answer within {deadline:g} seconds; cl-mcp asked it "
@@ -304,6 +315,13 @@ class LispSession:
             raise SessionError("CL-MCP:SWANK-ERROR", str(error)) from None
         finally:
             self.running_tag = None
+
+    def _lane_or(self, control: SwankConnection) -> SwankConnection:
+        """The lane while it lasts, else CONTROL."""
+        if self._lane is not None and self._lane.closed:
+            log.warning("the lane to the image was lost; requests take Swank's connection")
+            self._lane = None
+        return self._lane or control
 
     async def _abort_in_image(self, connection: SwankConnection, tag: int) -> None:
         try:

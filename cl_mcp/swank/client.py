@@ -15,9 +15,12 @@ net, not the normal path.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
 import re
-from typing import Callable
+import select
+from typing import Callable, Iterator
 
 from cl_mcp import sexp
 from cl_mcp.errors import ProtocolError, SwankError
@@ -28,6 +31,11 @@ log = logging.getLogger("cl_mcp.swank")
 
 DEFAULT_PACKAGE = "COMMON-LISP-USER"
 _TRAILING_ID = re.compile(r"(\d+)\)\s*$")
+
+
+def _time_out(future: asyncio.Future[SExp]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 class RexAborted(SwankError):
@@ -81,12 +89,17 @@ class SwankConnection:
         protocol: _SwankProtocol,
         *,
         on_output: Callable[[str], None] | None = None,
+        ids: Iterator[int] | None = None,
+        answer_window: float = 0.0,
     ) -> None:
         self._transport = transport
+        self._protocol = protocol
+        self._answer_window = answer_window
         self._on_output = on_output or (lambda text: log.info("lisp output: %s", text.rstrip()))
         self._pending: dict[int, asyncio.Future[SExp]] = {}
         self._debug_conditions: dict[int, str] = {}
-        self._next_id = 1
+        # Request ids; connections to one image share them (see `open`).
+        self.ids = ids or itertools.count(1)
         self._closed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         protocol.connection = self
 
@@ -99,8 +112,17 @@ class SwankConnection:
         secret: str | None = None,
         on_output: Callable[[str], None] | None = None,
         timeout: float = 10.0,
+        ids: Iterator[int] | None = None,
+        answer_window: float = 0.0,
     ) -> SwankConnection:
-        """Connect to Swank at HOST:PORT, presenting SECRET first if given."""
+        """Connect to Swank at HOST:PORT, presenting SECRET first if given.
+
+        Pass IDS, another connection's `ids`, for a second connection to the
+        same image: a request's late duplicate `:return` may come back on the
+        other connection, and must not match a request pending there.
+
+        With an ANSWER_WINDOW (seconds), `rex` waits that long for the answer
+        right after sending, and takes it in at once (see `_read_now`)."""
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await asyncio.wait_for(
@@ -112,29 +134,54 @@ class SwankConnection:
         if secret is not None:
             # Swank reads the secret as a raw payload, not as an s-expression.
             transport.write(encode_frame(secret))
-        return cls(transport, protocol, on_output=on_output)
+        return cls(transport, protocol, on_output=on_output, ids=ids, answer_window=answer_window)
 
     # ------------------------------------------------------------ requests
 
     async def rex(
-        self, form: SExp, package: str = DEFAULT_PACKAGE, thread: SExp = True
+        self, form: SExp, package: str = DEFAULT_PACKAGE, thread: SExp = True,
+        *, deadline: float | None = None,
     ) -> SExp:
         """Evaluate FORM in the image (`:emacs-rex`) and return its value.
 
-        Raises `RexAborted` when the request was unwound and `SwankError`
-        when the connection is lost or Swank rejects the request."""
+        Raises `RexAborted` when the request was unwound, `SwankError` when
+        the connection is lost or Swank rejects the request, and
+        `TimeoutError` when no answer came within DEADLINE seconds."""
         if self._closed.done():
             raise SwankError(self._closed.result())
-        request_id = self._next_id
-        self._next_id += 1
-        future: asyncio.Future[SExp] = asyncio.get_running_loop().create_future()
+        request_id = next(self.ids)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[SExp] = loop.create_future()
         self._pending[request_id] = future
+        # A timer, not asyncio.timeout: the request may start outside any
+        # task (see eager.py).
+        timer = loop.call_later(deadline, _time_out, future) if deadline is not None else None
         try:
             self._send([Keyword("emacs-rex"), form, package, thread, request_id])
+            if self._answer_window:
+                self._read_now(self._answer_window)
             return await future
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(request_id, None)
             self._debug_conditions.pop(request_id, None)
+
+    def _read_now(self, window: float) -> None:
+        """Wait up to WINDOW seconds for the image to answer and take the
+        answer in at once.  A quick answer (most evaluations are quick) then
+        completes the request without a pass through the event loop, which
+        costs more than the wait; a slow one arrives the usual way.  Nothing
+        else is served meanwhile, so the window is short."""
+        try:
+            fd = self._transport.get_extra_info("socket").fileno()
+            if not select.select([fd], [], [], window)[0]:
+                return
+            data = os.read(fd, 1 << 16)
+        except (OSError, ValueError, AttributeError):
+            return  # the transport meets the same trouble and reports it
+        if data:  # at end of file, the transport sees it too
+            self._protocol.data_received(data)
 
     def interrupt(self, thread: SExp) -> None:
         """Break into THREAD (`:emacs-interrupt`)."""
@@ -212,12 +259,7 @@ class SwankConnection:
         # Leave the debugger at once, in that thread.  The reply is of no
         # interest; the interrupted request fails with the condition above.
         self._send([Keyword("emacs-rex"), [Symbol("swank:throw-to-toplevel")],
-                    DEFAULT_PACKAGE, thread, self._take_id()])
-
-    def _take_id(self) -> int:
-        request_id = self._next_id
-        self._next_id += 1
-        return request_id
+                    DEFAULT_PACKAGE, thread, next(self.ids)])
 
     def _on_write_string(self, args: list[SExp]) -> None:
         if args and isinstance(args[0], str):

@@ -119,3 +119,22 @@ def test_a_connection_without_the_secret_gets_nothing():
         finally:
             await image.stop()
     run(body())
+
+
+def test_swank_mailboxes_of_finished_requests_are_dropped():
+    """Swank's SBCL backend keeps a mailbox per worker thread forever and
+    searches them linearly; the agent prunes the dead ones after each reply,
+    so the thousandth request costs what the first did."""
+    async def body(connection, image):
+        for _ in range(60):
+            assert await connection.rex([Symbol("cl:+"), 1, 2]) == 3
+        return await connection.rex([Symbol("cl:length"), Symbol("swank/sbcl::*mailboxes*")])
+    assert run(with_connection(body)) <= 20
+
+
+def test_a_request_past_its_deadline_raises_timeout_error():
+    async def body(connection, image):
+        with pytest.raises(TimeoutError):
+            await connection.rex([Symbol("cl:sleep"), 5], deadline=0.2)
+        assert await connection.rex([Symbol("cl:+"), 1, 2]) == 3
+    run(with_connection(body))

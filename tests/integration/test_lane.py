@@ -1,0 +1,72 @@
+"""The lane: the session's requests take a second, single-threaded Swank
+connection in an image cl-mcp owns, and an evaluation that must wait at an
+error hands the lane to a fresh thread."""
+
+import asyncio
+import socket
+
+from cl_mcp.image import ImageConfig, LispImage
+from cl_mcp.sexp import Symbol
+from cl_mcp.swank.client import SwankConnection
+from cl_mcp.swank.wire import encode_frame
+
+# The name and address of the thread an evaluation runs in.
+THREAD = ('(let ((thread sb-thread:*current-thread*)) '
+          '(format nil "~A ~X" (sb-thread:thread-name thread) (sb-kernel:get-lisp-obj-address thread)))')
+
+
+def test_evaluations_take_the_lane(server):
+    first, is_error = server.eval(THREAD)
+    assert not is_error and 'cl-mcp lane' in first
+    assert server.eval(THREAD) == (first, False)  # the same thread, call after call
+
+
+def test_an_evaluation_waiting_at_an_error_hands_the_lane_on(server):
+    before, _ = server.eval(THREAD)
+    text, is_error = server.eval('(error "stop here")')
+    assert is_error and "[Restarts]" in text  # it waits there
+    after, _ = server.eval(THREAD)
+    assert "cl-mcp lane" in after and after != before
+    assert server.call("invoke-restart", restart="ABORT")["isError"] is False
+    assert server.eval("(+ 1 2)") == ("=> 3", False)
+
+
+def test_a_lane_thread_made_inside_a_deadlines_interrupt_hears_its_own_deadline(server):
+    """A timeout waits at its error inside the deadline's interrupt, and
+    hands the lane on from there, where SBCL blocks the signals that carry
+    interrupts; the next thread must not inherit that."""
+    for _ in range(2):
+        text, is_error = server.eval("(loop)", timeout=1)
+        assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
+    assert server.eval("(+ 1 2)") == ("=> 3", False)
+
+
+def test_a_thread_ended_by_its_own_code_leaves_the_lane_served(server):
+    text, is_error = server.eval("(sb-thread:abort-thread)")
+    assert is_error and "CL-MCP:ABORTED" in text
+    assert server.eval("(+ 1 2)") == ("=> 3", False)
+
+
+def test_the_lane_takes_one_connection_and_only_with_the_secret():
+    async def body():
+        image = LispImage(ImageConfig())
+        port = await image.start()
+        control = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
+        try:
+            lane_port = await control.rex([Symbol("cl-mcp-agent:open-lane")])
+            stranger = socket.create_connection(("127.0.0.1", lane_port))
+            stranger.sendall(encode_frame("not the secret"))
+            stranger.settimeout(5)
+            assert stranger.recv(100) == b""  # closed on it
+            stranger.close()
+            try:
+                socket.create_connection(("127.0.0.1", lane_port), timeout=2).close()
+                refused = False
+            except ConnectionRefusedError:
+                refused = True
+            assert refused  # no longer listening
+            assert await control.rex([Symbol("cl:+"), 1, 2]) == 3
+        finally:
+            await control.close()
+            await image.stop()
+    asyncio.run(asyncio.wait_for(body(), 60))

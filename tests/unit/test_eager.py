@@ -1,0 +1,86 @@
+"""start_eagerly: a coroutine's first step runs in the caller; what follows
+runs in a task exactly as if the task had started it."""
+
+import asyncio
+
+import pytest
+
+from cl_mcp.eager import start_eagerly
+
+
+def run(body):
+    return asyncio.run(body())
+
+
+def test_a_coroutine_that_never_waits_is_done_at_once():
+    steps = []
+
+    async def quick():
+        steps.append("ran")
+        return 42
+
+    async def body():
+        future = start_eagerly(quick())
+        assert steps == ["ran"] and future.done()
+        assert await future == 42
+    run(body)
+
+
+def test_an_error_before_the_first_wait_is_the_futures():
+    async def failing():
+        raise ValueError("no")
+
+    async def body():
+        future = start_eagerly(failing())
+        assert future.done()
+        with pytest.raises(ValueError):
+            await future
+    run(body)
+
+
+def test_a_coroutine_that_waits_carries_on_in_a_task_with_each_value_and_error():
+    async def body():
+        loop = asyncio.get_running_loop()
+        first, second = loop.create_future(), loop.create_future()
+        seen = []
+
+        async def waiter():
+            seen.append("started")
+            seen.append(await first)
+            try:
+                await second
+            except KeyError as error:
+                seen.append(f"caught {error}")
+            await asyncio.sleep(0)
+            assert asyncio.current_task() is not None
+            return "finished"
+
+        future = start_eagerly(waiter())
+        assert seen == ["started"] and not future.done()
+        first.set_result("one")
+        await asyncio.sleep(0)
+        second.set_exception(KeyError("two"))
+        assert await future == "finished"
+        assert seen == ["started", "one", "caught 'two'"]
+    run(body)
+
+
+def test_cancelling_the_task_reaches_the_coroutine():
+    async def body():
+        loop = asyncio.get_running_loop()
+        never = loop.create_future()
+        cleaned = []
+
+        async def waiter():
+            try:
+                await never
+            finally:
+                cleaned.append(True)
+
+        future = start_eagerly(waiter())
+        await asyncio.sleep(0)
+        future.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await future
+        assert cleaned == [True] and never.cancelled()
+    run(body)
