@@ -2,8 +2,9 @@
 ;;;;
 ;;;; Loaded into an SBCL image that runs Swank, either the one cl-mcp started
 ;;;; itself or (in attach mode) the programmer's own.  cl-mcp calls the
-;;;; exported entry points through `:emacs-rex' on a fresh Swank worker
-;;;; thread.  Each entry point gathers facts and returns them as one plist of
+;;;; exported entry points through `:emacs-rex': in an image cl-mcp owns, on
+;;;; the lane (see `open-lane'), else on a fresh Swank worker thread.  Each
+;;;; entry point gathers facts and returns them as one plist of
 ;;;; strings, keywords and integers; the Python side renders the text.
 ;;;;
 ;;;; Rules this file keeps:
@@ -438,13 +439,13 @@ by plainer ones that say what happened to the evaluation."
 ;;; ------------------------------------------------------------------
 ;;; Evaluations, and evaluations that wait at an error
 ;;;
-;;; An evaluation runs in the Swank worker thread of the request that asked
-;;; for it, and usually just returns its report.  When it stops at an error
+;;; An evaluation runs in the thread that read the request that asked for
+;;; it (the lane's, or a Swank worker), and usually just returns its report.  When it stops at an error
 ;;; it answers that request itself (a `:return' sent from inside, see
 ;;; `answer-directly') and then waits there, its restarts intact, for
 ;;; commands that later requests bring through the evaluation's mailbox:
 ;;; invoke a restart, list frames, evaluate in a frame, abort.  Running in
-;;; the worker saves handing every evaluation to a thread of its own and
+;;; that thread saves handing every evaluation to a thread of its own and
 ;;; back (two thread wake-ups a call).  A waiting evaluation costs its
 ;;; thread and nothing else; at most `*max-suspended*' wait at once, each
 ;;; for at most `*suspend-seconds*'.
