@@ -1641,10 +1641,15 @@ secret, and serve it as the lane; return the port."
       ;; Swank pings after every 100 messages it sends and waits for the
       ;; pong in 0.1 s sleeps; the lane's client reads every reply at once.
       (setf swank::*send-counter* most-negative-fixnum)
-      (loop while (eq (lane-owner lane) token)
-            do (unless (listen stream)
-                 (sb-sys:wait-until-fd-usable fd :input))
-               (swank::handle-requests connection t)))))
+      ;; Swank prints every event it handles into a ring of the last 40, for
+      ;; debugging Swank: on the lane, each request and reply printed a
+      ;; second time, and up to 40 printed results (each up to --max-output
+      ;; characters) kept alive.
+      (let ((swank::*enable-event-history* nil))
+        (loop while (eq (lane-owner lane) token)
+              do (unless (listen stream)
+                   (sb-sys:wait-until-fd-usable fd :input))
+                 (swank::handle-requests connection t))))))
 
 (defun leave-lane ()
   "If this thread serves the lane, hand the lane to a fresh thread and move

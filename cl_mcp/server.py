@@ -237,7 +237,10 @@ class McpServer:
 
     def _track(self, request: Request, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
         """Make the request cancellable from the moment it is accepted, even
-        before its task first runs."""
+        before its task first runs.  One answered already is left alone: a
+        done callback would cost a pass through the event loop for nothing."""
+        if task.done():
+            return task
         self._inflight[request.id] = (request.method, task)
         task.add_done_callback(lambda done: self._forget(request.id, done))
         return task

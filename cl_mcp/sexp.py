@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Union
+from typing import Any, Callable, Union
 
 from cl_mcp.errors import ProtocolError
 
@@ -62,40 +62,24 @@ SExp = Union[Symbol, Keyword, Character, Unreadable, str, int, float, Fraction, 
 
 def dumps(value: SExp) -> str:
     """The Lisp text of VALUE."""
-    parts: list[str] = []
-    _write(value, parts)
-    return "".join(parts)
+    writer = _WRITERS.get(type(value)) or _writer_by_ancestry(value)
+    return writer(value)
 
 
-def _write(value: SExp, out: list[str]) -> None:
-    if value is True:
-        out.append("t")
-    elif value is None or value is False:
-        out.append("nil")
-    elif isinstance(value, str):
-        out.append('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
-    elif isinstance(value, int):
-        out.append(str(value))
-    elif isinstance(value, float):
-        out.append(_float_text(value))
-    elif isinstance(value, Fraction):
-        out.append(f"{value.numerator}/{value.denominator}")
-    elif isinstance(value, Keyword):
-        out.append(":" + value.name)
-    elif isinstance(value, Symbol):
-        out.append(value.name)
-    elif isinstance(value, (list, tuple)):
-        if not value:
-            out.append("nil")
-            return
-        out.append("(")
-        for index, item in enumerate(value):
-            if index:
-                out.append(" ")
-            _write(item, out)
-        out.append(")")
-    else:
-        raise TypeError(f"cannot write {type(value).__name__} as an s-expression")
+def _string_text(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _list_text(value: list[SExp] | tuple[SExp, ...]) -> str:
+    return "(" + " ".join(map(dumps, value)) + ")" if value else "nil"
+
+
+def _writer_by_ancestry(value: SExp) -> Callable[[Any], str]:
+    """The writer of a subclass (an IntEnum, a str subclass), by its base."""
+    for kind in (bool, str, int, float, Fraction, Keyword, Symbol, list, tuple):
+        if isinstance(value, kind):
+            return _WRITERS[kind]
+    raise TypeError(f"cannot write {type(value).__name__} as an s-expression")
 
 
 def _float_text(value: float) -> str:
@@ -106,6 +90,22 @@ def _float_text(value: float) -> str:
     if "." not in mantissa:
         mantissa += ".0"
     return f"{mantissa}d{exponent or 0}"
+
+
+# Writers by exact type: one dict look-up per value, where a chain of
+# isinstance tests cost twice as long (a request is written on every call).
+_WRITERS: dict[type, Callable[[Any], str]] = {
+    bool: lambda value: "t" if value else "nil",
+    type(None): lambda value: "nil",
+    str: _string_text,
+    int: int.__repr__,  # an IntEnum's str() would be its name
+    float: _float_text,
+    Fraction: lambda value: f"{value.numerator}/{value.denominator}",
+    Keyword: lambda value: ":" + value.name,
+    Symbol: lambda value: value.name,
+    list: _list_text,
+    tuple: _list_text,
+}
 
 
 # ---------------------------------------------------------------- reading

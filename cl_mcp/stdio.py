@@ -99,6 +99,10 @@ class StdioTransport:
             self._in, _ = await loop.connect_read_pipe(
                 lambda: _ReadProtocol(self), os.fdopen(self._in_fd, "rb", 0, closefd=False)
             )
+            # asyncio reads a pipe 256 KiB at a time.  A buffer that large is
+            # mmapped and unmapped by malloc on every read: two page faults
+            # per request, ~8 µs here, where a 64 KiB read costs 0.5 µs.
+            self._in.max_size = CHUNK  # type: ignore[attr-defined]
         else:
             threading.Thread(target=self._read_blocking, args=(loop,), daemon=True).start()
         if _is_pollable(self._out_fd):

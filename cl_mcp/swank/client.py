@@ -30,6 +30,7 @@ from cl_mcp.swank.wire import FrameDecoder, encode_frame, encode_message
 log = logging.getLogger("cl_mcp.swank")
 
 DEFAULT_PACKAGE = "COMMON-LISP-USER"
+READ_CHUNK = 1 << 16
 _TRAILING_ID = re.compile(r"(\d+)\)\s*$")
 
 
@@ -130,7 +131,10 @@ class SwankConnection:
         except (OSError, asyncio.TimeoutError) as error:
             raise SwankError(f"cannot connect to Swank at {host}:{port}: {error}") from None
         # asyncio sets TCP_NODELAY on TCP transports (Swank does not on its
-        # end; the agent does), so a request leaves at once.
+        # end; the agent does), so a request leaves at once.  Its 256 KiB
+        # reads cost two page faults each (malloc maps and unmaps a buffer
+        # that large); 64 KiB reads come from the heap.
+        transport.max_size = READ_CHUNK  # type: ignore[attr-defined]
         if secret is not None:
             # Swank reads the secret as a raw payload, not as an s-expression.
             transport.write(encode_frame(secret))
@@ -177,7 +181,7 @@ class SwankConnection:
             fd = self._transport.get_extra_info("socket").fileno()
             if not select.select([fd], [], [], window)[0]:
                 return
-            data = os.read(fd, 1 << 16)
+            data = os.read(fd, READ_CHUNK)
         except (OSError, ValueError, AttributeError):
             return  # the transport meets the same trouble and reports it
         if data:  # at end of file, the transport sees it too
