@@ -1,15 +1,16 @@
 # The two commands of README.md: `make run` and `make test`.  Each installs
 # what is missing first: SBCL and Swank from Debian (plus, for the tests,
-# Alexandria, Emacs and SLIME), and a venv with cl-mcp.
+# Alexandria, Emacs and SLIME; for `make bench`, yason), and a venv with cl-mcp.
 
 VENV := .venv
 PYTHON ?= python3
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SWANK_LOADER := /usr/share/common-lisp/source/slime/swank-loader.lisp
 ALEXANDRIA := /usr/share/common-lisp/source/alexandria/alexandria.asd
+YASON := /usr/share/common-lisp/source/yason/yason.asd
 SLIME_EL := /usr/share/emacs/site-lisp/elpa-src/slime-*/slime.el
 
-.PHONY: run test bench profile setup lisp test-lisp venv clean
+.PHONY: run test bench profile setup lisp test-lisp bench-lisp venv clean
 
 run: lisp venv
 	@exec $(VENV)/bin/cl-mcp
@@ -17,7 +18,7 @@ run: lisp venv
 test: test-lisp venv
 	$(VENV)/bin/python -m pytest
 
-bench: lisp venv
+bench: lisp bench-lisp venv
 	$(VENV)/bin/python bench/run.py
 
 profile: lisp venv
@@ -39,6 +40,10 @@ lisp:
 
 test-lisp: lisp
 	$(call debian,cl-alexandria emacs-nox slime,[ ! -f $(ALEXANDRIA) ] || ! command -v emacs >/dev/null || ! ls $(SLIME_EL) >/dev/null 2>&1)
+
+# yason, for bench/lisp_server.lisp (the Lisp-native baseline)
+bench-lisp: lisp
+	$(call debian,cl-yason cl-trivial-gray-streams,[ ! -f $(YASON) ])
 
 venv: $(VENV)/.installed
 

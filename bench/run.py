@@ -34,6 +34,7 @@ from cl_mcp.swank.wire import encode_frame, parse_header  # noqa: E402
 
 CL_MCP = [str(Path(sys.executable).parent / "cl-mcp"), "--log-level", "warning"]
 SDK_SERVER = [sys.executable, str(ROOT / "bench" / "sdk_server.py")]
+LISP_SERVER = ["sbcl", "--script", str(ROOT / "bench" / "lisp_server.lisp")]
 
 
 def percentile(samples: list[float], fraction: float) -> float:
@@ -74,19 +75,25 @@ class RawSwank:
                         [sexp.Symbol("cl:quote"), sexp.Symbol("cl-mcp-agent::prune-swank-mailboxes")],
                         sexp.Symbol("swank::*pre-reply-hook*")]])
 
-    def call(self, form: sexp.SExp = (sexp.Symbol("cl:+"), 1, 2)) -> None:
-        """One round trip, by default for (cl:+ 1 2)."""
+    def call(self, form: sexp.SExp = (sexp.Symbol("cl:+"), 1, 2)) -> bytes:
+        """One round trip, by default for (cl:+ 1 2); the `:return` message."""
         self._ids += 1
         message = [sexp.Keyword("emacs-rex"), form, "COMMON-LISP-USER", True, self._ids]
         self._sock.sendall(encode_frame(sexp.dumps(message)))
         while True:
             payload = self._reader.read(parse_header(self._reader.read(6)))
             if payload.startswith(b"(:return"):
-                return
+                return payload
             if payload.startswith(b"(:ping"):  # Swank's flow control
                 ping = sexp.loads(payload.decode())
                 self._sock.sendall(encode_frame(sexp.dumps(
                     [sexp.Keyword("emacs-pong"), ping[1], ping[2]])))
+
+    def relay(self) -> Server:
+        """A minimal relay (bench/relay.py) in front of a lane into this image."""
+        reply = sexp.loads(self.call([sexp.Symbol("cl-mcp-agent:open-lane")]).decode())
+        port = reply[1][1]  # (:return (:ok PORT) id)
+        return Server([sys.executable, str(ROOT / "bench" / "relay.py"), str(port), self._image.secret])
 
     def close(self) -> None:
         self._sock.close()
@@ -103,16 +110,14 @@ def timed(call: Callable[[], object], count: int) -> list[float]:
     return samples
 
 
-def side_by_side(ours: Callable[[], object], theirs: Callable[[], object],
-                 rounds: int, batch: int = 100) -> tuple[list[float], list[float]]:
-    """Latency samples of OURS and THEIRS, taken in alternating batches so
-    that both see the same moments of this (noisy, shared) machine."""
-    mine: list[float] = []
-    other: list[float] = []
+def side_by_side(*calls: Callable[[], object], rounds: int, batch: int = 100) -> list[list[float]]:
+    """Latency samples of each of CALLS, taken in alternating batches so that
+    all see the same moments of this (noisy, shared) machine."""
+    samples: list[list[float]] = [[] for _ in calls]
     for _ in range(max(1, rounds // batch)):
-        mine += timed(ours, batch)
-        other += timed(theirs, batch)
-    return mine, other
+        for call, taken in zip(calls, samples):
+            taken += timed(call, batch)
+    return samples
 
 
 # ---------------------------------------------------------------- stdio servers
@@ -240,8 +245,8 @@ def main() -> None:
     evaluate = server.caller("tools/call", EVAL)
     timed(evaluate, 500)  # warm up
     # Swank at its fastest: its first calls, before its mailboxes pile up.
-    early, fresh = side_by_side(evaluate, raw.call, 200, batch=20)
-    evals, raws = side_by_side(evaluate, raw.call, rounds)
+    early, fresh = side_by_side(evaluate, raw.call, rounds=200, batch=20)
+    evals, raws = side_by_side(evaluate, raw.call, rounds=rounds)
     row("evaluate-lisp (+ 1 2), p50", us(statistics.median(evals)),
         f"raw Swank {us(statistics.median(raws))}",
         f"{statistics.median(evals) / statistics.median(raws):.2f}×")
@@ -251,14 +256,34 @@ def main() -> None:
     row("evaluate-lisp (+ 1 2), p50, against a fresh Swank", us(statistics.median(early)),
         f"raw Swank's first 200 calls {us(statistics.median(fresh))}",
         f"{statistics.median(early) / statistics.median(fresh):.2f}×")
-    # And against a Swank that never slows down: the agent's pruning of its
-    # mailboxes installed, the fairest floor.
+    # And against a Swank that never slows down (the agent's pruning of its
+    # mailboxes installed), the fairest floor; beside it, what any server in
+    # a process of its own costs at least (a blocking relay that does
+    # nothing but pass one request down a lane into the same image), and a
+    # minimal MCP server written in Lisp, which evaluates in its own process.
     pruned = RawSwank(as_shipped=False)
-    evals_too, floors = side_by_side(evaluate, pruned.call, rounds)
+    relay = pruned.relay()
+    relay.initialize()
+    native = Server(LISP_SERVER)
+    native.initialize()
+    evals_too, floors, relayed, natives = side_by_side(
+        evaluate, pruned.call, relay.caller("tools/call", EVAL), native.caller("tools/call", EVAL),
+        rounds=rounds)
+    for each in (relay, native):
+        each.close()
     pruned.close()
     row("evaluate-lisp (+ 1 2), p50, against Swank with its leak fixed", us(statistics.median(evals_too)),
         f"raw Swank, pruned {us(statistics.median(floors))}",
         f"{statistics.median(evals_too) / statistics.median(floors):.2f}×")
+    row("a relay that only passes the call on (bench/relay.py), p50", us(statistics.median(relayed)),
+        f"raw Swank, pruned {us(statistics.median(floors))}",
+        f"{statistics.median(relayed) / statistics.median(floors):.2f}×")
+    row("evaluate-lisp (+ 1 2), p50, against that relay", us(statistics.median(evals_too)),
+        f"relay {us(statistics.median(relayed))}",
+        f"{statistics.median(evals_too) / statistics.median(relayed):.2f}×")
+    row("evaluate-lisp (+ 1 2), p50, against an MCP server in Lisp", us(statistics.median(evals_too)),
+        f"Lisp server {us(statistics.median(natives))}",
+        f"{statistics.median(evals_too) / statistics.median(natives):.2f}×")
     throughput = statistics.median(server.pipelined("tools/call", EVAL, rounds) for _ in range(3))
     row("evaluate-lisp pipelined", f"{throughput:,.0f} req/s",
         f"raw Swank {1 / statistics.median(raws):,.0f} req/s sequential")
@@ -270,7 +295,7 @@ def main() -> None:
         timed(evaluate, 2000)
         timed(raw.call, 2000)
     served = 500 + 200 + 5 * rounds + 10_000 + rounds  # cl-mcp's count; the raw client's is 499 fewer
-    evals, raws = side_by_side(evaluate, raw.call, rounds)
+    evals, raws = side_by_side(evaluate, raw.call, rounds=rounds)
     row(f"evaluate-lisp p50 after {served:,} calls", us(statistics.median(evals)),
         f"raw Swank {us(statistics.median(raws))}",
         f"{statistics.median(evals) / statistics.median(raws):.2f}×")
@@ -279,7 +304,7 @@ def main() -> None:
     sdk = Server(SDK_SERVER)
     sdk.initialize()
     for method in ("ping", "tools/list"):
-        ours, theirs = side_by_side(server.caller(method, None), sdk.caller(method, None), rounds)
+        ours, theirs = side_by_side(server.caller(method, None), sdk.caller(method, None), rounds=rounds)
         row(f"{method}, p50", us(statistics.median(ours)), f"SDK server {us(statistics.median(theirs))}",
             f"{statistics.median(theirs) / statistics.median(ours):.1f}× faster")
         rates = [(server.pipelined(method, None, rounds), sdk.pipelined(method, None, rounds))

@@ -47,6 +47,18 @@ def test_a_thread_ended_by_its_own_code_leaves_the_lane_served(server):
     assert server.eval("(+ 1 2)") == ("=> 3", False)
 
 
+def test_the_lane_keeps_no_printed_copies_of_its_requests_and_results(server):
+    """Swank prints each event into its event history, a ring of the last
+    40; on the lane that would keep up to 40 printed results alive."""
+    assert server.eval('(make-string 3 :initial-element #\\Q) "marker-in-the-code"')[1] is False
+    text, is_error = server.eval(
+        '(count-if (lambda (entry) (and (stringp entry) (or (search "QQQ" entry) '
+        '(search "marker-in-the-code" entry)))) swank::*event-history*)')
+    assert (text, is_error) == ("=> 0", False)
+    # Swank's own connection still keeps its history, as shipped.
+    assert server.eval('(length swank::*event-history*)') == ("=> 40", False)
+
+
 def test_the_lane_takes_one_connection_and_only_with_the_secret():
     async def body():
         image = LispImage(ImageConfig())
