@@ -239,6 +239,10 @@ def main() -> None:
         rows.append((what, value, baseline, ratio))
         print(f"{what:55} {value:>14} {baseline:>22} {ratio:>8}", flush=True)
 
+    def p50_row(what: str, ours: list[float], baseline: str, theirs: list[float]) -> None:
+        mine, other = statistics.median(ours), statistics.median(theirs)
+        row(what, us(mine), f"{baseline} {us(other)}", f"{mine / other:.2f}×")
+
     raw = RawSwank()
     server = Server(CL_MCP)
     server.initialize()
@@ -247,15 +251,11 @@ def main() -> None:
     # Swank at its fastest: its first calls, before its mailboxes pile up.
     early, fresh = side_by_side(evaluate, raw.call, rounds=200, batch=20)
     evals, raws = side_by_side(evaluate, raw.call, rounds=rounds)
-    row("evaluate-lisp (+ 1 2), p50", us(statistics.median(evals)),
-        f"raw Swank {us(statistics.median(raws))}",
-        f"{statistics.median(evals) / statistics.median(raws):.2f}×")
+    p50_row("evaluate-lisp (+ 1 2), p50", evals, "raw Swank", raws)
     row("evaluate-lisp (+ 1 2), p99", us(percentile(evals, 0.99)),
         f"raw Swank {us(percentile(raws, 0.99))}",
         f"{percentile(evals, 0.99) / percentile(raws, 0.99):.2f}×")
-    row("evaluate-lisp (+ 1 2), p50, against a fresh Swank", us(statistics.median(early)),
-        f"raw Swank's first 200 calls {us(statistics.median(fresh))}",
-        f"{statistics.median(early) / statistics.median(fresh):.2f}×")
+    p50_row("evaluate-lisp (+ 1 2), p50, against a fresh Swank", early, "raw Swank's first 200 calls", fresh)
     # And against a Swank that never slows down (the agent's pruning of its
     # mailboxes installed), the fairest floor; beside it, what any server in
     # a process of its own costs at least (a blocking relay that does
@@ -272,18 +272,10 @@ def main() -> None:
     for each in (relay, native):
         each.close()
     pruned.close()
-    row("evaluate-lisp (+ 1 2), p50, against Swank with its leak fixed", us(statistics.median(evals_too)),
-        f"raw Swank, pruned {us(statistics.median(floors))}",
-        f"{statistics.median(evals_too) / statistics.median(floors):.2f}×")
-    row("a relay that only passes the call on (bench/relay.py), p50", us(statistics.median(relayed)),
-        f"raw Swank, pruned {us(statistics.median(floors))}",
-        f"{statistics.median(relayed) / statistics.median(floors):.2f}×")
-    row("evaluate-lisp (+ 1 2), p50, against that relay", us(statistics.median(evals_too)),
-        f"relay {us(statistics.median(relayed))}",
-        f"{statistics.median(evals_too) / statistics.median(relayed):.2f}×")
-    row("evaluate-lisp (+ 1 2), p50, against an MCP server in Lisp", us(statistics.median(evals_too)),
-        f"Lisp server {us(statistics.median(natives))}",
-        f"{statistics.median(evals_too) / statistics.median(natives):.2f}×")
+    p50_row("evaluate-lisp (+ 1 2), p50, against Swank with its leak fixed", evals_too, "raw Swank, pruned", floors)
+    p50_row("a relay that only passes the call on (bench/relay.py), p50", relayed, "raw Swank, pruned", floors)
+    p50_row("evaluate-lisp (+ 1 2), p50, against that relay", evals_too, "relay", relayed)
+    p50_row("evaluate-lisp (+ 1 2), p50, against an MCP server in Lisp", evals_too, "Lisp server", natives)
     throughput = statistics.median(server.pipelined("tools/call", EVAL, rounds) for _ in range(3))
     row("evaluate-lisp pipelined", f"{throughput:,.0f} req/s",
         f"raw Swank {1 / statistics.median(raws):,.0f} req/s sequential")
@@ -296,9 +288,7 @@ def main() -> None:
         timed(raw.call, 2000)
     served = 500 + 200 + 5 * rounds + 10_000 + rounds  # cl-mcp's count; the raw client's is 499 fewer
     evals, raws = side_by_side(evaluate, raw.call, rounds=rounds)
-    row(f"evaluate-lisp p50 after {served:,} calls", us(statistics.median(evals)),
-        f"raw Swank {us(statistics.median(raws))}",
-        f"{statistics.median(evals) / statistics.median(raws):.2f}×")
+    p50_row(f"evaluate-lisp p50 after {served:,} calls", evals, "raw Swank", raws)
     raw.close()
 
     sdk = Server(SDK_SERVER)
