@@ -157,13 +157,16 @@ class SwankConnection:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[SExp] = loop.create_future()
         self._pending[request_id] = future
-        # A timer, not asyncio.timeout: the request may start outside any
-        # task (see eager.py).
-        timer = loop.call_later(deadline, _time_out, future) if deadline is not None else None
+        timer = None
         try:
             self._send([Keyword("emacs-rex"), form, package, thread, request_id])
             if self._answer_window:
                 self._read_now(self._answer_window)
+            if deadline is not None and not future.done():
+                # A timer, not asyncio.timeout: the request may start outside
+                # any task (see eager.py).  Only when the answer is not in
+                # yet: the answer window is far shorter than any deadline.
+                timer = loop.call_later(deadline, _time_out, future)
             return await future
         finally:
             if timer is not None:
