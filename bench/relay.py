@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cl_mcp.swank.wire import encode_frame  # noqa: E402
 
-REQUEST = (b'(:emacs-rex (cl-mcp-agent:evaluate "(+ 1 2)" :timeout 30 :tag %d) '
-           b'"COMMON-LISP-USER" t %d)')
+REQUEST = ('(:emacs-rex (cl-mcp-agent:evaluate "(+ 1 2)" :timeout 30 :tag {0}) '
+           '"COMMON-LISP-USER" t {0})')
 ANSWER = {"content": [{"type": "text", "text": "=> 3"}], "isError": False}
 
 
@@ -44,11 +44,12 @@ def main() -> None:
             continue  # a notification
         result = {}  # initialize, ping
         if message.get("method") == "tools/call":
-            payload = REQUEST % (count, count)
-            lane.sendall(b"%06x" % len(payload) + payload)
+            lane.sendall(encode_frame(REQUEST.format(count)))
             reply = b""
             while len(reply) < 6 or len(reply) < 6 + int(reply[:6], 16):
                 reply += lane.recv(1 << 16)
+            if not reply[6:].startswith(b"(:return (:ok"):
+                sys.exit(f"relay: the image did not answer :ok: {reply[:200]!r}")
             result = ANSWER
         answer = {"jsonrpc": "2.0", "id": message["id"], "result": result}
         os.write(1, json.dumps(answer).encode() + b"\n")
