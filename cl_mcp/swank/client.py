@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import select
+import time
 from typing import Callable, Iterator
 
 from cl_mcp import sexp
@@ -37,6 +38,29 @@ _TRAILING_ID = re.compile(r"(\d+)\)\s*$")
 def _time_out(future: asyncio.Future[SExp]) -> None:
     if not future.done():
         future.set_exception(TimeoutError())
+
+
+def _read_soon(fd: int, spin: float, window: float) -> bytes | None:
+    """What FD (non-blocking) has to read within WINDOW seconds, or None.
+
+    For the first SPIN seconds it polls instead of sleeping: a process that
+    sleeps lets its CPU go idle, and waking an idle CPU again (an
+    inter-processor interrupt; on a virtual machine, a trip through the
+    hypervisor) cost more than a quick evaluation takes.  It yields between
+    polls, so an image that shares this CPU still runs."""
+    clock = time.perf_counter
+    spin_until = clock() + spin
+    while True:
+        try:
+            return os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            pass
+        if clock() >= spin_until:
+            break
+        os.sched_yield()
+    if select.select([fd], [], [], max(0.0, window - spin))[0]:
+        return os.read(fd, READ_CHUNK)
+    return None
 
 
 class RexAborted(SwankError):
@@ -92,10 +116,12 @@ class SwankConnection:
         on_output: Callable[[str], None] | None = None,
         ids: Iterator[int] | None = None,
         answer_window: float = 0.0,
+        answer_spin: float = 0.0,
     ) -> None:
         self._transport = transport
         self._protocol = protocol
         self._answer_window = answer_window
+        self._answer_spin = answer_spin
         self._on_output = on_output or (lambda text: log.info("lisp output: %s", text.rstrip()))
         self._pending: dict[int, asyncio.Future[SExp]] = {}
         self._debug_conditions: dict[int, str] = {}
@@ -115,6 +141,7 @@ class SwankConnection:
         timeout: float = 10.0,
         ids: Iterator[int] | None = None,
         answer_window: float = 0.0,
+        answer_spin: float = 0.0,
     ) -> SwankConnection:
         """Connect to Swank at HOST:PORT, presenting SECRET first if given.
 
@@ -123,7 +150,8 @@ class SwankConnection:
         other connection, and must not match a request pending there.
 
         With an ANSWER_WINDOW (seconds), `rex` waits that long for the answer
-        right after sending, and takes it in at once (see `_read_now`)."""
+        right after sending, and takes it in at once (see `_read_now`); for
+        the first ANSWER_SPIN seconds of it without sleeping."""
         loop = asyncio.get_running_loop()
         try:
             transport, protocol = await asyncio.wait_for(
@@ -138,7 +166,8 @@ class SwankConnection:
         if secret is not None:
             # Swank reads the secret as a raw payload, not as an s-expression.
             transport.write(encode_frame(secret))
-        return cls(transport, protocol, on_output=on_output, ids=ids, answer_window=answer_window)
+        return cls(transport, protocol, on_output=on_output, ids=ids,
+                   answer_window=answer_window, answer_spin=answer_spin)
 
     # ------------------------------------------------------------ requests
 
@@ -161,7 +190,7 @@ class SwankConnection:
         try:
             self._send([Keyword("emacs-rex"), form, package, thread, request_id])
             if self._answer_window:
-                self._read_now(self._answer_window)
+                self._read_now()
             if deadline is not None and not future.done():
                 # A timer, not asyncio.timeout: the request may start outside
                 # any task (see eager.py).  Only when the answer is not in
@@ -174,17 +203,15 @@ class SwankConnection:
             self._pending.pop(request_id, None)
             self._debug_conditions.pop(request_id, None)
 
-    def _read_now(self, window: float) -> None:
-        """Wait up to WINDOW seconds for the image to answer and take the
+    def _read_now(self) -> None:
+        """Wait up to the answer window for the image to answer and take the
         answer in at once.  A quick answer (most evaluations are quick) then
         completes the request without a pass through the event loop, which
         costs more than the wait; a slow one arrives the usual way.  Nothing
         else is served meanwhile, so the window is short."""
         try:
             fd = self._transport.get_extra_info("socket").fileno()
-            if not select.select([fd], [], [], window)[0]:
-                return
-            data = os.read(fd, READ_CHUNK)
+            data = _read_soon(fd, self._answer_spin, self._answer_window)
         except (OSError, ValueError, AttributeError):
             return  # the transport meets the same trouble and reports it
         if data:  # at end of file, the transport sees it too

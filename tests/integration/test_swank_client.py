@@ -2,13 +2,16 @@
 questions from Lisp, a lost connection, and the secret."""
 
 import asyncio
+import os
+import socket
+import threading
 
 import pytest
 
 from cl_mcp.errors import SwankError
 from cl_mcp.image import ImageConfig, LispImage
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.swank.client import RexAborted, SwankConnection
+from cl_mcp.swank.client import RexAborted, SwankConnection, _read_soon
 from cl_mcp.swank.wire import encode_message
 from tests.integration.conftest import listening_ports
 
@@ -138,3 +141,35 @@ def test_a_request_past_its_deadline_raises_timeout_error():
             await connection.rex([Symbol("cl:sleep"), 5], deadline=0.2)
         assert await connection.rex([Symbol("cl:+"), 1, 2]) == 3
     run(with_connection(body))
+
+
+# ---------------------------------------------------------------- the answer window
+
+def _socket_pair():
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)  # as asyncio leaves a transport's socket
+    return ours, theirs
+
+
+def test_the_answer_window_takes_an_answer_already_there_or_arriving_while_it_polls():
+    ours, theirs = _socket_pair()
+    with ours, theirs:
+        theirs.sendall(b"already")
+        assert _read_soon(ours.fileno(), spin=0.001, window=0.002) == b"already"
+        late = threading.Timer(0.0002, theirs.sendall, (b"while polling",))
+        late.start()
+        assert _read_soon(ours.fileno(), spin=0.5, window=1.0) == b"while polling"
+        late.join()
+
+
+def test_the_answer_window_sleeps_after_its_polling_and_gives_up_at_its_end():
+    ours, theirs = _socket_pair()
+    with ours, theirs:
+        late = threading.Timer(0.05, theirs.sendall, (b"after polling",))
+        late.start()
+        assert _read_soon(ours.fileno(), spin=0.001, window=2.0) == b"after polling"
+        late.join()
+        assert _read_soon(ours.fileno(), spin=0.001, window=0.01) is None  # nothing came
+        theirs.close()
+        assert _read_soon(ours.fileno(), spin=0.001, window=0.01) == b""  # end of file
+
