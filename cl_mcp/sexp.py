@@ -114,7 +114,6 @@ _WHITESPACE = re.compile(r"[ \t\r\n\f]*")
 # An atom runs until whitespace, a parenthesis or a quote; |...| inside it
 # may contain anything but a bar.
 _ATOM = re.compile(r'(?:[^ \t\r\n\f()"|;]|\|[^|]*\|)+')
-_STRING_SPECIAL = re.compile(r'["\\]')
 _INTEGER = re.compile(r"[+-]?\d+\.?\Z")
 _RATIO = re.compile(r"([+-]?\d+)/(\d+)\Z")
 _FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eEdDfFsSlL][+-]?\d+)?\Z")
@@ -124,21 +123,27 @@ def loads(text: str) -> SExp:
     """The one s-expression TEXT holds.  Raises `ProtocolError` on anything
     malformed or trailing."""
     try:
-        return _loads_common(text)
+        return _loads_plain(text)
     except (_Uncommon, ProtocolError):
         return _loads_any(text)
 
 
 # The fast path: lists, strings and atoms, which is all the agent's replies
-# hold.  One regex finds each token (possessive quantifiers: no
-# backtracking); a string is cut out with str.find when it has no escapes.
-# Anything else (#-syntax, quote, a lone dot, an error of any kind) is left
-# to the general reader below, which also gives malformed input its precise
-# error.
-_TOKEN = re.compile(
-    r'[ \t\r\n\f]*+(?:(\()|(\))|(")'
-    r"|((?:[^ \t\r\n\f()\"|;#']|\|[^|]*+\|)(?:[^ \t\r\n\f()\"|;]|\|[^|]*+\|)*+))")
-_TRAILING_SPACE = re.compile(r"[ \t\r\n\f]*\Z")
+# hold.  str.split, which runs in C, does the scanning: the text splits at
+# its double quotes into what lies outside strings and what lies inside;
+# outside, spaced-out parentheses and whitespace separate the tokens.
+# Anything else (#-syntax, quote, |bars|, a lone dot, non-ASCII outside a
+# string, an error of any kind) is left to the general reader below, which
+# also gives malformed input its precise error.
+
+# Outside strings: the syntax only the general reader handles, and any
+# character str.split would take for whitespace where Lisp does not.
+_NOT_PLAIN = re.compile(r"[#'|;\\]|[^\t\n\f\r\x20-\x7e]")
+# A whole string, escaped quotes and all, without backtracking (possessive
+# repeats); a backtracking pattern over a multi-megabyte string costs
+# seconds and hundreds of MiB.
+_STRING = re.compile(r'"([^"\\]*+(?:\\.[^"\\]*+)*+)"', re.DOTALL)
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
 
 
 class _Uncommon(Exception):
@@ -151,46 +156,75 @@ _ATOM_CACHE_SIZE = 4096
 _MISSING = object()
 
 
-def _loads_common(text: str) -> SExp:
-    match = _TOKEN.match
+def _loads_plain(text: str) -> SExp:
+    parts = text.split('"')
     stack: list[list[SExp] | None] = []
     items: list[SExp] | None = None  # the list being read; None at top level
-    pos = 0
-    while True:
-        token = match(text, pos)
-        if token is None:
-            raise _Uncommon
-        pos = token.end()
-        kind = token.lastindex
-        value: SExp
-        if kind == 1:
-            stack.append(items)
-            items = []
-            continue
-        if kind == 2:
-            if not stack:
-                raise _Uncommon
-            value, items = items, stack.pop()
-        elif kind == 3:
-            end = text.find('"', pos)
-            if end >= 0 and text.find("\\", pos, end) < 0:
-                value, pos = text[pos:end], end + 1
+    done = False  # the top-level value is complete; only whitespace may follow
+    inside = False  # parts alternate: outside a string, inside one, ...
+    index, count, pos = 0, len(parts), 0  # POS: where parts[index] starts
+    while index < count:
+        part = parts[index]
+        index += 1
+        if inside:  # a string
+            if "\\" in part:  # it may run on past escaped quotes
+                string = _STRING.match(text, pos - 1)
+                if string is None:
+                    raise _Uncommon  # unterminated
+                part = _unescape(string.group(1))
+                index += string.group(1).count('"')
+                pos = string.end()
             else:
-                value, pos = _read_string(text, pos)
-        else:
-            atom = token.group(4)
-            value = _ATOM_CACHE.get(atom, _MISSING)
-            if value is _MISSING:
-                if atom == ".":
-                    raise _Uncommon
-                value = _atom(atom)
-                if isinstance(value, (Keyword, Symbol)) and len(_ATOM_CACHE) < _ATOM_CACHE_SIZE:
-                    _ATOM_CACHE[atom] = value
-        if items is None:
-            if not _TRAILING_SPACE.match(text, pos):
+                pos += len(part) + 1
+            inside = False
+            if done:
                 raise _Uncommon
-            return value
-        items.append(value)
+            if items is None:
+                done = True
+                value: SExp = part
+            else:
+                items.append(part)
+            continue
+        inside = True
+        pos += len(part) + 1
+        if _NOT_PLAIN.search(part):
+            raise _Uncommon
+        for token in part.replace("(", " ( ").replace(")", " ) ").split():
+            if done:
+                raise _Uncommon
+            if token == "(":
+                stack.append(items)
+                items = []
+                continue
+            if token == ")":
+                if not stack:
+                    raise _Uncommon
+                value, items = items, stack.pop()
+            else:
+                value = _ATOM_CACHE.get(token, _MISSING)
+                if value is _MISSING:
+                    if token == ".":
+                        raise _Uncommon
+                    value = _atom(token)
+                    if isinstance(value, (Keyword, Symbol)) and len(_ATOM_CACHE) < _ATOM_CACHE_SIZE:
+                        _ATOM_CACHE[token] = value
+            if items is None:
+                done = True
+            else:
+                items.append(value)
+    # The last part lies outside any string, unless the last string is open.
+    if not done or not inside:
+        raise _Uncommon
+    return value
+
+
+def _unescape(body: str) -> str:
+    """A Lisp string's text from between its quotes: a backslash stands for
+    the character after it.  str.replace, left to right, pairs the escaped
+    backslashes first; every backslash left escapes its neighbour."""
+    if "\0" in body:
+        return _ESCAPED.sub(lambda escape: escape.group(1), body)
+    return body.replace("\\\\", "\0").replace("\\", "").replace("\0", "\\")
 
 
 def _loads_any(text: str) -> SExp:
@@ -241,21 +275,10 @@ def _read_list(text: str, pos: int, kind: type) -> tuple[SExp, int]:
 
 
 def _read_string(text: str, pos: int) -> tuple[str, int]:
-    # A linear scan with str.find-like jumps: a backtracking regex over a
-    # multi-megabyte string costs seconds and hundreds of MiB.
-    chunks: list[str] = []
-    while True:
-        match = _STRING_SPECIAL.search(text, pos)
-        if match is None:
-            raise ProtocolError("unterminated string")
-        at = match.start()
-        chunks.append(text[pos:at])
-        if text[at] == '"':
-            return "".join(chunks), at + 1
-        if at + 1 >= len(text):
-            raise ProtocolError("unterminated string")
-        chunks.append(text[at + 1])
-        pos = at + 2
+    string = _STRING.match(text, pos - 1)
+    if string is None:
+        raise ProtocolError("unterminated string")
+    return _unescape(string.group(1)), string.end()
 
 
 def _read_dispatch(text: str, pos: int) -> tuple[SExp, int]:
@@ -297,6 +320,8 @@ def _atom(token: str) -> SExp:
         return int(token.rstrip("."))
     ratio = _RATIO.match(token)
     if ratio:
+        if int(ratio.group(2)) == 0:  # Lisp's reader signals division-by-zero
+            raise ProtocolError(f"ratio with a zero denominator: {token}")
         return Fraction(int(ratio.group(1)), int(ratio.group(2)))
     if _FLOAT.match(token) and any(c.isdigit() for c in token):
         return float(re.sub(r"[eEdDfFsSlL]", "e", token))

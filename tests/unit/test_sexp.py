@@ -115,7 +115,7 @@ def _outcome(read, text):
 
 
 @given(st.one_of(values.map(sexp.dumps),
-                 st.text(alphabet=st.sampled_from('()"\\#<>|:;\' abc1.\n\t-/'), max_size=40)))
+                 st.text(alphabet=st.sampled_from('()"\\#<>|:;\' abc1.\n\t-/\xa0\x0b\x85λ'), max_size=40)))
 def test_the_fast_path_reads_exactly_what_the_general_reader_reads(text):
     assert _outcome(sexp.loads, text) == _outcome(sexp._loads_any, text)
 
@@ -123,3 +123,13 @@ def test_the_fast_path_reads_exactly_what_the_general_reader_reads(text):
 def test_a_multi_megabyte_string_with_escapes_reads_in_linear_time():
     text = 'x\\"y' * 1_000_000  # 4 MB, a million escaped quotes
     assert sexp.loads(sexp.dumps(["big", text])) == ["big", text]
+
+
+def test_a_ratio_with_a_zero_denominator_is_a_protocol_error():
+    with pytest.raises(ProtocolError):
+        sexp.loads("(1 0/0)")
+
+
+def test_strings_with_escapes_read_in_every_position():
+    assert sexp.loads(r'("a\"b" "c\\" "\\\"" x "\d")') == ['a"b', "c\\", '\\"', Symbol("x"), "d"]
+    assert sexp.loads('"\\\\\0"') == "\\\0"  # a NUL beside an escape
