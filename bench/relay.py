@@ -5,7 +5,7 @@ writes a fixed answer with the request's id.  No validation, no asyncio, no
 rendering: what it costs beyond raw Swank is the third process itself (two
 more pipe hops, two more processes to wake).
 
-    python bench/relay.py PORT SECRET     (PORT: a lane opened by open-lane)
+    python bench/relay.py NAME SECRET     (NAME: a lane opened by open-lane)
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ ANSWER = {"content": [{"type": "text", "text": "=> 3"}], "isError": False}
 
 
 def main() -> None:
-    port, secret = int(sys.argv[1]), sys.argv[2]
-    lane = socket.create_connection(("127.0.0.1", port))
-    lane.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    name, secret = sys.argv[1], sys.argv[2]
+    lane = socket.socket(socket.AF_UNIX)
+    lane.connect("\0" + name)  # an abstract Unix-domain socket
     lane.sendall(encode_frame(secret))
     pending = b""
     for count in itertools.count(1):

@@ -92,8 +92,8 @@ class RawSwank:
     def relay(self) -> Server:
         """A minimal relay (bench/relay.py) in front of a lane into this image."""
         reply = sexp.loads(self.call([sexp.Symbol("cl-mcp-agent:open-lane")]).decode())
-        port = reply[1][1]  # (:return (:ok PORT) id)
-        return Server([sys.executable, str(ROOT / "bench" / "relay.py"), str(port), self._image.secret])
+        name = reply[1][1]  # (:return (:ok NAME) id)
+        return Server([sys.executable, str(ROOT / "bench" / "relay.py"), name, self._image.secret])
 
     def close(self) -> None:
         self._sock.close()

@@ -103,8 +103,10 @@ class EmbeddedLink:
         the agent's `open-lane`).  CONNECTION stays for what runs alongside
         them: cancelling, progress."""
         assert self._image is not None
-        port = await connection.rex([Symbol("cl-mcp-agent:open-lane")])
-        return await SwankConnection.open("127.0.0.1", int(port), secret=self._image.secret,  # type: ignore[arg-type]
+        name = await connection.rex([Symbol("cl-mcp-agent:open-lane")])
+        if not isinstance(name, str):
+            raise SwankError(f"open-lane answered {name!r}, not a socket name")
+        return await SwankConnection.open("\0" + name, None, secret=self._image.secret,
                                           ids=connection.ids, answer_window=LANE_ANSWER_WINDOW,
                                           answer_spin=LANE_ANSWER_SPIN)
 

@@ -134,7 +134,7 @@ class SwankConnection:
     async def open(
         cls,
         host: str,
-        port: int,
+        port: int | None,
         *,
         secret: str | None = None,
         on_output: Callable[[str], None] | None = None,
@@ -143,7 +143,9 @@ class SwankConnection:
         answer_window: float = 0.0,
         answer_spin: float = 0.0,
     ) -> SwankConnection:
-        """Connect to Swank at HOST:PORT, presenting SECRET first if given.
+        """Connect to Swank at HOST:PORT, or with PORT None at the Unix-domain
+        socket HOST (an abstract one when HOST starts with a NUL), presenting
+        SECRET first if given.
 
         Pass IDS, another connection's `ids`, for a second connection to the
         same image: a request's late duplicate `:return` may come back on the
@@ -153,11 +155,13 @@ class SwankConnection:
         right after sending, and takes it in at once (see `_read_now`); for
         the first ANSWER_SPIN seconds of it without sleeping."""
         loop = asyncio.get_running_loop()
+        connecting = (loop.create_unix_connection(_SwankProtocol, host) if port is None
+                      else loop.create_connection(_SwankProtocol, host, port))
         try:
-            transport, protocol = await asyncio.wait_for(
-                loop.create_connection(_SwankProtocol, host, port), timeout)
+            transport, protocol = await asyncio.wait_for(connecting, timeout)
         except (OSError, asyncio.TimeoutError) as error:
-            raise SwankError(f"cannot connect to Swank at {host}:{port}: {error}") from None
+            where = repr(host.lstrip("\0")) if port is None else f"{host}:{port}"
+            raise SwankError(f"cannot connect to Swank at {where}: {error}") from None
         # asyncio sets TCP_NODELAY on TCP transports (Swank does not on its
         # end; the agent does), so a request leaves at once.  Its 256 KiB
         # reads cost two page faults each (malloc maps and unmaps a buffer

@@ -5,6 +5,8 @@ error hands the lane to a fresh thread."""
 import asyncio
 import socket
 
+import pytest
+
 from cl_mcp.image import ImageConfig, LispImage
 from cl_mcp.sexp import Symbol
 from cl_mcp.swank.client import SwankConnection
@@ -69,18 +71,22 @@ def test_the_lane_takes_one_connection_and_only_with_the_secret():
         port = await image.start()
         control = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
         try:
-            lane_port = await control.rex([Symbol("cl-mcp-agent:open-lane")])
-            stranger = socket.create_connection(("127.0.0.1", lane_port))
-            stranger.sendall(encode_frame("not the secret"))
+            name = await control.rex([Symbol("cl-mcp-agent:open-lane")])
+            address = "\0" + name  # an abstract Unix-domain socket
+            stranger = socket.socket(socket.AF_UNIX)
             stranger.settimeout(5)
+            stranger.connect(address)
+            stranger.sendall(encode_frame("not the secret"))
             assert stranger.recv(100) == b""  # closed on it
             stranger.close()
-            try:
-                socket.create_connection(("127.0.0.1", lane_port), timeout=2).close()
-                refused = False
-            except ConnectionRefusedError:
-                refused = True
-            assert refused  # no longer listening
+            with socket.socket(socket.AF_UNIX) as late, pytest.raises(ConnectionRefusedError):
+                late.connect(address)  # no longer listening
+            # A second lane is another socket, and takes the secret.
+            lane = await SwankConnection.open(
+                "\0" + await control.rex([Symbol("cl-mcp-agent:open-lane")]), None,
+                secret=image.secret, ids=control.ids)
+            assert await lane.rex([Symbol("cl:+"), 2, 2]) == 4
+            await lane.close()
             assert await control.rex([Symbol("cl:+"), 1, 2]) == 3
         finally:
             await control.close()
