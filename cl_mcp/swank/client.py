@@ -33,6 +33,7 @@ log = logging.getLogger("cl_mcp.swank")
 DEFAULT_PACKAGE = "COMMON-LISP-USER"
 READ_CHUNK = 1 << 16
 _TRAILING_ID = re.compile(r"(\d+)\)\s*$")
+_OK = Keyword("ok")
 
 
 def _time_out(future: asyncio.Future[SExp]) -> None:
@@ -273,7 +274,7 @@ class SwankConnection:
         future = self._pending.get(request_id)  # type: ignore[arg-type]
         if future is None or future.done():
             return
-        if status == Keyword("ok"):
+        if status == _OK:
             future.set_result(value[0] if value else [])
         else:
             condition = self._debug_conditions.get(request_id)  # type: ignore[arg-type]

@@ -9,11 +9,14 @@ connection on anything larger, so we refuse to send it.
 
 from __future__ import annotations
 
+import re
+
 from cl_mcp import sexp
 from cl_mcp.errors import ProtocolError
 
 HEADER_LENGTH = 6
 MAX_PAYLOAD = 0xFFFFFF
+_HEADER = re.compile(rb"[0-9a-fA-F]{6}")
 
 
 def encode_frame(payload: str) -> bytes:
@@ -33,13 +36,9 @@ def parse_header(header: bytes) -> int:
     """The payload length a 6-byte header announces."""
     if len(header) != HEADER_LENGTH:
         raise ProtocolError(f"short frame header {header!r}")
-    try:
-        text = header.decode("ascii")
-        if not all(c in "0123456789abcdefABCDEF" for c in text):
-            raise ValueError
-        return int(text, 16)
-    except ValueError:
-        raise ProtocolError(f"bad frame header {header!r}") from None
+    if not _HEADER.fullmatch(header):  # int() alone would take " +1_f0" too
+        raise ProtocolError(f"bad frame header {header!r}")
+    return int(header, 16)
 
 
 class FrameDecoder:
@@ -56,7 +55,7 @@ class FrameDecoder:
         """The next complete payload, decoded, or None if more bytes are needed."""
         if len(self._buffer) < HEADER_LENGTH:
             return None
-        length = parse_header(bytes(self._buffer[:HEADER_LENGTH]))
+        length = parse_header(self._buffer[:HEADER_LENGTH])
         end = HEADER_LENGTH + length
         if len(self._buffer) < end:
             return None

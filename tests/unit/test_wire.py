@@ -18,7 +18,7 @@ def test_header_case_is_accepted_either_way():
     assert parse_header(b"0002DB") == parse_header(b"0002db") == 0x2DB
 
 
-@pytest.mark.parametrize("header", [b"00002G", b"  0001", b"-00001", b"0001"])
+@pytest.mark.parametrize("header", [b"00002G", b"  0001", b"-00001", b"0001", b"+0001f", b"1_0000", b"0x0001"])
 def test_bad_headers_are_protocol_errors(header):
     with pytest.raises(ProtocolError):
         parse_header(header)
