@@ -1,9 +1,9 @@
-"""The floor for any stdio server that sits in a process of its own between
-the client and Swank: a blocking relay that reads a JSON-RPC line, sends one
-fixed evaluate request down an image's lane, waits for the whole reply and
-writes a fixed answer with the request's id.  No validation, no asyncio, no
-rendering: what it costs beyond raw Swank is the third process itself (two
-more pipe hops, two more processes to wake).
+"""The least work a stdio server in a process of its own between the client
+and Swank can do: a blocking relay that reads a JSON-RPC line, sends one
+fixed evaluate request down an image's lane, waits for the whole reply in a
+blocking recv and writes a fixed answer with the request's id.  No
+validation, no asyncio, no rendering: what it costs beyond raw Swank is the
+third process itself (two more pipe hops, two more processes to wake).
 
     python bench/relay.py NAME SECRET     (NAME: a lane opened by open-lane)
 """

@@ -172,4 +172,3 @@ def test_the_answer_window_sleeps_after_its_polling_and_gives_up_at_its_end():
         assert _read_soon(ours.fileno(), spin=0.001, window=0.01) is None  # nothing came
         theirs.close()
         assert _read_soon(ours.fileno(), spin=0.001, window=0.01) == b""  # end of file
-
