@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 
-from cl_mcp import __version__, jsonrpc
+from cl_mcp import __version__, idle_poll, jsonrpc
 from cl_mcp.jsonrpc import OversizedLine
 from cl_mcp.client_log import ClientLogHandler
 from cl_mcp.image import ImageConfig
@@ -176,6 +176,7 @@ def serve_main(argv: list[str]) -> int:
         suspend_timeout=args.suspend_timeout,
     )
     try:
-        return asyncio.run(serve(config, out_fd))
+        with asyncio.Runner(loop_factory=idle_poll.new_event_loop) as runner:
+            return runner.run(serve(config, out_fd))
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,95 @@
+"""The event loop's selector: polls before it sleeps, and keeps its timeouts."""
+
+import asyncio
+import selectors
+import socket
+import threading
+
+from cl_mcp.idle_poll import PollingSelector, new_event_loop
+
+
+class _Recording(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
+    """Records the timeout of every wait PollingSelector makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def select(self, timeout=None):
+        self.timeouts.append(timeout)
+        return super().select(timeout)
+
+
+class RecordingPollingSelector(PollingSelector, _Recording):
+    pass
+
+
+def _watched_pair(spin: float):
+    ours, theirs = socket.socketpair()
+    selector = RecordingPollingSelector(spin)
+    selector.register(ours, selectors.EVENT_READ)
+    return selector, ours, theirs
+
+
+def _ready(events) -> bool:
+    return any(mask & selectors.EVENT_READ for _key, mask in events)
+
+
+def test_what_is_ready_already_costs_one_poll():
+    selector, ours, theirs = _watched_pair(spin=0.5)
+    with selector, ours, theirs:
+        theirs.sendall(b"x")
+        assert _ready(selector.select(None))
+        assert selector.timeouts == [0]
+
+
+def test_a_loop_with_work_to_do_never_spins():
+    selector, ours, theirs = _watched_pair(spin=0.5)
+    with selector, ours, theirs:
+        assert selector.select(0) == []
+        assert selector.timeouts == [0]
+
+
+def test_what_arrives_while_polling_is_taken_without_sleeping():
+    selector, ours, theirs = _watched_pair(spin=5.0)
+    with selector, ours, theirs:
+        late = threading.Timer(0.002, theirs.sendall, (b"x",))
+        late.start()
+        assert _ready(selector.select(None))
+        late.join()
+        assert len(selector.timeouts) > 1
+        assert set(selector.timeouts) == {0}  # never a blocking wait
+
+
+def test_after_polling_it_sleeps_until_something_comes():
+    selector, ours, theirs = _watched_pair(spin=0.001)
+    with selector, ours, theirs:
+        late = threading.Timer(0.05, theirs.sendall, (b"x",))
+        late.start()
+        assert _ready(selector.select(None))
+        late.join()
+        assert selector.timeouts[-1] is None
+
+
+def test_a_timeout_counts_the_polling_and_a_short_one_caps_it():
+    selector, ours, theirs = _watched_pair(spin=0.001)
+    with selector, ours, theirs:
+        assert selector.select(0.05) == []
+        assert 0 < selector.timeouts[-1] < 0.05
+        selector.spin = 5.0
+        selector.timeouts.clear()
+        assert selector.select(0.01) == []  # returns at its timeout, not after the spin
+        assert all(timeout is not None and timeout < 0.01 for timeout in selector.timeouts)
+
+
+def test_the_loop_runs_pipes_timers_and_subprocesses():
+    async def main() -> bytes:
+        process = await asyncio.create_subprocess_exec(
+            "sh", "-c", "sleep 0.01; echo done", stdout=asyncio.subprocess.PIPE)
+        output, _ = await process.communicate()
+        await asyncio.sleep(0.01)
+        return output
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        assert runner.run(main()) == b"done\n"
+        assert isinstance(runner.get_loop()._selector, PollingSelector)  # type: ignore[attr-defined]
