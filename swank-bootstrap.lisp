@@ -1651,9 +1651,26 @@ socket skips the TCP stack: about 10 µs less than loopback TCP here."
       ;; characters) kept alive.
       (let ((swank::*enable-event-history* nil))
         (loop while (eq (lane-owner lane) token)
-              do (unless (listen stream)
+              do (unless (input-soon-p stream)
                    (sb-sys:wait-until-fd-usable fd :input))
                  (swank::handle-requests connection t))))))
+
+(defparameter *lane-idle-poll-seconds* 0.0003
+  "How long the lane looks for the next request before its thread sleeps.")
+
+(defun input-soon-p (stream)
+  "True when STREAM has input now or within `*lane-idle-poll-seconds*'.
+A thread that sleeps lets its CPU go idle, and waking an idle CPU again
+costs more than a quick request takes (≈25 µs on the VMs measured, see
+cl-mcp's docs/performance.md); a client that sends its next request as soon
+as it has the answer finds the thread awake.  It yields between looks, so a
+process sharing this CPU still runs; it costs at most that long of CPU per
+request."
+  (loop with until = (+ (get-internal-real-time)
+                        (round (* *lane-idle-poll-seconds* internal-time-units-per-second)))
+        thereis (listen stream)
+        while (< (get-internal-real-time) until)
+        do (sb-thread:thread-yield)))
 
 (defun leave-lane ()
   "If this thread serves the lane, hand the lane to a fresh thread and move

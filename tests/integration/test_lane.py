@@ -92,3 +92,37 @@ def test_the_lane_takes_one_connection_and_only_with_the_secret():
             await control.close()
             await image.stop()
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+# Runs the lane's idle poll on a pipe, with input there already, input that
+# comes while it polls, and none at all: what it found and how long it took.
+IDLE_POLL = """
+(multiple-value-bind (in-fd out-fd) (sb-unix:unix-pipe)
+  (let ((in (sb-sys:make-fd-stream in-fd :input t :element-type '(unsigned-byte 8)))
+        (out (sb-sys:make-fd-stream out-fd :output t :element-type '(unsigned-byte 8))))
+    (unwind-protect
+         (flet ((poll (seconds)
+                  (let ((cl-mcp-agent::*lane-idle-poll-seconds* seconds)
+                        (started (get-internal-real-time)))
+                    (format nil "~:[no~;yes~] ~,3F" (cl-mcp-agent::input-soon-p in)
+                            (/ (- (get-internal-real-time) started)
+                               internal-time-units-per-second)))))
+           (let ((none (poll 0.05)))
+             (write-byte 1 out) (finish-output out)
+             (let ((already (poll 30)))
+               (read-byte in)
+               (let ((writer (sb-thread:make-thread
+                              (lambda () (sleep 0.01) (write-byte 2 out) (finish-output out)))))
+                 (prog1 (format nil "~A ~A ~A" already (poll 30) none)
+                   (sb-thread:join-thread writer))))))
+      (close in) (close out))))
+"""
+
+
+def test_the_lane_polls_for_its_next_request_before_it_sleeps(shared_server):
+    text, is_error = shared_server.eval(IDLE_POLL)
+    assert not is_error, text
+    already, _, during, waited, none, looked = text.removeprefix('=> "').rstrip('"').split()
+    assert (already, during, none) == ("yes", "yes", "no")
+    assert float(waited) < 30  # it took the input when it came, not at the poll's end
+    assert float(looked) >= 0.05  # with nothing coming, it looked for the whole poll
