@@ -1655,21 +1655,27 @@ socket skips the TCP stack: about 10 µs less than loopback TCP here."
                    (sb-sys:wait-until-fd-usable fd :input))
                  (swank::handle-requests connection t))))))
 
-(defparameter *lane-idle-poll-seconds* 0.0003
+(defparameter *lane-idle-poll-microseconds* 300
   "How long the lane looks for the next request before its thread sleeps.")
 
+(defun monotonic-microseconds ()
+  "Linux's CLOCK_MONOTONIC (clock 1), in microseconds.  Not
+`get-internal-real-time': SBCL reads the coarse clock there, which moves
+in whole scheduler ticks (4 ms here), far too coarse to time a poll."
+  (multiple-value-bind (seconds nanoseconds) (sb-unix::clock-gettime 1)
+    (+ (* seconds 1000000) (floor nanoseconds 1000))))
+
 (defun input-soon-p (stream)
-  "True when STREAM has input now or within `*lane-idle-poll-seconds*'.
+  "True when STREAM has input now or within `*lane-idle-poll-microseconds*'.
 A thread that sleeps lets its CPU go idle, and waking an idle CPU again
 costs more than a quick request takes (≈25 µs on the VMs measured, see
 cl-mcp's docs/performance.md); a client that sends its next request as soon
 as it has the answer finds the thread awake.  It yields between looks, so a
 process sharing this CPU still runs; it costs at most that long of CPU per
 request."
-  (loop with until = (+ (get-internal-real-time)
-                        (round (* *lane-idle-poll-seconds* internal-time-units-per-second)))
+  (loop with until = (+ (monotonic-microseconds) *lane-idle-poll-microseconds*)
         thereis (listen stream)
-        while (< (get-internal-real-time) until)
+        while (< (monotonic-microseconds) until)
         do (sb-thread:thread-yield)))
 
 (defun leave-lane ()

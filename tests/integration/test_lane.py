@@ -101,19 +101,18 @@ IDLE_POLL = """
   (let ((in (sb-sys:make-fd-stream in-fd :input t :element-type '(unsigned-byte 8)))
         (out (sb-sys:make-fd-stream out-fd :output t :element-type '(unsigned-byte 8))))
     (unwind-protect
-         (flet ((poll (seconds)
-                  (let ((cl-mcp-agent::*lane-idle-poll-seconds* seconds)
-                        (started (get-internal-real-time)))
-                    (format nil "~:[no~;yes~] ~,3F" (cl-mcp-agent::input-soon-p in)
-                            (/ (- (get-internal-real-time) started)
-                               internal-time-units-per-second)))))
-           (let ((none (poll 0.05)))
+         (flet ((poll (microseconds)
+                  (let ((cl-mcp-agent::*lane-idle-poll-microseconds* microseconds)
+                        (started (cl-mcp-agent::monotonic-microseconds)))
+                    (format nil "~:[no~;yes~] ~D" (cl-mcp-agent::input-soon-p in)
+                            (- (cl-mcp-agent::monotonic-microseconds) started)))))
+           (let ((none (poll 50000)))
              (write-byte 1 out) (finish-output out)
-             (let ((already (poll 30)))
+             (let ((already (poll 30000000)))
                (read-byte in)
                (let ((writer (sb-thread:make-thread
                               (lambda () (sleep 0.01) (write-byte 2 out) (finish-output out)))))
-                 (prog1 (format nil "~A ~A ~A" already (poll 30) none)
+                 (prog1 (format nil "~A ~A ~A" already (poll 30000000) none)
                    (sb-thread:join-thread writer))))))
       (close in) (close out))))
 """
@@ -124,5 +123,22 @@ def test_the_lane_polls_for_its_next_request_before_it_sleeps(shared_server):
     assert not is_error, text
     already, _, during, waited, none, looked = text.removeprefix('=> "').rstrip('"').split()
     assert (already, during, none) == ("yes", "yes", "no")
-    assert float(waited) < 30  # it took the input when it came, not at the poll's end
-    assert float(looked) >= 0.05  # with nothing coming, it looked for the whole poll
+    assert int(waited) < 30_000_000  # it took the input when it came, not at the poll's end
+    assert int(looked) >= 50_000  # with nothing coming, it looked for the whole poll
+
+
+# The smallest step of the clock that times the poll, in microseconds.
+CLOCK_STEP = """
+(loop repeat 5
+      minimize (loop with start = (cl-mcp-agent::monotonic-microseconds)
+                     for now = (cl-mcp-agent::monotonic-microseconds)
+                     unless (= now start) return (- now start)))
+"""
+
+
+def test_the_lanes_poll_is_timed_by_a_fine_clock(shared_server):
+    """SBCL's get-internal-real-time moves in scheduler ticks: a 0.3 ms poll
+    timed by it lasted up to 4 ms."""
+    text, is_error = shared_server.eval(CLOCK_STEP)
+    assert not is_error, text
+    assert int(text.removeprefix("=> ")) < 1000
