@@ -1659,7 +1659,8 @@ socket skips the TCP stack: about 10 µs less than loopback TCP here."
   "How long the lane looks for the next request before its thread sleeps.")
 
 (defun monotonic-microseconds ()
-  "Linux's CLOCK_MONOTONIC (clock 1), in microseconds.  Not
+  "Linux's CLOCK_MONOTONIC (clock 1), in microseconds; Linux only, like the
+lane's abstract socket.  Not
 `get-internal-real-time': SBCL reads the coarse clock there, which moves
 in whole scheduler ticks (4 ms here), far too coarse to time a poll."
   (multiple-value-bind (seconds nanoseconds) (sb-unix::clock-gettime 1)

@@ -9,7 +9,8 @@ script, cl-mcp's own client, a batch of tool calls) would pay that on every
 request.  So before sleeping, the loop polls its descriptors for a short
 while, yielding the CPU between polls so that a process sharing it (the
 host, the image) still runs.  The price is bounded: at most `IDLE_SPIN` of
-CPU each time the loop runs out of work, ≈0.3 ms per request.
+CPU each time the loop runs out of work, so ≈0.3 ms per quick request, more
+for one that keeps the loop waking (a slow evaluation's output, progress).
 """
 
 from __future__ import annotations

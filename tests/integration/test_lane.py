@@ -123,7 +123,7 @@ def test_the_lane_polls_for_its_next_request_before_it_sleeps(shared_server):
     assert not is_error, text
     already, _, during, waited, none, looked = text.removeprefix('=> "').rstrip('"').split()
     assert (already, during, none) == ("yes", "yes", "no")
-    assert int(waited) < 30_000_000  # it took the input when it came, not at the poll's end
+    assert int(waited) < 1_000_000  # it took the input when it came (after 10 ms), not at the poll's end
     assert int(looked) >= 50_000  # with nothing coming, it looked for the whole poll
 
 

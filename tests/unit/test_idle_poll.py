@@ -4,6 +4,7 @@ import asyncio
 import selectors
 import socket
 import threading
+import time
 
 from cl_mcp.idle_poll import PollingSelector, new_event_loop
 
@@ -78,7 +79,9 @@ def test_a_timeout_counts_the_polling_and_a_short_one_caps_it():
         assert 0 < selector.timeouts[-1] < 0.05
         selector.spin = 5.0
         selector.timeouts.clear()
-        assert selector.select(0.01) == []  # returns at its timeout, not after the spin
+        started = time.perf_counter()
+        assert selector.select(0.01) == []
+        assert time.perf_counter() - started < 2.5  # at its timeout, not after the 5 s spin
         assert all(timeout is not None and timeout < 0.01 for timeout in selector.timeouts)
 
 
