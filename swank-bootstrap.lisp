@@ -1597,11 +1597,58 @@ so that a reply written in several frames is not held back by delayed ACKs."
 (defparameter *lane-accept-seconds* 10
   "How long `open-lane' listens for cl-mcp to connect.")
 
-(defun open-lane ()
+(defparameter *lane-idle-poll-microseconds* 300
+  "How long the lane looks for the next request before its thread sleeps;
+set by `open-lane'.")
+
+(defparameter *lane-poll-stolen-microseconds* 500
+  "A yield that took this long handed the CPU to other work for a time slice.")
+
+(defparameter *lane-poll-back-off-microseconds* 1000000
+  "How long the lane does not poll after such a yield.")
+
+(defvar *lane-quiet-until* 0
+  "No polling before this `monotonic-microseconds' time.")
+
+(defun monotonic-microseconds ()
+  "Linux's CLOCK_MONOTONIC (clock 1), in microseconds; Linux only, like the
+lane's abstract socket.  Not `get-internal-real-time': SBCL reads the coarse
+clock there, which moves in whole scheduler ticks (4 ms here), far too
+coarse to time a poll."
+  (multiple-value-bind (seconds nanoseconds) (sb-unix::clock-gettime 1)
+    (+ (* seconds 1000000) (floor nanoseconds 1000))))
+
+(defun input-soon-p (stream)
+  "True when STREAM has input now or within `*lane-idle-poll-microseconds*'.
+A thread that sleeps lets its CPU go idle, and waking an idle CPU again
+costs more than a quick request takes (≈25 µs on the VMs measured, see
+cl-mcp's docs/performance.md); a client that sends its next request as soon
+as it has the answer finds the thread awake.  It yields between looks, so a
+process sharing this CPU still runs, and it costs at most that long of CPU
+per request.  When other work keeps the CPUs busy, a yield hands the CPU to
+it for a whole time slice, where a sleeping thread would have been woken at
+once: a yield that comes back that late stops the polling for a while."
+  (or (listen stream)
+      (let ((now (monotonic-microseconds)))
+        (when (>= now *lane-quiet-until*)
+          (loop with until = (+ now *lane-idle-poll-microseconds*)
+                while (< now until)
+                do (sb-thread:thread-yield)
+                   (let ((yielded now))
+                     (setf now (monotonic-microseconds))
+                     (when (>= (- now yielded) *lane-poll-stolen-microseconds*)
+                       (setf *lane-quiet-until* (+ now *lane-poll-back-off-microseconds*))
+                       (return (listen stream))))
+                thereis (listen stream))))))
+
+(defun open-lane (&optional (idle-poll-microseconds *lane-idle-poll-microseconds*))
   "Listen on a fresh abstract Unix-domain socket (Linux's, which leaves no
 file behind) for one connection that presents Swank's secret, and serve it
-as the lane; return the socket's name.  A round trip through a Unix-domain
-socket skips the TCP stack: about 10 µs less than loopback TCP here."
+as the lane, polling for IDLE-POLL-MICROSECONDS between requests (0 when
+cl-mcp has one CPU, where polling does not pay); return the socket's name.
+A round trip through a Unix-domain socket skips the TCP stack: about 10 µs
+less than loopback TCP here."
+  (setf *lane-idle-poll-microseconds* idle-poll-microseconds)
   (let ((listener (make-instance 'sb-bsd-sockets:local-abstract-socket :type :stream))
         (name (format nil "cl-mcp-lane-~D-~36R" (sb-unix:unix-getpid)
                       (random (expt 36 12) (make-random-state t))))
@@ -1654,30 +1701,6 @@ socket skips the TCP stack: about 10 µs less than loopback TCP here."
               do (unless (input-soon-p stream)
                    (sb-sys:wait-until-fd-usable fd :input))
                  (swank::handle-requests connection t))))))
-
-(defparameter *lane-idle-poll-microseconds* 300
-  "How long the lane looks for the next request before its thread sleeps.")
-
-(defun monotonic-microseconds ()
-  "Linux's CLOCK_MONOTONIC (clock 1), in microseconds; Linux only, like the
-lane's abstract socket.  Not
-`get-internal-real-time': SBCL reads the coarse clock there, which moves
-in whole scheduler ticks (4 ms here), far too coarse to time a poll."
-  (multiple-value-bind (seconds nanoseconds) (sb-unix::clock-gettime 1)
-    (+ (* seconds 1000000) (floor nanoseconds 1000))))
-
-(defun input-soon-p (stream)
-  "True when STREAM has input now or within `*lane-idle-poll-microseconds*'.
-A thread that sleeps lets its CPU go idle, and waking an idle CPU again
-costs more than a quick request takes (≈25 µs on the VMs measured, see
-cl-mcp's docs/performance.md); a client that sends its next request as soon
-as it has the answer finds the thread awake.  It yields between looks, so a
-process sharing this CPU still runs; it costs at most that long of CPU per
-request."
-  (loop with until = (+ (monotonic-microseconds) *lane-idle-poll-microseconds*)
-        thereis (listen stream)
-        while (< (monotonic-microseconds) until)
-        do (sb-thread:thread-yield)))
 
 (defun leave-lane ()
   "If this thread serves the lane, hand the lane to a fresh thread and move

@@ -11,6 +11,13 @@ while, yielding the CPU between polls so that a process sharing it (the
 host, the image) still runs.  The price is bounded: at most `IDLE_SPIN` of
 CPU each time the loop runs out of work, so ≈0.3 ms per quick request, more
 for one that keeps the loop waking (a slow evaluation's output, progress).
+
+Polling only pays while other CPUs are free.  On a single CPU the host, the
+image and cl-mcp take turns anyway, and where other work keeps the CPUs
+busy a yield hands the CPU to it for a whole time slice (milliseconds, where
+sleeping would have been woken at once): measured, both doubled a round
+trip.  So there is no polling on a single CPU, and a yield that comes back
+late stops the polling for `BACK_OFF` seconds.
 """
 
 from __future__ import annotations
@@ -21,33 +28,46 @@ import selectors
 import time
 
 IDLE_SPIN = 0.0003  # seconds; ~10× a wake-up, ~1/3000 of an assistant's turn
+STOLEN = 0.0005  # a yield that took this long gave the CPU away for a time slice
+BACK_OFF = 1.0  # seconds without polling after that
+
+
+def polling_pays() -> bool:
+    """True when this process may run on more than one CPU."""
+    return len(os.sched_getaffinity(0)) > 1
 
 
 class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
     """The platform's default selector, which polls for SPIN seconds before
-    any wait that would block."""
+    any wait that would block, unless a recent poll found the CPU busy."""
 
     def __init__(self, spin: float = IDLE_SPIN) -> None:
         super().__init__()
         self.spin = spin
+        self.quiet_until = 0.0  # no polling before this perf_counter() time
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         ready = super().select(0)
         if ready or (timeout is not None and timeout <= 0) or self.spin <= 0:
             return ready
         clock = time.perf_counter
-        started = clock()
-        spin_until = started + (self.spin if timeout is None else min(self.spin, timeout))
-        while clock() < spin_until:
-            os.sched_yield()
-            ready = super().select(0)
-            if ready:
-                return ready
+        started = now = clock()
+        if now >= self.quiet_until:
+            spin_until = now + (self.spin if timeout is None else min(self.spin, timeout))
+            while now < spin_until:
+                os.sched_yield()
+                yielded, now = now, clock()
+                if now - yielded >= STOLEN:
+                    self.quiet_until = now + BACK_OFF
+                    break
+                ready = super().select(0)
+                if ready:
+                    return ready
         if timeout is not None:
-            timeout = max(0.0, timeout - (clock() - started))
+            timeout = max(0.0, timeout - (now - started))
         return super().select(timeout)
 
 
-def new_event_loop(spin: float = IDLE_SPIN) -> asyncio.AbstractEventLoop:
-    """A selector event loop whose idle waits poll for SPIN seconds first."""
-    return asyncio.SelectorEventLoop(PollingSelector(spin))
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A selector event loop whose idle waits poll first, when that pays."""
+    return asyncio.SelectorEventLoop(PollingSelector(IDLE_SPIN if polling_pays() else 0.0))

@@ -13,7 +13,7 @@ import hashlib
 import logging
 from pathlib import Path
 
-from cl_mcp import sexp
+from cl_mcp import idle_poll, sexp
 from cl_mcp.errors import ImageError, SwankError
 from cl_mcp.image import ImageConfig, LispImage, find_bootstrap
 from cl_mcp.sexp import Symbol
@@ -28,6 +28,10 @@ OPEN_TIMEOUT = 60.0  # loading the agent into a busy image may take a while
 # _read_soon): ≈60 µs less per quick evaluation on the VMs measured.
 LANE_ANSWER_WINDOW = 0.001
 LANE_ANSWER_SPIN = 0.0003
+# How long the lane thread polls for the next request before it sleeps (see
+# the agent's `input-soon-p`); as in cl-mcp's own event loop (idle_poll.py),
+# not at all on one CPU.
+LANE_IDLE_POLL_MICROSECONDS = 300
 
 # Loads the agent into a shared image from a string (the image may not see
 # cl-mcp's files, and a file in a shared /tmp could be tampered with), as one
@@ -103,7 +107,8 @@ class EmbeddedLink:
         the agent's `open-lane`).  CONNECTION stays for what runs alongside
         them: cancelling, progress."""
         assert self._image is not None
-        name = await connection.rex([Symbol("cl-mcp-agent:open-lane")])
+        idle_poll_us = LANE_IDLE_POLL_MICROSECONDS if idle_poll.polling_pays() else 0
+        name = await connection.rex([Symbol("cl-mcp-agent:open-lane"), idle_poll_us])
         if not isinstance(name, str):
             raise SwankError(f"open-lane answered {name!r}, not a socket name")
         return await SwankConnection.open("\0" + name, None, secret=self._image.secret,

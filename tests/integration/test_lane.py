@@ -7,10 +7,13 @@ import socket
 
 import pytest
 
+from cl_mcp import idle_poll
 from cl_mcp.image import ImageConfig, LispImage
 from cl_mcp.sexp import Symbol
 from cl_mcp.swank.client import SwankConnection
 from cl_mcp.swank.wire import encode_frame
+from tests.integration.conftest import McpProcess
+from tests.unit.test_idle_poll import one_cpu
 
 # The name and address of the thread an evaluation runs in.
 THREAD = ('(let ((thread sb-thread:*current-thread*)) '
@@ -142,3 +145,43 @@ def test_the_lanes_poll_is_timed_by_a_fine_clock(shared_server):
     text, is_error = shared_server.eval(CLOCK_STEP)
     assert not is_error, text
     assert int(text.removeprefix("=> ")) < 1000
+
+
+def test_the_lane_polls_only_where_that_pays(shared_server):
+    expected = "=> 300" if idle_poll.polling_pays() else "=> 0"
+    assert shared_server.eval("cl-mcp-agent::*lane-idle-poll-microseconds*") == (expected, False)
+    with one_cpu():
+        pinned = McpProcess()
+    try:
+        pinned.initialize()
+        assert pinned.eval("cl-mcp-agent::*lane-idle-poll-microseconds*") == ("=> 0", False)
+    finally:
+        pinned.close()
+
+
+# A lane poll whose yields all count as late, then one in the quiet that follows.
+BACK_OFF = """
+(multiple-value-bind (in-fd out-fd) (sb-unix:unix-pipe)
+  (let ((in (sb-sys:make-fd-stream in-fd :input t :element-type '(unsigned-byte 8)))
+        (cl-mcp-agent::*lane-quiet-until* 0))
+    (unwind-protect
+         (flet ((poll ()
+                  (let ((cl-mcp-agent::*lane-idle-poll-microseconds* 50000)
+                        (started (cl-mcp-agent::monotonic-microseconds)))
+                    (cl-mcp-agent::input-soon-p in)
+                    (- (cl-mcp-agent::monotonic-microseconds) started))))
+           (let ((late (let ((cl-mcp-agent::*lane-poll-stolen-microseconds* 0)) (poll)))
+                 (quiet-for (- cl-mcp-agent::*lane-quiet-until* (cl-mcp-agent::monotonic-microseconds)))
+                 (in-quiet (poll)))
+             (format nil "~D ~D ~D" late quiet-for in-quiet)))
+      (close in) (sb-unix:unix-close out-fd))))
+"""
+
+
+def test_a_late_yield_stops_the_lanes_polling_for_a_while(shared_server):
+    text, is_error = shared_server.eval(BACK_OFF)
+    assert not is_error, text
+    late, quiet_for, in_quiet = map(int, text.removeprefix('=> "').rstrip('"').split())
+    assert late < 50_000  # it stopped at the first late yield, not after the 50 ms poll
+    assert quiet_for > 500_000  # and will not poll for about a second
+    assert in_quiet < 50_000  # nor did it, then

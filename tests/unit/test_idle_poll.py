@@ -1,11 +1,14 @@
 """The event loop's selector: polls before it sleeps, and keeps its timeouts."""
 
 import asyncio
+import contextlib
+import os
 import selectors
 import socket
 import threading
 import time
 
+from cl_mcp import idle_poll
 from cl_mcp.idle_poll import PollingSelector, new_event_loop
 
 
@@ -96,3 +99,51 @@ def test_the_loop_runs_pipes_timers_and_subprocesses():
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
         assert runner.run(main()) == b"done\n"
         assert isinstance(runner.get_loop()._selector, PollingSelector)  # type: ignore[attr-defined]
+
+
+def test_a_yield_that_comes_back_late_stops_the_polling_for_a_while(monkeypatch):
+    """Other work had the CPU for a time slice: polling would only wait
+    behind it again, where a sleeper is woken at once."""
+    yields = []
+
+    def slow_yield() -> None:
+        yields.append(1)
+        time.sleep(idle_poll.STOLEN * 2)
+
+    monkeypatch.setattr(idle_poll.os, "sched_yield", slow_yield)
+    selector, ours, theirs = _watched_pair(spin=5.0)
+    with selector, ours, theirs:
+        late = threading.Timer(0.05, theirs.sendall, (b"x",))
+        late.start()
+        assert _ready(selector.select(None))
+        late.join()
+        assert (len(yields), selector.timeouts) == (1, [0, None])  # one look, then sleep
+        assert selector.quiet_until > time.perf_counter() + idle_poll.BACK_OFF / 2
+        ours.recv(1)
+        selector.timeouts.clear()
+        late = threading.Timer(0.05, theirs.sendall, (b"y",))
+        late.start()
+        assert _ready(selector.select(None))
+        late.join()
+        assert (len(yields), selector.timeouts) == (1, [0, None])  # no polling at all
+
+
+@contextlib.contextmanager
+def one_cpu():
+    """This thread (and what it starts) on one CPU."""
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, cpus)
+
+
+def test_on_one_cpu_the_loop_does_not_poll():
+    with one_cpu():
+        assert not idle_poll.polling_pays()
+        loop = new_event_loop()
+    try:
+        assert loop._selector.spin == 0  # type: ignore[attr-defined]
+    finally:
+        loop.close()
