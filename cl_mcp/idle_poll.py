@@ -32,9 +32,10 @@ STOLEN = 0.0005  # a yield that took this long gave the CPU away for a time slic
 BACK_OFF = 1.0  # seconds without polling after that
 
 
-def polling_pays() -> bool:
-    """True when this process may run on more than one CPU."""
-    return len(os.sched_getaffinity(0)) > 1
+def idle_spin() -> float:
+    """How long to poll before sleeping here: `IDLE_SPIN`, or 0 when this
+    process may run on one CPU only."""
+    return IDLE_SPIN if len(os.sched_getaffinity(0)) > 1 else 0.0
 
 
 class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
@@ -70,4 +71,4 @@ class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-ty
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """A selector event loop whose idle waits poll first, when that pays."""
-    return asyncio.SelectorEventLoop(PollingSelector(IDLE_SPIN if polling_pays() else 0.0))
+    return asyncio.SelectorEventLoop(PollingSelector(idle_spin()))

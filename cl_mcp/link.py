@@ -28,10 +28,6 @@ OPEN_TIMEOUT = 60.0  # loading the agent into a busy image may take a while
 # _read_soon): ≈60 µs less per quick evaluation on the VMs measured.
 LANE_ANSWER_WINDOW = 0.001
 LANE_ANSWER_SPIN = 0.0003
-# How long the lane thread polls for the next request before it sleeps (see
-# the agent's `input-soon-p`); as in cl-mcp's own event loop (idle_poll.py),
-# not at all on one CPU.
-LANE_IDLE_POLL_MICROSECONDS = 300
 
 # Loads the agent into a shared image from a string (the image may not see
 # cl-mcp's files, and a file in a shared /tmp could be tampered with), as one
@@ -107,7 +103,9 @@ class EmbeddedLink:
         the agent's `open-lane`).  CONNECTION stays for what runs alongside
         them: cancelling, progress."""
         assert self._image is not None
-        idle_poll_us = LANE_IDLE_POLL_MICROSECONDS if idle_poll.polling_pays() else 0
+        # Between requests the lane thread polls as long as cl-mcp's own event
+        # loop does (idle_poll.py; the agent's `input-soon-p`).
+        idle_poll_us = round(idle_poll.idle_spin() * 1_000_000)
         name = await connection.rex([Symbol("cl-mcp-agent:open-lane"), idle_poll_us])
         if not isinstance(name, str):
             raise SwankError(f"open-lane answered {name!r}, not a socket name")

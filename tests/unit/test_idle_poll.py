@@ -35,15 +35,20 @@ def _watched_pair(spin: float):
     return selector, ours, theirs
 
 
-def _ready(events) -> bool:
-    return any(mask & selectors.EVENT_READ for _key, mask in events)
+def _ready_after_input_in(selector, theirs, seconds: float) -> bool:
+    """Whether SELECT(None) reports input that arrives after SECONDS."""
+    late = threading.Timer(seconds, theirs.sendall, (b"x",))
+    late.start()
+    try:
+        return any(mask & selectors.EVENT_READ for _key, mask in selector.select(None))
+    finally:
+        late.join()
 
 
 def test_what_is_ready_already_costs_one_poll():
     selector, ours, theirs = _watched_pair(spin=0.5)
     with selector, ours, theirs:
-        theirs.sendall(b"x")
-        assert _ready(selector.select(None))
+        assert _ready_after_input_in(selector, theirs, 0)
         assert selector.timeouts == [0]
 
 
@@ -57,10 +62,7 @@ def test_a_loop_with_work_to_do_never_spins():
 def test_what_arrives_while_polling_is_taken_without_sleeping():
     selector, ours, theirs = _watched_pair(spin=5.0)
     with selector, ours, theirs:
-        late = threading.Timer(0.002, theirs.sendall, (b"x",))
-        late.start()
-        assert _ready(selector.select(None))
-        late.join()
+        assert _ready_after_input_in(selector, theirs, 0.002)
         assert len(selector.timeouts) > 1
         assert set(selector.timeouts) == {0}  # never a blocking wait
 
@@ -68,10 +70,7 @@ def test_what_arrives_while_polling_is_taken_without_sleeping():
 def test_after_polling_it_sleeps_until_something_comes():
     selector, ours, theirs = _watched_pair(spin=0.001)
     with selector, ours, theirs:
-        late = threading.Timer(0.05, theirs.sendall, (b"x",))
-        late.start()
-        assert _ready(selector.select(None))
-        late.join()
+        assert _ready_after_input_in(selector, theirs, 0.05)
         assert selector.timeouts[-1] is None
 
 
@@ -113,18 +112,12 @@ def test_a_yield_that_comes_back_late_stops_the_polling_for_a_while(monkeypatch)
     monkeypatch.setattr(idle_poll.os, "sched_yield", slow_yield)
     selector, ours, theirs = _watched_pair(spin=5.0)
     with selector, ours, theirs:
-        late = threading.Timer(0.05, theirs.sendall, (b"x",))
-        late.start()
-        assert _ready(selector.select(None))
-        late.join()
+        assert _ready_after_input_in(selector, theirs, 0.05)
         assert (len(yields), selector.timeouts) == (1, [0, None])  # one look, then sleep
         assert selector.quiet_until > time.perf_counter() + idle_poll.BACK_OFF / 2
         ours.recv(1)
         selector.timeouts.clear()
-        late = threading.Timer(0.05, theirs.sendall, (b"y",))
-        late.start()
-        assert _ready(selector.select(None))
-        late.join()
+        assert _ready_after_input_in(selector, theirs, 0.05)
         assert (len(yields), selector.timeouts) == (1, [0, None])  # no polling at all
 
 
@@ -141,7 +134,7 @@ def one_cpu():
 
 def test_on_one_cpu_the_loop_does_not_poll():
     with one_cpu():
-        assert not idle_poll.polling_pays()
+        assert idle_poll.idle_spin() == 0
         loop = new_event_loop()
     try:
         assert loop._selector.spin == 0  # type: ignore[attr-defined]
