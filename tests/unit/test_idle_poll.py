@@ -5,27 +5,40 @@ import contextlib
 import os
 import selectors
 import socket
-import threading
 import time
+from collections.abc import Callable
+
+import pytest
 
 from cl_mcp import idle_poll
 from cl_mcp.idle_poll import PollingSelector, new_event_loop
 
 
 class _Recording(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
-    """Records the timeout of every wait PollingSelector makes."""
+    """Records the timeout of every wait PollingSelector makes, and can have
+    input arrive at the moment it blocks."""
 
     def __init__(self) -> None:
         super().__init__()
         self.timeouts: list[float | None] = []
+        self.on_block: Callable[[], None] | None = None
 
     def select(self, timeout=None):
         self.timeouts.append(timeout)
+        if timeout is None and self.on_block:
+            self.on_block()
         return super().select(timeout)
 
 
 class RecordingPollingSelector(PollingSelector, _Recording):
     pass
+
+
+@pytest.fixture(autouse=True)
+def no_yield_is_late(monkeypatch):
+    """On a busy machine a real yield can take a time slice and stop the
+    poll; only the back-off's own test wants that."""
+    monkeypatch.setattr(idle_poll, "STOLEN", 3600.0)
 
 
 def _watched_pair(spin: float):
@@ -35,20 +48,31 @@ def _watched_pair(spin: float):
     return selector, ours, theirs
 
 
-def _ready_after_input_in(selector, theirs, seconds: float) -> bool:
-    """Whether SELECT(None) reports input that arrives after SECONDS."""
-    late = threading.Timer(seconds, theirs.sendall, (b"x",))
-    late.start()
-    try:
-        return any(mask & selectors.EVENT_READ for _key, mask in selector.select(None))
-    finally:
-        late.join()
+def _ready(selector) -> bool:
+    """Whether a blocking SELECT reports input."""
+    return any(mask & selectors.EVENT_READ for _key, mask in selector.select(None))
+
+
+def _input_at_yield(monkeypatch, theirs, number: int) -> None:
+    """Input arrives during the poll, at its NUMBERth yield."""
+    yields = 0
+    real_yield = os.sched_yield
+
+    def yield_then_send() -> None:
+        nonlocal yields
+        yields += 1
+        if yields == number:
+            theirs.sendall(b"x")
+        real_yield()
+
+    monkeypatch.setattr(idle_poll.os, "sched_yield", yield_then_send)
 
 
 def test_what_is_ready_already_costs_one_poll():
     selector, ours, theirs = _watched_pair(spin=0.5)
     with selector, ours, theirs:
-        assert _ready_after_input_in(selector, theirs, 0)
+        theirs.sendall(b"x")
+        assert _ready(selector)
         assert selector.timeouts == [0]
 
 
@@ -59,26 +83,30 @@ def test_a_loop_with_work_to_do_never_spins():
         assert selector.timeouts == [0]
 
 
-def test_what_arrives_while_polling_is_taken_without_sleeping():
+def test_what_arrives_while_polling_is_taken_without_sleeping(monkeypatch):
     selector, ours, theirs = _watched_pair(spin=5.0)
     with selector, ours, theirs:
-        assert _ready_after_input_in(selector, theirs, 0.002)
-        assert len(selector.timeouts) > 1
-        assert set(selector.timeouts) == {0}  # never a blocking wait
+        _input_at_yield(monkeypatch, theirs, 3)
+        selector.on_block = lambda: theirs.sendall(b"x")  # without a poll: fail, not hang
+        assert _ready(selector)
+        assert selector.timeouts == [0, 0, 0, 0]  # a look before each yield and after the third
 
 
 def test_after_polling_it_sleeps_until_something_comes():
     selector, ours, theirs = _watched_pair(spin=0.001)
     with selector, ours, theirs:
-        assert _ready_after_input_in(selector, theirs, 0.05)
-        assert selector.timeouts[-1] is None
+        selector.on_block = lambda: theirs.sendall(b"x")
+        assert _ready(selector)
+        assert len(selector.timeouts) > 2  # it looked, polled,
+        assert set(selector.timeouts[:-1]) == {0}
+        assert selector.timeouts[-1] is None  # then slept
 
 
 def test_a_timeout_counts_the_polling_and_a_short_one_caps_it():
     selector, ours, theirs = _watched_pair(spin=0.001)
     with selector, ours, theirs:
         assert selector.select(0.05) == []
-        assert 0 < selector.timeouts[-1] < 0.05
+        assert 0 <= selector.timeouts[-1] < 0.05
         selector.spin = 5.0
         selector.timeouts.clear()
         started = time.perf_counter()
@@ -103,6 +131,7 @@ def test_the_loop_runs_pipes_timers_and_subprocesses():
 def test_a_yield_that_comes_back_late_stops_the_polling_for_a_while(monkeypatch):
     """Other work had the CPU for a time slice: polling would only wait
     behind it again, where a sleeper is woken at once."""
+    monkeypatch.setattr(idle_poll, "STOLEN", 0.0005)
     yields = []
 
     def slow_yield() -> None:
@@ -112,12 +141,13 @@ def test_a_yield_that_comes_back_late_stops_the_polling_for_a_while(monkeypatch)
     monkeypatch.setattr(idle_poll.os, "sched_yield", slow_yield)
     selector, ours, theirs = _watched_pair(spin=5.0)
     with selector, ours, theirs:
-        assert _ready_after_input_in(selector, theirs, 0.05)
+        selector.on_block = lambda: theirs.sendall(b"x")
+        assert _ready(selector)
         assert (len(yields), selector.timeouts) == (1, [0, None])  # one look, then sleep
         assert selector.quiet_until > time.perf_counter() + idle_poll.BACK_OFF / 2
         ours.recv(1)
         selector.timeouts.clear()
-        assert _ready_after_input_in(selector, theirs, 0.05)
+        assert _ready(selector)
         assert (len(yields), selector.timeouts) == (1, [0, None])  # no polling at all
 
 
