@@ -455,7 +455,8 @@ by plainer ones that say what happened to the evaluation."
 make room for a new one.")
 
 (defparameter *suspend-seconds* 600
-  "How long an evaluation waits at an error before it aborts itself.")
+  "How long an evaluation waits at an error for its next command before it
+aborts itself.")
 
 (defvar *inside-evaluation* nil
   "True in the code an evaluation runs: an evaluate called from there is

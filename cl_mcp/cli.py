@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-suspended", type=bounded_int(0, 64), default=8,
                         help="evaluations that may wait at an error at once (0: none wait; default: 8)")
     parser.add_argument("--suspend-timeout", type=positive_float, default=600.0,
-                        help="seconds an evaluation waits at an error before it is aborted (default: 600)")
+                        help="seconds an evaluation waits at an error, without a command for it, before it is aborted (default: 600)")
     parser.add_argument("--log-level", default=env("CL_MCP_LOG_LEVEL", "info"),
                         choices=["debug", "info", "warning", "error"],
                         help="stderr log level (default: info)")

@@ -105,7 +105,13 @@ class Emacs:
                          "(buffer-substring-no-properties (point-min) (point-max)))")
 
     def quit_debuggers(self) -> None:
+        """Quit every debugger, and wait until Swank has closed them (sldb-quit
+        only sends the request)."""
         self.eval("(progn (dolist (b (sldb-buffers)) (with-current-buffer b (sldb-quit))) t)")
+        deadline = time.monotonic() + 10
+        while self.debugger_windows():
+            assert time.monotonic() < deadline, "the debugger did not close"
+            time.sleep(0.05)
 
     def stop(self) -> None:
         subprocess.run(["emacsclient", "-s", self.name, "--eval", "(kill-emacs)"], env=self.env,

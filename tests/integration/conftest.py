@@ -57,7 +57,8 @@ class McpProcess:
         self._responses: dict[Any, Any] = {}
         self.null_responses: list[dict[str, Any]] = []  # answers to unreadable requests
         threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_reader.start()
 
     def _read_stdout(self) -> None:
         assert self.proc.stdout
@@ -150,11 +151,13 @@ class McpProcess:
         if self.proc.stdin and not self.proc.stdin.closed:
             self.proc.stdin.close()
         try:
-            return self.proc.wait(timeout)
+            returncode = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError("cl-mcp did not exit after stdin closed")
+        self._stderr_reader.join(5)  # stderr_lines complete
+        return returncode
 
 
 @contextmanager

@@ -148,6 +148,7 @@ def test_a_function_defined_in_emacs_is_visible_to_cl_mcp(shared):
 
 def test_emacs_stays_healthy_after_errors_timeouts_restarts_and_reset(shared):
     _, emacs, process = shared
+    emacs.slime_eval("(cl:progn (cl:defun cl-user::from-emacs (y) (cl:+ y 1)) cl:t)")
     text, is_error = process.eval('(error "boom from cl-mcp")')
     assert is_error
     text, is_error = process.eval("(loop)", timeout=1)

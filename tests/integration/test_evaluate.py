@@ -253,9 +253,13 @@ def test_a_deadline_wakes_the_dozing_watchdog(shared_server):
     while; a new evaluation must wake it."""
     shared_server.eval("(setf cl-mcp-agent::*watchdog-linger* 0)")
     try:
-        time.sleep(0.5)  # no deadline for a while: it dozes off
+        shared_server.eval("(+ 1 2)", timeout=30)  # the watchdog is there,
+        deadline = time.monotonic() + 10
+        while shared_server.eval("cl-mcp-agent::*watchdog-dozing*") != ("=> T", False):
+            assert time.monotonic() < deadline, "the watchdog never dozed off"
+            time.sleep(0.05)  # and, with no deadline since, dozes off
         started = time.monotonic()
-        text, is_error = shared_server.eval("(loop)", timeout=1)
+        text, is_error = shared_server.eval("(loop)", timeout=1, wait=15)
         assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
         assert time.monotonic() - started < 5
     finally:

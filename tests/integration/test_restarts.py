@@ -121,9 +121,23 @@ def test_at_most_max_suspended_wait():
 def test_waiting_is_bounded_in_time():
     with cl_mcp("--suspend-timeout", "0.5") as process:
         process.eval('(error "soon gone")')
-        time.sleep(1.5)
+        deadline = time.monotonic() + 10  # looked at from aside: a command would keep it
+        while process.eval("(length cl-mcp-agent::*suspended*)") != ("=> 0", False):
+            assert time.monotonic() < deadline, "the evaluation still waits long after its 0.5 s"
+            time.sleep(0.1)
         text, is_error = restart(process, "ABORT")
         assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUSPENDED-EVALUATION")
+
+
+def test_a_command_restarts_the_wait():
+    """An evaluation being looked into does not abort under the assistant."""
+    with cl_mcp("--suspend-timeout", "1") as process:
+        process.eval('(error "still here")')
+        started = time.monotonic()
+        while time.monotonic() - started < 2.5:  # well past the timeout
+            assert tool_text(process, "backtrace")[0].startswith("[Backtrace of evaluation")
+            time.sleep(0.05)
+        assert restart(process, "ABORT") == ("The evaluation was aborted.", False)
 
 
 def test_waiting_can_be_switched_off():

@@ -3,14 +3,15 @@ questions from Lisp, a lost connection, and the secret."""
 
 import asyncio
 import os
+import select
 import socket
-import threading
 
 import pytest
 
 from cl_mcp.errors import SwankError
 from cl_mcp.image import ImageConfig, LispImage
 from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.swank import client
 from cl_mcp.swank.client import RexAborted, SwankConnection, _read_soon
 from cl_mcp.swank.wire import encode_message
 from tests.integration.conftest import listening_ports
@@ -151,24 +152,42 @@ def _socket_pair():
     return ours, theirs
 
 
-def test_the_answer_window_takes_an_answer_already_there_or_arriving_while_it_polls():
+def test_the_answer_window_takes_an_answer_already_there_or_arriving_while_it_polls(monkeypatch):
     ours, theirs = _socket_pair()
     with ours, theirs:
         theirs.sendall(b"already")
         assert _read_soon(ours.fileno(), spin=0.001, window=0.002) == b"already"
-        late = threading.Timer(0.0002, theirs.sendall, (b"while polling",))
-        late.start()
-        assert _read_soon(ours.fileno(), spin=0.5, window=1.0) == b"while polling"
-        late.join()
+        yields = 0
+        real_yield = os.sched_yield
+
+        def yield_then_send() -> None:  # the answer comes at the third yield
+            nonlocal yields
+            yields += 1
+            if yields == 3:
+                theirs.sendall(b"while polling")
+            real_yield()
+
+        monkeypatch.setattr(client.os, "sched_yield", yield_then_send)
+        monkeypatch.setattr(client.select, "select", lambda *_: pytest.fail("slept instead of polling"))
+        assert _read_soon(ours.fileno(), spin=30.0, window=60.0) == b"while polling"
+        assert yields == 3
 
 
-def test_the_answer_window_sleeps_after_its_polling_and_gives_up_at_its_end():
+def test_the_answer_window_sleeps_after_its_polling_and_gives_up_at_its_end(monkeypatch):
     ours, theirs = _socket_pair()
+    real_select = select.select
+    waits = []
+
+    def answer_once_asleep(readers, writers, errors, timeout):
+        waits.append(timeout)
+        theirs.sendall(b"after polling")
+        return real_select(readers, writers, errors, timeout)
+
     with ours, theirs:
-        late = threading.Timer(0.05, theirs.sendall, (b"after polling",))
-        late.start()
-        assert _read_soon(ours.fileno(), spin=0.001, window=2.0) == b"after polling"
-        late.join()
+        with monkeypatch.context() as patched:
+            patched.setattr(client.select, "select", answer_once_asleep)
+            assert _read_soon(ours.fileno(), spin=0.001, window=2.0) == b"after polling"
+        assert len(waits) == 1 and 1.0 < waits[0] < 2.0  # the window's rest, after the poll
         assert _read_soon(ours.fileno(), spin=0.001, window=0.01) is None  # nothing came
         theirs.close()
         assert _read_soon(ours.fileno(), spin=0.001, window=0.01) == b""  # end of file
