@@ -24,10 +24,10 @@ log = logging.getLogger("cl_mcp.link")
 OPEN_TIMEOUT = 60.0  # loading the agent into a busy image may take a while
 # How long a request on the lane waits for its answer before it lets the
 # event loop run (see SwankConnection._read_now): (+ 1 2) takes ~50 µs.
-# For the first 0.3 ms it polls rather than sleeps (see swank/client.py's
-# _read_soon): ≈60 µs less per quick evaluation on the VMs measured.
+# For the first `idle_poll.idle_spin()` it polls rather than sleeps (see
+# swank/client.py's _read_soon): ≈60 µs less per quick evaluation on the VMs
+# measured, but ≈30 % more on one CPU, where it only delays the image.
 LANE_ANSWER_WINDOW = 0.001
-LANE_ANSWER_SPIN = 0.0003
 
 # Loads the agent into a shared image from a string (the image may not see
 # cl-mcp's files, and a file in a shared /tmp could be tampered with), as one
@@ -104,14 +104,15 @@ class EmbeddedLink:
         them: cancelling, progress."""
         assert self._image is not None
         # Between requests the lane thread polls as long as cl-mcp's own event
-        # loop does (idle_poll.py; the agent's `input-soon-p`).
-        idle_poll_us = round(idle_poll.idle_spin() * 1_000_000)
-        name = await connection.rex([Symbol("cl-mcp-agent:open-lane"), idle_poll_us])
+        # loop does (idle_poll.py; the agent's `input-soon-p`), and so does
+        # cl-mcp for the lane's answers: not at all on one CPU.
+        spin = idle_poll.idle_spin()
+        name = await connection.rex([Symbol("cl-mcp-agent:open-lane"), round(spin * 1_000_000)])
         if not isinstance(name, str):
             raise SwankError(f"open-lane answered {name!r}, not a socket name")
         return await SwankConnection.open("\0" + name, None, secret=self._image.secret,
                                           ids=connection.ids, answer_window=LANE_ANSWER_WINDOW,
-                                          answer_spin=LANE_ANSWER_SPIN)
+                                          answer_spin=spin)
 
     async def close(self, grace: float = 2.0) -> int | None:
         """Stop the image; its exit code."""

@@ -3,13 +3,17 @@ connection in an image cl-mcp owns, and an evaluation that must wait at an
 error hands the lane to a fresh thread."""
 
 import asyncio
+import contextlib
 import os
 import socket
 
 import pytest
 
+from cl_mcp import idle_poll
 from cl_mcp.image import ImageConfig, LispImage
+from cl_mcp.link import EmbeddedLink
 from cl_mcp.sexp import Symbol
+from cl_mcp.swank import client
 from cl_mcp.swank.client import SwankConnection
 from cl_mcp.swank.wire import encode_frame
 from tests.integration.conftest import McpProcess
@@ -161,6 +165,34 @@ def test_the_lane_polls_only_where_that_pays(shared_server):
         assert pinned.eval("cl-mcp-agent::*lane-idle-poll-microseconds*") == ("=> 0", False)
     finally:
         pinned.close()
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["free CPUs", "one CPU"])
+def test_cl_mcp_polls_for_the_lanes_answers_only_where_that_pays(monkeypatch, pinned):
+    spins = []
+    read_soon = client._read_soon
+
+    def recording(fd, spin, window):
+        spins.append(spin)
+        return read_soon(fd, spin, window)
+
+    monkeypatch.setattr(client, "_read_soon", recording)
+
+    async def body():
+        link = EmbeddedLink(ImageConfig())
+        connection = await link.open()
+        try:
+            lane = await link.open_lane(connection)
+            assert await lane.rex([Symbol("cl:+"), 1, 2]) == 3
+            await lane.close()
+        finally:
+            await connection.close()
+            await link.close()
+
+    with one_cpu() if pinned else contextlib.nullcontext():
+        asyncio.run(asyncio.wait_for(body(), 60))
+    several = len(os.sched_getaffinity(0)) > 1
+    assert spins and set(spins) == {idle_poll.IDLE_SPIN if several and not pinned else 0.0}
 
 
 # A lane poll whose yields all count as late, then one in the quiet that follows.
