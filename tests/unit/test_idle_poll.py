@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from cl_mcp import idle_poll
+from cl_mcp import cli, idle_poll
 from cl_mcp.idle_poll import PollingSelector, new_event_loop
 
 
@@ -170,3 +170,16 @@ def test_on_one_cpu_the_loop_does_not_poll():
         assert loop._selector.spin == 0  # type: ignore[attr-defined]
     finally:
         loop.close()
+
+
+def test_the_server_runs_on_the_polling_loop(monkeypatch):
+    selectors_seen = []
+
+    async def serve(config, out_fd) -> int:
+        selectors_seen.append(asyncio.get_running_loop()._selector)  # type: ignore[attr-defined]
+        return 0
+
+    monkeypatch.setattr(cli, "claim_stdout", lambda: 1)  # pytest's stdout stays where it is
+    monkeypatch.setattr(cli, "serve", serve)
+    assert cli.serve_main(["--log-level", "warning"]) == 0
+    assert [type(selector) for selector in selectors_seen] == [PollingSelector]
