@@ -17,7 +17,7 @@ from cl_mcp.swank import client
 from cl_mcp.swank.client import SwankConnection
 from cl_mcp.swank.wire import encode_frame
 from tests.integration.conftest import McpProcess
-from tests.unit.test_idle_poll import one_cpu
+from tests.polling import one_cpu
 
 # The name and address of the thread an evaluation runs in.
 THREAD = ('(let ((thread sb-thread:*current-thread*)) '

@@ -2,7 +2,6 @@
 questions from Lisp, a lost connection, and the secret."""
 
 import asyncio
-import os
 import select
 import socket
 
@@ -15,6 +14,7 @@ from cl_mcp.swank import client
 from cl_mcp.swank.client import RexAborted, SwankConnection, _read_soon
 from cl_mcp.swank.wire import encode_message
 from tests.integration.conftest import listening_ports
+from tests.polling import input_at_yield
 
 
 def run(coroutine):
@@ -157,20 +157,10 @@ def test_the_answer_window_takes_an_answer_already_there_or_arriving_while_it_po
     with ours, theirs:
         theirs.sendall(b"already")
         assert _read_soon(ours.fileno(), spin=0.001, window=0.002) == b"already"
-        yields = 0
-        real_yield = os.sched_yield
-
-        def yield_then_send() -> None:  # the answer comes at the third yield
-            nonlocal yields
-            yields += 1
-            if yields == 3:
-                theirs.sendall(b"while polling")
-            real_yield()
-
-        monkeypatch.setattr(client.os, "sched_yield", yield_then_send)
+        yields = input_at_yield(monkeypatch, theirs, 3, b"while polling")
         monkeypatch.setattr(client.select, "select", lambda *_: pytest.fail("slept instead of polling"))
         assert _read_soon(ours.fileno(), spin=30.0, window=60.0) == b"while polling"
-        assert yields == 3
+        assert len(yields) == 3
 
 
 def test_the_answer_window_sleeps_after_its_polling_and_gives_up_at_its_end(monkeypatch):

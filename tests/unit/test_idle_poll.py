@@ -1,8 +1,6 @@
 """The event loop's selector: polls before it sleeps, and keeps its timeouts."""
 
 import asyncio
-import contextlib
-import os
 import selectors
 import socket
 import time
@@ -12,6 +10,7 @@ import pytest
 
 from cl_mcp import cli, idle_poll
 from cl_mcp.idle_poll import PollingSelector, new_event_loop
+from tests.polling import input_at_yield, one_cpu
 
 
 class _Recording(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
@@ -53,21 +52,6 @@ def _ready(selector) -> bool:
     return any(mask & selectors.EVENT_READ for _key, mask in selector.select(None))
 
 
-def _input_at_yield(monkeypatch, theirs, number: int) -> None:
-    """Input arrives during the poll, at its NUMBERth yield."""
-    yields = 0
-    real_yield = os.sched_yield
-
-    def yield_then_send() -> None:
-        nonlocal yields
-        yields += 1
-        if yields == number:
-            theirs.sendall(b"x")
-        real_yield()
-
-    monkeypatch.setattr(idle_poll.os, "sched_yield", yield_then_send)
-
-
 def test_what_is_ready_already_costs_one_poll():
     selector, ours, theirs = _watched_pair(spin=0.5)
     with selector, ours, theirs:
@@ -86,7 +70,7 @@ def test_a_loop_with_work_to_do_never_spins():
 def test_what_arrives_while_polling_is_taken_without_sleeping(monkeypatch):
     selector, ours, theirs = _watched_pair(spin=5.0)
     with selector, ours, theirs:
-        _input_at_yield(monkeypatch, theirs, 3)
+        input_at_yield(monkeypatch, theirs, 3)
         selector.on_block = lambda: theirs.sendall(b"x")  # without a poll: fail, not hang
         assert _ready(selector)
         assert selector.timeouts == [0, 0, 0, 0]  # a look before each yield and after the third
@@ -149,17 +133,6 @@ def test_a_yield_that_comes_back_late_stops_the_polling_for_a_while(monkeypatch)
         selector.timeouts.clear()
         assert _ready(selector)
         assert (len(yields), selector.timeouts) == (1, [0, None])  # no polling at all
-
-
-@contextlib.contextmanager
-def one_cpu():
-    """This thread (and what it starts) on one CPU."""
-    cpus = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(cpus)})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, cpus)
 
 
 def test_on_one_cpu_the_loop_does_not_poll():
