@@ -660,14 +660,27 @@ and a deadline TIMEOUT seconds away."
         (sleep *watchdog-tick*)))))
 
 (defun interrupt-at-deadline (evaluation token)
-  "Signal SB-EXT:TIMEOUT (continuable) in EVALUATION's thread, if the stretch
-TOKEN stands for is still running when the interrupt lands."
+  "Stop EVALUATION's thread at its deadline, if the stretch TOKEN stands for
+is still running when the interrupt lands.
+
+The SB-EXT:TIMEOUT is not signalled: a handler in the user's code (a retry
+loop that catches SERIOUS-CONDITION or CONDITION) would take it and run on.
+It goes straight to `stop-at-error', which reports it and either waits there,
+with a CONTINUE restart that carries on, or aborts: a throw, which no handler
+can stop and which runs every UNWIND-PROTECT cleanup on its way out.  Only
+code that blocks interrupts (WITHOUT-INTERRUPTS) never hears it."
   (handler-case
       (sb-thread:interrupt-thread
        (evaluation-thread evaluation)
        (lambda ()
          (when (eq (evaluation-deadline evaluation) token)
-           (cerror "Continue the evaluation." 'sb-ext:timeout :seconds (first token)))))
+           ;; An interruption runs with interrupts disabled; waiting here at
+           ;; the error must still hear a cancel, and a continued evaluation
+           ;; its next deadline.
+           (sb-sys:with-interrupts
+             (with-simple-restart (continue "Continue the evaluation.")
+               (stop-at-error evaluation
+                              (make-condition 'sb-ext:timeout :seconds (first token))))))))
     (sb-thread:interrupt-thread-error () nil)))
 
 (defmacro with-evaluation-streams ((evaluation) &body body)
