@@ -17,7 +17,8 @@ the coroutine's first real wait.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Coroutine, Generator, TypeVar
+import collections.abc
+from typing import Any, Coroutine, TypeVar
 
 T = TypeVar("T")
 
@@ -36,33 +37,40 @@ def start_eagerly(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
         failed: asyncio.Future[T] = loop.create_future()
         failed.set_exception(error)
         return failed
-    return loop.create_task(_carry_on(coro, awaited))
-
-
-async def _carry_on(coro: Coroutine[Any, Any, T], awaited: Any) -> T:
-    return await _Resumed(coro, awaited)
+    return loop.create_task(_Resumed(coro, awaited))  # type: ignore[arg-type]
 
 
 class _Resumed:
-    """Hands what CORO waits on to the task driving it, and the outcome (a
-    value, or an exception such as a cancellation) back to CORO: the task
-    then drives CORO as if it had started it."""
+    """CORO, already started, for a task to drive as if it had started it.
 
-    __slots__ = ("_coro", "_awaited")
+    The task's first step gets what CORO waits on; every later value or
+    exception goes to CORO itself.  That includes a cancellation that comes
+    before the task's first step (a `notifications/cancelled` in the same
+    read as its request): it is thrown into CORO where CORO waits, so CORO's
+    handlers run (an evaluation is aborted in the image, a lock is released).
+    A wrapper coroutine would take such a cancellation at its own start,
+    before it ever reached CORO, and leave CORO suspended for good."""
+
+    __slots__ = ("_coro", "_awaited", "_started")
 
     def __init__(self, coro: Coroutine[Any, Any, Any], awaited: Any) -> None:
         self._coro = coro
         self._awaited = awaited
+        self._started = False
 
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, awaited = self._coro, self._awaited
-        while True:
-            try:
-                try:
-                    value = yield awaited
-                except BaseException as error:
-                    awaited = coro.throw(error)
-                else:
-                    awaited = coro.send(value)
-            except StopIteration as stop:
-                return stop.value
+    def send(self, value: Any) -> Any:
+        if not self._started:
+            self._started = True
+            return self._awaited
+        return self._coro.send(value)
+
+    def throw(self, error: BaseException, *rest: Any) -> Any:
+        self._started = True
+        return self._coro.throw(error, *rest)
+
+    def close(self) -> None:
+        self._coro.close()
+
+
+# asyncio drives any registered Coroutine through send, throw and close.
+collections.abc.Coroutine.register(_Resumed)

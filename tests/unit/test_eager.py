@@ -84,3 +84,52 @@ def test_cancelling_the_task_reaches_the_coroutine():
             await future
         assert cleaned == [True] and never.cancelled()
     run(body)
+
+
+def test_a_cancellation_before_the_tasks_first_step_reaches_the_coroutine():
+    """The request and its notifications/cancelled arrive in one read: the
+    task is cancelled before it ever ran.  The coroutine must still hear it
+    where it waits, and release what it holds."""
+    async def body():
+        loop = asyncio.get_running_loop()
+        lock = asyncio.Lock()
+        answer = loop.create_future()
+        seen = []
+
+        async def call():
+            async with lock:
+                try:
+                    await answer
+                except asyncio.CancelledError:
+                    seen.append("aborted in the image")
+                    raise
+
+        future = start_eagerly(call())
+        assert lock.locked() and not future.done()
+        future.cancel()  # before the task's first step
+        with pytest.raises(asyncio.CancelledError):
+            await future
+        assert seen == ["aborted in the image"]
+        assert not lock.locked()
+    run(body)
+
+
+def test_a_coroutine_may_wait_again_while_it_handles_an_early_cancellation():
+    async def body():
+        loop = asyncio.get_running_loop()
+        answer, cleanup = loop.create_future(), loop.create_future()
+
+        async def call():
+            try:
+                await answer
+            except asyncio.CancelledError:
+                await cleanup  # e.g. asking the image to abort
+                return "cleaned up"
+
+        future = start_eagerly(call())
+        future.cancel()
+        await asyncio.sleep(0)
+        assert not future.done()
+        cleanup.set_result(None)
+        assert await future == "cleaned up"
+    run(body)
