@@ -1,6 +1,8 @@
 """The JSON-RPC and MCP layer of the real cl-mcp, over pipes."""
 
 import json
+import os
+import signal
 import time
 
 import pytest
@@ -180,7 +182,102 @@ def test_large_code_and_large_lines(shared_server):
     assert shared_server.eval(code) == ("=> 2000000", False)
 
 
-def test_nothing_but_json_on_stdout(shared_server):
-    shared_server.eval('(format t "noise~%") (print :more)')
-    for line in shared_server.raw_lines:
-        json.loads(line)
+# ---------------------------------------------------------------- stray writes
+
+def image_writes_to_fd(fd: int, text: str) -> str:
+    """Lisp code that writes TEXT and a newline straight to the image's file
+    descriptor FD, under every stream."""
+    return (f'(let ((octets (sb-ext:string-to-octets (format nil "~A~%" "{text}"))))'
+            f' (sb-unix:unix-write {fd} octets 0 (length octets)))')
+
+
+def image_writes_to_stream(stream: str, text: str) -> str:
+    return f'(progn (write-line "{text}" {stream}) (finish-output {stream}))'
+
+
+# Everything in the image that could reach a standard output: its file
+# descriptors, its standard streams, and a thread of the user's, which sees
+# the global *STANDARD-OUTPUT* (the image's real stdout, not the capture)
+# and writes after its evaluation has answered.
+STRAY_IMAGE_WRITES = {
+    "stray-image-fd-1": image_writes_to_fd(1, "stray-image-fd-1"),
+    "stray-image-fd-2": image_writes_to_fd(2, "stray-image-fd-2"),
+    "stray-image-stdout-stream": image_writes_to_stream("sb-sys:*stdout*", "stray-image-stdout-stream"),
+    "stray-image-stderr-stream": image_writes_to_stream("sb-sys:*stderr*", "stray-image-stderr-stream"),
+    "stray-image-thread": ('(sb-thread:make-thread (lambda () (sleep 0.2) '
+                           '(write-line "stray-image-thread") (finish-output)))'),
+}
+
+# Loaded by cl-mcp's own Python at start-up (PYTHONPATH, no hook in cl-mcp):
+# on SIGUSR1, a print() and a raw write to file descriptor 1, the latter
+# without a newline, so that it would run into the next line of stdout.
+STRAY_PYTHON_WRITES = """
+import os
+import signal
+
+
+def write_stray(signum, frame):
+    print("stray-python-print", flush=True)
+    os.write(1, b"stray-python-fd-1")
+
+
+signal.signal(signal.SIGUSR1, write_stray)
+"""
+
+
+def is_json_rpc_message(line: bytes) -> bool:
+    """A response, or a notification from the server."""
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return False
+    if not isinstance(message, dict):
+        return False
+    if "method" in message:
+        return "id" not in message and first_error(shared_type("JsonRpcRequest"), message) is None
+    return valid_response(message)
+
+
+def check_stdout_so_far(process: McpProcess) -> None:
+    """Fails at once on a line that is not JSON-RPC (McpProcess stops
+    reading stdout there, so waiting for more would only time out)."""
+    strays = [line for line in list(process.raw_lines) if not is_json_rpc_message(line)]
+    assert not strays, f"stdout carried lines that are not JSON-RPC messages: {strays}"
+
+
+def wait_for(process: McpProcess, what: str, condition, *arguments, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition(process, *arguments):
+        check_stdout_so_far(process)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.01)
+
+
+def logged(process: McpProcess, text: str) -> bool:
+    return any(text in line for line in list(process.stderr_lines))
+
+
+def answered(process: McpProcess, request_id: int) -> bool:
+    return any(b'"id":%d,' % request_id in line for line in list(process.raw_lines))
+
+
+def test_nothing_but_json_rpc_on_stdout_whatever_writes_to_it(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(STRAY_PYTHON_WRITES)
+    python_path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    process = McpProcess(env={"PYTHONPATH": python_path})
+    try:
+        process.initialize()
+        evaluations = [process.start_request("tools/call", {"name": "evaluate-lisp", "arguments": {"code": code}})
+                       for code in [*STRAY_IMAGE_WRITES.values(), '(format t "captured~%") (print :captured)']]
+        process.proc.send_signal(signal.SIGUSR1)
+        for stray in [*STRAY_IMAGE_WRITES, "stray-python-print", "stray-python-fd-1"]:
+            wait_for(process, f"{stray} in the log (the write happened)", logged, stray)
+        ping = process.start_request("ping")  # its answer is written after every stray write
+        wait_for(process, "the ping's answer", answered, ping)
+        check_stdout_so_far(process)
+        results = [process.response(request)["result"] for request in evaluations]
+        assert [result["isError"] for result in results] == [False] * len(results)
+        assert results[-1]["content"][0]["text"].startswith("[stdout]\ncaptured")  # the evaluation's own output
+    finally:
+        process.close()
