@@ -88,11 +88,25 @@ class EmbeddedLink:
         return f"embedded SBCL (pid {self._image.pid})" if self._image else "embedded SBCL"
 
     async def open(self) -> SwankConnection:
+        """A new image and the connection to it.  An image that was started
+        but cannot be used (it will not connect, or dies on the way) is
+        stopped before the error goes on, and so is any earlier image: one
+        image at a time, and none left behind."""
+        await self.close(grace=0.5)
         image = LispImage(self._config)
         self._image = image
-        port = await image.start()
-        connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
-        await connection.rex([Symbol("cl-mcp-agent:set-connection-nodelay")])
+        try:
+            port = await image.start()
+            connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
+            try:
+                await connection.rex([Symbol("cl-mcp-agent:set-connection-nodelay")],
+                                     deadline=OPEN_TIMEOUT)
+            except BaseException:
+                await connection.close()
+                raise
+        except BaseException:
+            await self.close(grace=0.5)
+            raise
         log.info("Lisp image ready (pid %s, port %s)", image.pid, port)
         return connection
 
@@ -107,7 +121,8 @@ class EmbeddedLink:
         # loop does (idle_poll.py; the agent's `input-soon-p`), and so does
         # cl-mcp for the lane's answers: not at all on one CPU.
         spin = idle_poll.idle_spin()
-        name = await connection.rex([Symbol("cl-mcp-agent:open-lane"), round(spin * 1_000_000)])
+        name = await connection.rex([Symbol("cl-mcp-agent:open-lane"), round(spin * 1_000_000)],
+                                    deadline=OPEN_TIMEOUT)
         if not isinstance(name, str):
             raise SwankError(f"open-lane answered {name!r}, not a socket name")
         return await SwankConnection.open("\0" + name, None, secret=self._image.secret,

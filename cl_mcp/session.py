@@ -37,6 +37,12 @@ AGENT_MAX_OUTPUT = 1_000_000  # cl-mcp-agent:evaluate's default :max-output
 # image interrupts it itself) before cl-mcp gives up on the image.
 DEADLINE_GRACE = 5.0
 RECONNECT_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # then every 8 s
+# Setting up a new image or connection (configure) is quick; an image that
+# does not answer by then will not.
+OPEN_TIMEOUT = 60.0
+# How long a live image takes to answer (cl:values) when only one of its
+# connections was lost, even while another thread of it is busy.
+LIVENESS_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,18 +140,24 @@ class LispSession:
             self._starting = asyncio.create_task(self._open(), name="image-start")
 
     async def _open(self) -> SwankConnection:
+        """Open the link and set the image up.  A start that fails half-way
+        stops what it started (the link does so for its own steps)."""
         try:
             connection = await self._link.open()
-            await connection.rex([Symbol("cl-mcp-agent:configure"),
-                                  Keyword("max-suspended"), self.config.max_suspended,
-                                  Keyword("suspend-seconds"), float(self.config.suspend_timeout)])
         except (ImageError, SwankError, OSError) as error:
-            self._last_failure = str(error)
+            self._last_failure = str(error) or type(error).__name__
             raise
         try:
-            self._lane = await self._link.open_lane(connection)
-        except (SwankError, OSError) as error:
-            log.warning("no lane to the image (%s); requests take Swank's connection", error)
+            await connection.rex([Symbol("cl-mcp-agent:configure"),
+                                  Keyword("max-suspended"), self.config.max_suspended,
+                                  Keyword("suspend-seconds"), float(self.config.suspend_timeout)],
+                                 deadline=OPEN_TIMEOUT)
+        except BaseException as error:
+            self._last_failure = str(error) or type(error).__name__
+            await connection.close()
+            await self._link.close(grace=0.5)
+            raise
+        self._lane = await self._open_lane(connection)
         self._connection = connection
         self._last_failure = ""
         if self._link.shared:
@@ -273,7 +285,7 @@ class LispSession:
         the caller is cancelled, the work tagged TAG is aborted in the image
         before the cancellation goes on (so the next call never overlaps it)."""
         control = await self._connection_ready()
-        connection = self._lane_or(control)
+        connection = await self._lane_or(control)
         self.running_tag = tag
         try:
             return await connection.rex(form, deadline=deadline)
@@ -299,6 +311,17 @@ class LispSession:
                 "restarted. The session's definitions were lost.",
             ) from None
         except SwankError as error:
+            if connection.closed and connection is not control and await self._answers(control):
+                # Only the lane is gone: the image lives, and so does the
+                # session.  This call's work is stopped (its answer could
+                # never arrive) and the next call takes a new lane.
+                if tag is not None:
+                    await self._abort_in_image(control, tag)
+                raise SessionError(
+                    "CL-MCP:CONNECTION-LOST",
+                    "The connection that carried this call to the image was lost, so the call "
+                    "was aborted and its result is unknown. The image and its definitions are "
+                    "kept; the next call takes a new connection.") from None
             if connection.closed:
                 if self._link.shared:
                     raise SessionError(
@@ -316,12 +339,31 @@ class LispSession:
         finally:
             self.running_tag = None
 
-    def _lane_or(self, control: SwankConnection) -> SwankConnection:
-        """The lane while it lasts, else CONTROL."""
+    async def _open_lane(self, control: SwankConnection) -> SwankConnection | None:
+        """A lane to the image (embedded only), or None when it cannot have
+        one: requests then take CONTROL."""
+        try:
+            return await self._link.open_lane(control)
+        except (SwankError, OSError) as error:
+            log.warning("no lane to the image (%s); requests take Swank's connection", error)
+            return None
+
+    async def _lane_or(self, control: SwankConnection) -> SwankConnection:
+        """The lane, opened anew if it was lost while the image lives; else
+        CONTROL."""
         if self._lane is not None and self._lane.closed:
-            log.warning("the lane to the image was lost; requests take Swank's connection")
-            self._lane = None
+            log.warning("the lane to the image was lost; opening a new one")
+            self._lane = await self._open_lane(control)
         return self._lane or control
+
+    async def _answers(self, connection: SwankConnection) -> bool:
+        """True when the image answers on CONNECTION within a few seconds:
+        one socket closing says nothing about the other, nor the process."""
+        try:
+            await connection.rex([Symbol("cl:values")], deadline=LIVENESS_TIMEOUT)
+        except (SwankError, TimeoutError):
+            return False
+        return True
 
     async def _abort_in_image(self, connection: SwankConnection, tag: int) -> None:
         try:
