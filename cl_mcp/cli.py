@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
+import math
 import os
 import signal
 import sys
+from typing import Any, Awaitable, Callable, Mapping, NoReturn
 
 from cl_mcp import __version__, idle_poll, jsonrpc
 from cl_mcp.jsonrpc import OversizedLine
@@ -15,19 +18,24 @@ from cl_mcp.client_log import ClientLogHandler
 from cl_mcp.image import ImageConfig
 from cl_mcp.link import parse_address
 from cl_mcp.session import LispSession, SessionConfig
-from cl_mcp.stdio import StdioTransport, claim_stdout
+from cl_mcp.stdio import StdioTransport, claim_stdout, reopen_closed_stdin
 
 log = logging.getLogger("cl_mcp")
 
-# After stdin closes, running requests get this long to answer before exit.
+# After stdin closes, running requests get this long to answer before exit
+# (unless stdin was a file: see eof_grace).
 EOF_GRACE = 1.5
 
 
-def bounded_int(low: int, high: int):
+def bounded_int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
-        value = int(text)
+        message = f"must be an integer from {low} to {high}"
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(message) from None
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be between {low} and {high}")
+            raise argparse.ArgumentTypeError(message)
         return value
     return parse
 
@@ -35,57 +43,154 @@ def bounded_int(low: int, high: int):
 def address(text: str) -> tuple[str, int]:
     try:
         return parse_address(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+    except ValueError:
+        raise argparse.ArgumentTypeError("must be [HOST:]PORT, such as 4005 or 127.0.0.1:4005") from None
 
 
 def positive_float(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 86400 * 365:
-        raise argparse.ArgumentTypeError("must be a positive number of seconds")
+    message = "must be a positive number of seconds"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(message) from None
+    if not 0 < value <= 86400 * 365:  # false for nan too
+        raise argparse.ArgumentTypeError(message)
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    env = os.environ.get
+def on_off(text: str) -> bool:
+    """The value of a switch's environment variable (a flag on the command line)."""
+    word = text.strip().lower()
+    if word not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise argparse.ArgumentTypeError("must be 1 or 0")
+    return word in ("1", "true", "yes", "on")
+
+
+def env_variable(option: argparse.Action) -> str:
+    """The environment variable named after OPTION: --eval-timeout is CL_MCP_EVAL_TIMEOUT."""
+    return "CL_MCP_" + option.dest.upper()
+
+
+def config_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """Exit 2 with one line on stderr (parser.error would add the usage)."""
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def environment_value(parser: argparse.ArgumentParser, option: argparse.Action, text: str) -> Any:
+    """TEXT, the value of OPTION's variable, converted and checked as the
+    flag's argument would be; a bad one names the variable and exits 2."""
+    name = env_variable(option)
+    shown = text if text.isprintable() else repr(text)
+    convert = option.type or (on_off if option.nargs == 0 else str)
+    try:
+        value = convert(text)
+    except argparse.ArgumentTypeError as error:
+        config_error(parser, f"{name}={shown}: {error}")
+    if option.choices is not None and value not in option.choices:
+        config_error(parser, f"{name}={shown}: must be one of {', '.join(map(str, option.choices))}")
+    return value
+
+
+def read_environment(parser: argparse.ArgumentParser, options: list[argparse.Action],
+                     environ: Mapping[str, str]) -> None:
+    """Each option's default from its variable, when that is set and not empty
+    (a flag on the command line still wins), and the variable in its help."""
+    for option in options:
+        option.help = f"{option.help} [env {env_variable(option)}]"
+        text = environ.get(env_variable(option), "")
+        if text:
+            option.default = environment_value(parser, option, text)
+
+
+def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentParser:
+    """The server's options.  A CL_MCP_* variable in ENVIRON sets its option's
+    default, checked as the flag is: a bad one exits 2, even before --help."""
     parser = argparse.ArgumentParser(
         prog="cl-mcp",
         usage="cl-mcp [serve] [options]  |  cl-mcp COMMAND ...",
-        description="MCP server over stdio that evaluates Common Lisp in an SBCL image through "
-                    "Swank. With no command it serves MCP on stdio, which is what MCP hosts run.",
+        description="MCP server over stdio that evaluates Common Lisp in an SBCL image through\n"
+                    "Swank. With no command it serves MCP on stdio, which is what MCP hosts run.\n\n"
+                    "Each option can also be set by the environment variable named after it\n"
+                    "(--eval-timeout 5: CL_MCP_EVAL_TIMEOUT=5; a switch: =1 or =0). The command\n"
+                    "line wins; an empty variable counts as unset.",
         epilog="commands:\n" + "\n".join(f"  {name:<8} {text}" for name, text in COMMANDS.items())
                + "\n\n`cl-mcp COMMAND --help` describes each.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cl-mcp {__version__}")
-    parser.add_argument("--connect", metavar="[HOST:]PORT", type=address,
-                        default=address(env("CL_MCP_CONNECT")) if env("CL_MCP_CONNECT") else None,
-                        help="attach to a running Swank (e.g. Emacs's M-x slime) instead of "
-                             "starting SBCL (env CL_MCP_CONNECT); presents ~/.slime-secret if it exists")
-    parser.add_argument("--sbcl", default=env("CL_MCP_SBCL", "sbcl"),
-                        help="SBCL executable (env CL_MCP_SBCL; default: sbcl)")
-    parser.add_argument("--slime-dir", default=env("CL_MCP_SLIME_DIR"),
-                        help="directory with swank-loader.lisp (env CL_MCP_SLIME_DIR; "
-                             "default: Debian's cl-swank)")
-    parser.add_argument("--no-saved-core", action="store_true",
-                        default=env("CL_MCP_NO_SAVED_CORE", "") not in ("", "0"),
-                        help="start SBCL from fasls every time instead of from a core with Swank "
-                             "and the agent saved under ~/.cache/cl-mcp (~50 MB; env CL_MCP_NO_SAVED_CORE=1)")
-    parser.add_argument("--eval-timeout", type=positive_float, default=float(env("CL_MCP_EVAL_TIMEOUT", "30")),
-                        help="seconds before an evaluation is interrupted (default: 30)")
-    parser.add_argument("--load-timeout", type=positive_float, default=300.0,
-                        help="seconds load-system may take (default: 300)")
-    parser.add_argument("--max-output", type=bounded_int(1_000, 1_000_000), default=1_000_000,
-                        help="characters kept of each of stdout, stderr and the printed values "
-                             "of one evaluation (1000 to 1000000; default: 1000000)")
-    parser.add_argument("--max-suspended", type=bounded_int(0, 64), default=8,
-                        help="evaluations that may wait at an error at once (0: none wait; default: 8)")
-    parser.add_argument("--suspend-timeout", type=positive_float, default=600.0,
-                        help="seconds an evaluation waits at an error, without a command for it, before it is aborted (default: 600)")
-    parser.add_argument("--log-level", default=env("CL_MCP_LOG_LEVEL", "info"),
-                        choices=["debug", "info", "warning", "error"],
-                        help="stderr log level (default: info)")
+    options = [
+        parser.add_argument("--connect", metavar="[HOST:]PORT", type=address,
+                            help="attach to a running Swank (e.g. Emacs's M-x slime) instead of "
+                                 "starting SBCL; presents ~/.slime-secret if it exists"),
+        parser.add_argument("--sbcl", default="sbcl", help="SBCL executable (default: sbcl)"),
+        parser.add_argument("--slime-dir", help="directory with swank-loader.lisp "
+                                                "(default: Debian's cl-swank)"),
+        parser.add_argument("--no-saved-core", action="store_true",
+                            help="start SBCL from fasls every time instead of from a core with "
+                                 "Swank and the agent saved under ~/.cache/cl-mcp (~50 MB)"),
+        parser.add_argument("--eval-timeout", type=positive_float, default=30.0,
+                            help="seconds before an evaluation is interrupted (default: 30)"),
+        parser.add_argument("--load-timeout", type=positive_float, default=300.0,
+                            help="seconds load-system may take (default: 300)"),
+        parser.add_argument("--max-output", type=bounded_int(1_000, 1_000_000), default=1_000_000,
+                            help="characters kept of each of stdout, stderr and the printed values "
+                                 "of one evaluation (1000 to 1000000; default: 1000000)"),
+        parser.add_argument("--max-suspended", type=bounded_int(0, 64), default=8,
+                            help="evaluations that may wait at an error at once "
+                                 "(0: none wait; default: 8)"),
+        parser.add_argument("--suspend-timeout", type=positive_float, default=600.0,
+                            help="seconds an evaluation waits at an error, without a command for "
+                                 "it, before it is aborted (default: 600)"),
+        parser.add_argument("--log-level", default="info",
+                            choices=["debug", "info", "warning", "error"],
+                            help="stderr log level (default: info)"),
+    ]
+    read_environment(parser, options, environ)
     return parser
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and the loopback addresses (127.0.0.0/8, ::1);
+    any other name counts as remote."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return (mapped or ip).is_loopback
+
+
+def warn_if_remote(connect: tuple[str, int] | None) -> None:
+    """Swank has no encryption: off this machine, its secret and every
+    evaluation can be read (and changed) on the way."""
+    if connect is None or is_loopback(connect[0]):
+        return
+    host, port = connect
+    log.warning("--connect %s:%d is not on this machine: the Swank secret and all code travel "
+                "in clear text. Use an SSH tunnel instead: ssh -L %d:127.0.0.1:%d %s, "
+                "then --connect %d", host, port, port, port, host, port)
+
+
+def eof_grace(transport: StdioTransport) -> float:
+    """How long running requests may go on once stdin has ended.  The end of
+    a pipe means the client has gone.  The end of a stdin the loop cannot
+    watch (a file, /dev/null) is the end of a script, and its answers are
+    still wanted: the requests finish, each within its own deadline."""
+    if transport.input_is_live or transport.broken:
+        return EOF_GRACE
+    return math.inf
+
+
+async def first_of(*awaitables: Awaitable[object]) -> None:
+    """Wait until one of AWAITABLES is done, and cancel the others."""
+    tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 async def serve(config: SessionConfig, out_fd: int) -> int:
@@ -110,17 +215,13 @@ async def serve(config: SessionConfig, out_fd: int) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(signum, stop.set)
 
-    reader = asyncio.create_task(transport.input_ended())
-    stopper = asyncio.create_task(stop.wait())
-    await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    await first_of(transport.input_ended(), stop.wait())
+    if not stop.is_set():
+        log.info("stdin closed; shutting down")
+        await first_of(server.finish(timeout=eof_grace(transport)), stop.wait())
     if stop.is_set():
         log.info("signal received; shutting down")
-        await server.finish(timeout=0)
-    else:
-        log.info("stdin closed; shutting down")
-        await server.finish(timeout=EOF_GRACE)
-    reader.cancel()
-    stopper.cancel()
+    await server.finish(timeout=0)
     await session.close()
     await transport.drain()
     transport.close()
@@ -145,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(name: str, argv: list[str]) -> int:
+    # A bad CL_MCP_* variable stops here, in one line, rather than in the
+    # server the command starts.
+    build_parser()
     logging.basicConfig(level="WARNING", stream=sys.stderr,
                         format="cl-mcp %(levelname)s %(name)s: %(message)s")
     if name == "repl":
@@ -164,6 +268,8 @@ def serve_main(argv: list[str]) -> int:
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s cl-mcp %(levelname)s %(name)s: %(message)s",
     )
+    warn_if_remote(args.connect)
+    reopen_closed_stdin()
     out_fd = claim_stdout()
     config = SessionConfig(
         image=ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir,

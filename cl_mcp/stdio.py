@@ -31,11 +31,37 @@ def claim_stdout() -> int:
     return private
 
 
-def _is_pollable(fd: int) -> bool:
-    """True when asyncio can watch FD (pipes, sockets, terminals), false for
-    regular files, which are always 'ready'."""
-    mode = os.fstat(fd).st_mode
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
+def reopen_closed_stdin() -> None:
+    """Put /dev/null on fd 0 if it is closed.  Its input is then simply
+    empty, and no descriptor opened later (the private stdout, a socket) can
+    land on fd 0 and be read as stdin."""
+    try:
+        os.fstat(0)
+    except OSError:
+        null = os.open(os.devnull, os.O_RDONLY)
+        if null != 0:
+            os.dup2(null, 0)
+            os.close(null)
+
+
+def _loop_can_watch(loop: asyncio.AbstractEventLoop, fd: int) -> bool:
+    """True when LOOP can watch FD: a pipe, a socket or a terminal.  False
+    for a regular file (always 'ready'), a closed descriptor, and a
+    character device that epoll refuses (/dev/null: EPERM)."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)):
+        return False
+    # Only registering tells: asyncio's pipe transports register FD later,
+    # in a callback, where a refusal is only logged and input never comes.
+    try:
+        loop.add_reader(fd, lambda: None)
+    except OSError:
+        return False
+    loop.remove_reader(fd)
+    return True
 
 
 class _ReadProtocol(asyncio.Protocol):
@@ -91,11 +117,16 @@ class StdioTransport:
         self._in: asyncio.BaseTransport | None = None
         self._input_ended: asyncio.Future[None] | None = None
         self.broken = False
+        # Whether stdin is watched by the event loop (a pipe, a socket, a
+        # terminal): its end means the client has gone.  Otherwise (a file,
+        # /dev/null) a thread reads it to its end.
+        self.input_is_live = False
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
         self._input_ended = loop.create_future()
-        if _is_pollable(self._in_fd):
+        self.input_is_live = _loop_can_watch(loop, self._in_fd)
+        if self.input_is_live:
             self._in, _ = await loop.connect_read_pipe(
                 lambda: _ReadProtocol(self), os.fdopen(self._in_fd, "rb", 0, closefd=False)
             )
@@ -105,7 +136,7 @@ class StdioTransport:
             self._in.max_size = CHUNK  # type: ignore[attr-defined]
         else:
             threading.Thread(target=self._read_blocking, args=(loop,), daemon=True).start()
-        if _is_pollable(self._out_fd):
+        if _loop_can_watch(loop, self._out_fd):
             self._out, _ = await loop.connect_write_pipe(
                 lambda: _WriteProtocol(self), os.fdopen(self._out_fd, "wb", 0, closefd=False)
             )

@@ -1,8 +1,11 @@
-"""The commands pass the server's options on, wherever they stand."""
+"""The commands pass the server's options on, wherever they stand; a
+--connect off this machine is warned about."""
+
+import logging
 
 import pytest
 
-from cl_mcp.cli import build_parser
+from cl_mcp.cli import build_parser, is_loopback, warn_if_remote
 from cl_mcp.commands import SERVER_FLAGS, SERVER_OPTIONS, split_server_options
 
 
@@ -19,3 +22,29 @@ def test_every_passed_on_option_is_a_server_option():
 ])
 def test_split(argv, own, server):
     assert split_server_options(argv) == (own, server)
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("localhost", True), ("LOCALHOST", True),
+    ("10.0.0.5", False), ("0.0.0.0", False), ("::", False), ("::ffff:10.0.0.5", False),
+    ("example.com", False), ("localhost.example.com", False), ("my-laptop", False),
+])
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_a_remote_connect_warns_once_with_a_tunnel_to_use(caplog):
+    with caplog.at_level(logging.WARNING, logger="cl_mcp"):
+        warn_if_remote(("lisp.example.com", 4006))
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "clear text" in record.getMessage()
+    assert "ssh -L 4006:127.0.0.1:4006 lisp.example.com, then --connect 4006" in record.getMessage()
+
+
+@pytest.mark.parametrize("connect", [None, ("127.0.0.1", 4005), ("localhost", 4005), ("::1", 4005)])
+def test_a_local_connect_or_none_does_not_warn(connect, caplog):
+    with caplog.at_level(logging.DEBUG, logger="cl_mcp"):
+        warn_if_remote(connect)
+    assert caplog.records == []
