@@ -10,6 +10,9 @@ METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 UNSUPPORTED_PROTOCOL_VERSION = -32022  # 2026-07-28
+# Implementation-defined server error (-32000 to -32099): too many calls are
+# queued for the session; the client may try again later.
+SERVER_BUSY = -32000
 
 
 class ClMcpError(Exception):

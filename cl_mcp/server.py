@@ -6,7 +6,9 @@ cancels it); notifications get none.  Each request starts at once, as its
 line arrives, and goes on as a task of its own once it has to wait, so
 `ping` and `tools/list` are answered while an evaluation runs; evaluations
 queue in the session in arrival order, because parsing, validation and each
-request's first step happen in the order lines arrive.
+request's first step happen in the order lines arrive.  The calls queued
+for the session are bounded in number and in bytes (`CallQueue`): past the
+bounds a call is refused at once with SERVER_BUSY.
 
 Revisions: 2024-11-05 to 2025-11-25 open with `initialize` (the legacy
 era); 2026-07-28 requests carry their version and client capabilities in
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Coroutine
@@ -32,6 +35,7 @@ from cl_mcp.errors import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
+    SERVER_BUSY,
     UNSUPPORTED_PROTOCOL_VERSION,
     JsonRpcError,
 )
@@ -54,6 +58,19 @@ META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 PROGRESS_INTERVAL = 0.5  # seconds; the issue asks for at least one a second
 TOOLS_TTL_MS = 3_600_000  # the tool list never changes while cl-mcp runs
+
+# Intake limits for the calls that wait for the session or hold it (every
+# tools/call).  A queued call keeps its whole request in memory until it
+# has run, so a client that sends calls faster than the image runs them
+# would grow cl-mcp without limit: 400 calls of 200 KB behind one evaluation
+# took it to 104 MiB.  The bytes bound the large requests; the count bounds
+# the small ones (each holds a task, its coroutine frames and a lock
+# waiter: about 5 KiB) and leaves room for a burst of quick calls sent in
+# one go (tests/integration/test_load.py sends 750).  Past either bound a
+# call is refused at once; a call is always admitted when none is queued,
+# whatever its size up to jsonrpc.MAX_LINE_BYTES.
+MAX_QUEUED_CALLS = 1024
+MAX_QUEUED_BYTES = 32 * 2**20
 
 INSTRUCTIONS = (
     "A live, persistent Common Lisp (SBCL) image. Use evaluate-lisp to run code; "
@@ -83,6 +100,10 @@ class Request:
         return token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
 
 
+def _now() -> float:
+    return asyncio.get_running_loop().time()
+
+
 def _valid_id(message: Any) -> Any:
     """The request's id when it is of a type a response may echo, else None."""
     if isinstance(message, dict):
@@ -97,6 +118,94 @@ def _meta(params: Any) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) else None
 
 
+def _tool_name(params: Any) -> str:
+    """The name a tools/call asks for, before validation has looked at it."""
+    name = params.get("name") if isinstance(params, dict) else None
+    return name if isinstance(name, str) else "?"
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
+
+
+@dataclass(eq=False, slots=True)
+class QueuedCall:
+    """A tools/call from its arrival until it ends: waiting for the session,
+    then holding it."""
+
+    request_id: Any
+    tool: str
+    size: int  # bytes of the line that carried it
+    arrived: float  # event-loop time
+    started: float | None = None  # when it took the session
+
+    def running_for(self, now: float) -> float:
+        # `started` is noted when the call before it ends, one event-loop
+        # pass after it has; in that pass this call has only just started.
+        return now - self.started if self.started is not None else 0.0
+
+
+class CallQueue:
+    """The tools/calls that wait for the session or hold it, oldest first,
+    and the intake limits on them.
+
+    Its order is the session's: every tools/call reaches the session's FIFO
+    lock in its first step, and first steps run as lines are read, in
+    arrival order (eager.py).  A call that ends without reaching the lock
+    (invalid params, an unknown tool) has already ended when the server
+    would add it, so it is never added.  The oldest unfinished call
+    therefore holds the session, and the others wait in this order.  Pure
+    bookkeeping: the caller gives the time."""
+
+    def __init__(self) -> None:
+        self._calls: dict[QueuedCall, asyncio.Future[Any]] = {}  # in arrival order
+        self.bytes = 0
+
+    def refusal(self, size: int) -> JsonRpcError | None:
+        """The busy error for a call of SIZE bytes, or None to admit it."""
+        count = len(self._calls)
+        if count >= MAX_QUEUED_CALLS:
+            reason = f"{count} calls are queued (the limit)"
+        elif count and self.bytes + size > MAX_QUEUED_BYTES:
+            reason = (f"{count} queued calls hold {_mib(self.bytes)} of requests and this one "
+                      f"{_mib(size)}, past the limit of {_mib(MAX_QUEUED_BYTES)}")
+        else:
+            return None
+        return JsonRpcError(
+            SERVER_BUSY, f"Server busy: {reason}; try again when earlier calls have finished",
+            {"queuedCalls": count, "queuedBytes": self.bytes, "requestBytes": size,
+             "maxQueuedCalls": MAX_QUEUED_CALLS, "maxQueuedBytes": MAX_QUEUED_BYTES})
+
+    def add(self, call: QueuedCall, task: asyncio.Future[Any], now: float) -> None:
+        """CALL, run by TASK, has reached the session's lock."""
+        self._calls[call] = task
+        self.bytes += call.size
+        self._note_start(now)
+
+    def remove(self, call: QueuedCall, now: float) -> None:
+        """CALL has ended; the next one takes the session."""
+        del self._calls[call]
+        self.bytes -= call.size
+        self._note_start(now)
+
+    def ahead_of(self, call: QueuedCall) -> list[QueuedCall]:
+        """The unfinished calls before CALL, oldest (the running one) first."""
+        ahead = []
+        for other, task in self._calls.items():
+            if other is call:
+                break
+            if not task.done():
+                ahead.append(other)
+        return ahead
+
+    def _note_start(self, now: float) -> None:
+        for call, task in self._calls.items():
+            if not task.done():
+                if call.started is None:
+                    call.started = now
+                return
+
+
 class McpServer:
     def __init__(self, session: LispSession, send: Send) -> None:
         self.session = session
@@ -105,6 +214,7 @@ class McpServer:
         self._tasks: set[asyncio.Future[Any]] = set()
         self._inflight: dict[Any, tuple[str, asyncio.Future[Any]]] = {}
         self._cancelled: set[Any] = set()
+        self._calls = CallQueue()
         self.protocol_version = LATEST_LEGACY
         self.initialized = False
         self.client_info: dict[str, Any] = {}
@@ -147,15 +257,15 @@ class McpServer:
             self._send(jsonrpc.error_message(None, error.code, error.message, error.data))
             return
         if isinstance(message, list):
-            self._receive_batch(message)
+            self._receive_batch(message, len(line))
             return
         work = self._accept(message, in_batch=False)
+        if isinstance(work, Request):
+            work = self._start(work, len(line), self._answer)
         if isinstance(work, dict):
             self._send(work)
-        elif work is not None:
-            self._track(work, self._spawn(self._answer(work)))
 
-    def _receive_batch(self, messages: list[Any]) -> None:
+    def _receive_batch(self, messages: list[Any], size: int) -> None:
         if self.protocol_version != BATCH_VERSION or not self.initialized:
             self._send(jsonrpc.error_message(
                 None, INVALID_REQUEST,
@@ -164,13 +274,17 @@ class McpServer:
         if not messages:
             self._send(jsonrpc.error_message(None, INVALID_REQUEST, "Invalid Request: empty batch"))
             return
+        # The line's bytes are shared among its calls: each share is freed
+        # when its call ends.
+        call_count = sum(1 for m in messages if isinstance(m, dict) and m.get("method") == "tools/call")
+        share = size // max(call_count, 1)
         parts: list[Any] = []
         for message in messages:
             work = self._accept(message, in_batch=True)
-            if isinstance(work, dict):
+            if isinstance(work, Request):
+                work = self._start(work, share, self._respond)
+            if work is not None:
                 parts.append(work)
-            elif work is not None:
-                parts.append(self._track(work, self._spawn(self._respond(work))))
         if parts:
             self._spawn(self._send_batch(parts))
 
@@ -235,6 +349,25 @@ class McpServer:
                                {"path": f"params._meta.{META_CAPABILITIES}"})
         return requested, True
 
+    def _start(self, request: Request, size: int,
+               run: Callable[[Request, QueuedCall | None], Coroutine[Any, Any, Any]],
+               ) -> asyncio.Future[Any] | dict[str, Any]:
+        """Start REQUEST (SIZE bytes) with RUN: its task, or the busy error
+        when it is a tools/call past the intake limits.  Nothing of a
+        refused request is kept."""
+        if request.method != "tools/call":
+            return self._track(request, self._spawn(run(request, None)))
+        busy = self._calls.refusal(size)
+        if busy is not None:
+            return jsonrpc.error_message(request.id, busy.code, busy.message, busy.data)
+        now = _now()
+        call = QueuedCall(request.id, _tool_name(request.params), size, now)
+        task = self._track(request, self._spawn(run(request, call)))
+        if not task.done():  # it waits for the session's lock, or holds it
+            self._calls.add(call, task, now)
+            task.add_done_callback(lambda done: self._calls.remove(call, _now()))
+        return task
+
     def _track(self, request: Request, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
         """Make the request cancellable from the moment it is accepted, even
         before its task first runs.  One answered already is left alone: a
@@ -262,16 +395,17 @@ class McpServer:
 
     # ------------------------------------------------------------ one request
 
-    async def _answer(self, request: Request) -> None:
-        response = await self._respond(request)
+    async def _answer(self, request: Request, call: QueuedCall | None) -> None:
+        response = await self._respond(request, call)
         if response is not None:
             self._send(response)
 
-    async def _respond(self, request: Request) -> dict[str, Any] | None:
-        """Run one request; its one response, or None when it was cancelled."""
+    async def _respond(self, request: Request, call: QueuedCall | None) -> dict[str, Any] | None:
+        """Run one request (CALL: its place in the queue, for a tools/call);
+        its one response, or None when it was cancelled."""
         ticker = None
-        if request.progress_token is not None and request.method == "tools/call":
-            ticker = asyncio.ensure_future(self._report_progress(request))
+        if request.progress_token is not None and call is not None:
+            ticker = asyncio.ensure_future(self._report_progress(request, call))
         try:
             handler = self._methods.get(request.method)
             if handler is None:
@@ -310,18 +444,30 @@ class McpServer:
         self._cancelled.add(request_id)
         task.cancel()
 
-    async def _report_progress(self, request: Request) -> None:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+    async def _report_progress(self, request: Request, call: QueuedCall) -> None:
         with_message = request.version >= "2025-03-26"
         for step in range(1, 1 << 62):
             await asyncio.sleep(PROGRESS_INTERVAL)
             params: dict[str, Any] = {"progressToken": request.progress_token, "progress": step}
             if with_message:
-                tail = await self.session.output_tail()
-                text = f"running for {loop.time() - started:.1f} s"
-                params["message"] = text + (f"; latest output: {tail}" if tail else "")
+                params["message"] = await self._progress_message(call)
             self._send(jsonrpc.notification("notifications/progress", params))
+
+    async def _progress_message(self, call: QueuedCall) -> str:
+        """Where CALL stands.  Queued: behind which call, for how long, from
+        the server's own bookkeeping (the image would report the running
+        call's output, not this one's).  Running: for how long, and its
+        latest output."""
+        ahead = self._calls.ahead_of(call)
+        if ahead:
+            now, running = _now(), ahead[0]
+            return (f"queued for {now - call.arrived:.1f} s behind request "
+                    f"{json.dumps(running.request_id)} ({running.tool}, running for "
+                    f"{running.running_for(now):.1f} s); "
+                    f"{len(ahead)} call{'s' if len(ahead) > 1 else ''} ahead")
+        tail = await self.session.output_tail()
+        text = f"running for {call.running_for(_now()):.1f} s"
+        return text + (f"; latest output: {tail}" if tail else "")
 
     async def finish(self, timeout: float) -> None:
         """Let running requests answer for up to TIMEOUT seconds, then cancel
