@@ -1,22 +1,44 @@
 """Helpers for the tests of cl-mcp's polling (the event loop's, the answer
-window's, the lane's): CPUs to run on, and input timed to a poll's yields."""
+window's, the lane's): CPUs to run on, and input timed to a poll's yields.
+
+Polling pays only with a CPU to spare, so cl-mcp polls only where it may run
+on several; a test of that rule runs both ways, pinned to one CPU and on all
+of them, whatever CPUs pytest itself was given."""
 
 import contextlib
 import os
 import socket
+from collections.abc import Iterable, Iterator
 
 import pytest
 
 
 @contextlib.contextmanager
-def one_cpu():
-    """This thread (and what it starts) on one CPU."""
-    cpus = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {min(cpus)})
+def cpus_set(cpus: Iterable[int]) -> Iterator[None]:
+    """This thread (and what it starts) on CPUS, as far as the machine allows."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
     try:
         yield
     finally:
-        os.sched_setaffinity(0, cpus)
+        os.sched_setaffinity(0, before)
+
+
+def one_cpu() -> contextlib.AbstractContextManager[None]:
+    """This thread (and what it starts) on one CPU."""
+    return cpus_set({min(os.sched_getaffinity(0))})
+
+
+def all_cpus() -> contextlib.AbstractContextManager[None]:
+    """This thread (and what it starts) on every CPU it may use, also when
+    the tests run pinned (`taskset -c 0 pytest`): the kernel keeps those of
+    the machine's CPUs the process's cpuset allows."""
+    return cpus_set(range(os.cpu_count() or 1))
+
+
+def several_cpus() -> bool:
+    """Whether this thread may run on more than one CPU now."""
+    return len(os.sched_getaffinity(0)) > 1
 
 
 def input_at_yield(monkeypatch: pytest.MonkeyPatch, sender: socket.socket, number: int,

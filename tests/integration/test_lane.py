@@ -3,8 +3,6 @@ connection in an image cl-mcp owns, and an evaluation that must wait at an
 error hands the lane to a fresh thread."""
 
 import asyncio
-import contextlib
-import os
 import socket
 
 import pytest
@@ -17,7 +15,7 @@ from cl_mcp.swank import client
 from cl_mcp.swank.client import SwankConnection
 from cl_mcp.swank.wire import encode_frame
 from tests.integration.conftest import McpProcess
-from tests.polling import one_cpu
+from tests.polling import all_cpus, one_cpu, several_cpus
 
 # The name and address of the thread an evaluation runs in.
 THREAD = ('(let ((thread sb-thread:*current-thread*)) '
@@ -73,6 +71,7 @@ def test_the_lane_keeps_no_printed_copies_of_its_requests_and_results(server):
 
 
 def test_the_lane_takes_one_connection_and_only_with_the_secret():
+    """A stranger is closed on; cl-mcp gets the lane; then nobody else."""
     async def body():
         image = LispImage(ImageConfig())
         port = await image.start()
@@ -86,8 +85,13 @@ def test_the_lane_takes_one_connection_and_only_with_the_secret():
             stranger.sendall(encode_frame("not the secret"))
             assert stranger.recv(100) == b""  # closed on it
             stranger.close()
+            # The listener waits on for cl-mcp (see test_squatters.py) ...
+            lane = await SwankConnection.open(address, None, secret=image.secret, ids=control.ids)
+            assert await lane.rex([Symbol("cl:+"), 2, 2]) == 4
+            await lane.close()
+            await asyncio.sleep(0.5)
             with socket.socket(socket.AF_UNIX) as late, pytest.raises(ConnectionRefusedError):
-                late.connect(address)  # no longer listening
+                late.connect(address)  # ... and closes once it has the lane
             # A second lane is another socket, and takes the secret.
             lane = await SwankConnection.open(
                 "\0" + await control.rex([Symbol("cl-mcp-agent:open-lane")]), None,
@@ -155,20 +159,20 @@ def test_the_lanes_poll_is_timed_by_a_fine_clock(shared_server):
     assert int(text.removeprefix("=> ")) < 1000
 
 
-def test_the_lane_polls_only_where_that_pays(shared_server):
-    expected = "=> 300" if len(os.sched_getaffinity(0)) > 1 else "=> 0"
-    assert shared_server.eval("cl-mcp-agent::*lane-idle-poll-microseconds*") == (expected, False)
-    with one_cpu():
-        pinned = McpProcess()
+@pytest.mark.parametrize("cpus", [all_cpus, one_cpu], ids=["all CPUs", "one CPU"])
+def test_the_lane_polls_only_where_that_pays(cpus):
+    with cpus():
+        process = McpProcess()
+        expected = "=> 300" if several_cpus() else "=> 0"
     try:
-        pinned.initialize()
-        assert pinned.eval("cl-mcp-agent::*lane-idle-poll-microseconds*") == ("=> 0", False)
+        process.initialize()
+        assert process.eval("cl-mcp-agent::*lane-idle-poll-microseconds*") == (expected, False)
     finally:
-        pinned.close()
+        process.close()
 
 
-@pytest.mark.parametrize("pinned", [False, True], ids=["free CPUs", "one CPU"])
-def test_cl_mcp_polls_for_the_lanes_answers_only_where_that_pays(monkeypatch, pinned):
+@pytest.mark.parametrize("cpus", [all_cpus, one_cpu], ids=["all CPUs", "one CPU"])
+def test_cl_mcp_polls_for_the_lanes_answers_only_where_that_pays(monkeypatch, cpus):
     spins = []
     read_soon = client._read_soon
 
@@ -189,10 +193,10 @@ def test_cl_mcp_polls_for_the_lanes_answers_only_where_that_pays(monkeypatch, pi
             await connection.close()
             await link.close()
 
-    with one_cpu() if pinned else contextlib.nullcontext():
+    with cpus():
         asyncio.run(asyncio.wait_for(body(), 60))
-    several = len(os.sched_getaffinity(0)) > 1
-    assert spins and set(spins) == {idle_poll.IDLE_SPIN if several and not pinned else 0.0}
+        expected = idle_poll.IDLE_SPIN if several_cpus() else 0.0
+    assert spins and set(spins) == {expected}
 
 
 # A lane poll whose yields all count as late, then one in the quiet that follows.

@@ -10,7 +10,7 @@ import pytest
 
 from cl_mcp import cli, idle_poll
 from cl_mcp.idle_poll import PollingSelector, new_event_loop
-from tests.polling import input_at_yield, one_cpu
+from tests.polling import all_cpus, input_at_yield, one_cpu, several_cpus
 
 
 class _Recording(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
@@ -135,12 +135,14 @@ def test_a_yield_that_comes_back_late_stops_the_polling_for_a_while(monkeypatch)
         assert (len(yields), selector.timeouts) == (1, [0, None])  # no polling at all
 
 
-def test_on_one_cpu_the_loop_does_not_poll():
-    with one_cpu():
-        assert idle_poll.idle_spin() == 0
+@pytest.mark.parametrize("cpus", [all_cpus, one_cpu], ids=["all CPUs", "one CPU"])
+def test_the_loop_polls_only_where_it_may_use_several_cpus(cpus):
+    with cpus():
+        expected = idle_poll.IDLE_SPIN if several_cpus() else 0.0
+        assert idle_poll.idle_spin() == expected
         loop = new_event_loop()
     try:
-        assert loop._selector.spin == 0  # type: ignore[attr-defined]
+        assert loop._selector.spin == expected  # type: ignore[attr-defined]
     finally:
         loop.close()
 
