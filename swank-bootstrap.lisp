@@ -33,6 +33,7 @@
            #:soft-reset
            #:set-connection-nodelay
            #:open-lane
+           #:serve-cl-mcp
            #:*agent-version*))
 
 (in-package #:cl-mcp-agent)
@@ -1583,6 +1584,126 @@ so that a reply written in several frames is not held back by delayed ACKs."
      (sb-sys:fd-stream-fd (swank::connection.socket-io swank::*emacs-connection*))
      6 1 (sb-alien:addr one) 4)))   ; IPPROTO_TCP, TCP_NODELAY
 
+;;; Listeners only cl-mcp can take.
+;;;
+;;; Swank's own server takes the first client that connects and closes its
+;;; listener after that one, whoever it was: another local user who
+;;; connected first would lock cl-mcp out (or stall it for the 20 s Swank
+;;; waits for a secret).  The listeners of an image cl-mcp owns, Swank's and
+;;; the lane's, instead accept until a connection presents the secret.  A
+;;; connection from another user is closed at once, unread: the kernel says
+;;; whose it is (SO_PEERCRED for a Unix-domain socket; for loopback TCP the
+;;; owner of the peer's socket in /proc/net/tcp).  One from this user shows
+;;; its secret in a thread of its own, so one that connects and stays
+;;; silent delays nobody.  The first that knows the secret is served, and
+;;; the listener closes.
+
+(defparameter *accept-poll-seconds* 0.05
+  "How often the accepting thread looks whether a connection was served.")
+
+(defun make-binary-stream (socket)
+  "The stream Swank reads and writes on an accepted SOCKET (bytes, as from
+`swank/backend:accept-connection' with no external format)."
+  (sb-bsd-sockets:socket-make-stream socket :input t :output t
+                                            :element-type '(unsigned-byte 8)
+                                            :buffering :full :serve-events nil))
+
+(defun unix-peer-uid (socket)
+  "The user id of the process at the other end of the Unix-domain SOCKET
+(getsockopt SOL_SOCKET SO_PEERCRED, Linux), or nil."
+  (sb-alien:with-alien ((credentials (array (sb-alien:unsigned 32) 3))  ; pid uid gid
+                        (size (sb-alien:unsigned 32) 12))
+    (and (zerop (sb-alien:alien-funcall
+                 (sb-alien:extern-alien "getsockopt"
+                                        (function sb-alien:int sb-alien:int sb-alien:int sb-alien:int
+                                                  sb-alien:system-area-pointer
+                                                  sb-alien:system-area-pointer))
+                 (sb-bsd-sockets:socket-file-descriptor socket)
+                 1 17                   ; SOL_SOCKET, SO_PEERCRED
+                 (sb-alien:alien-sap (sb-alien:addr credentials))
+                 (sb-alien:alien-sap (sb-alien:addr size))))
+         (sb-alien:deref credentials 1))))
+
+(defun hex-port (address)
+  "The port of a /proc/net/tcp address such as \"0100007F:1F90\"."
+  (parse-integer address :start (1+ (position #\: address)) :radix 16))
+
+(defun tcp-peer-uid (socket)
+  "The user id that owns the other end of the loopback TCP connection
+SOCKET, read from /proc/net/tcp (Linux), or nil."
+  (let ((own-port (nth-value 1 (sb-bsd-sockets:socket-name socket)))
+        (peer-port (nth-value 1 (sb-bsd-sockets:socket-peername socket))))
+    (with-open-file (table "/proc/net/tcp")
+      (read-line table nil)             ; the header
+      (loop for line = (read-line table nil)
+            while line
+            do (let ((fields (split-fields line)))
+                 ;; sl local rem st queues timer retransmits uid ...
+                 (when (and (= (hex-port (second fields)) peer-port)
+                            (= (hex-port (third fields)) own-port))
+                   (return (parse-integer (nth 7 fields)))))))))
+
+(defun split-fields (line)
+  "The fields of LINE between runs of spaces."
+  (loop with start = 0
+        for begin = (position #\Space line :start start :test-not #'char=)
+        while begin
+        collect (let ((end (or (position #\Space line :start begin) (length line))))
+                  (prog1 (subseq line begin end) (setf start end)))))
+
+(defun accept-cl-mcp (listener peer-uid serve &key seconds (what "Swank"))
+  "Accept connections on LISTENER until one presents Swank's secret; call
+SERVE with its stream, in the thread that checked the secret, and close
+LISTENER.  PEER-UID tells whose an accepted socket is: another user's is
+closed at once.  With SECONDS, give up after that long."
+  (let ((fd (sb-bsd-sockets:socket-file-descriptor listener))
+        (served (list nil))
+        (lock (sb-thread:make-mutex :name "cl-mcp accept"))
+        (until (and seconds (+ (get-internal-real-time)
+                               (round (* seconds internal-time-units-per-second))))))
+    (unwind-protect
+         (loop until (sb-thread:with-mutex (lock) (car served))
+               do (let ((left (and until (/ (- until (get-internal-real-time))
+                                            internal-time-units-per-second))))
+                    (when (and left (<= left 0))
+                      (log-note "nobody who knew the secret connected to ~A" what)
+                      (return))
+                    (when (sb-sys:wait-until-fd-usable
+                           fd :input (if left (min left *accept-poll-seconds*) *accept-poll-seconds*))
+                      (let ((socket (sb-bsd-sockets:socket-accept listener)))
+                        (cond ((null socket))
+                              ((eql (handler-case (funcall peer-uid socket) (error () nil))
+                                    (sb-posix:getuid))
+                               (make-agent-thread #'serve-if-authentic (format nil "cl-mcp ~A" what)
+                                                  (make-binary-stream socket) served lock serve what))
+                              (t
+                               (log-note "refused a connection to ~A from another user" what)
+                               (sb-bsd-sockets:socket-close socket)))))))
+      (swank/backend:close-socket listener))))
+
+(defun serve-if-authentic (stream served lock serve what)
+  "Call SERVE with STREAM if its first message is the secret and no other
+connection was served first; else close it."
+  (if (and (handler-case (progn (swank::authenticate-client stream) t)
+             (error () nil))
+           (sb-thread:with-mutex (lock)
+             (unless (car served) (setf (car served) t))))
+      (funcall serve stream)
+      (progn (log-note "a connection to ~A did not know the secret" what)
+             (close stream :abort t))))
+
+(defun serve-cl-mcp ()
+  "Listen on a free loopback port for cl-mcp's Swank connection, served as
+Swank serves any client (:spawn), and return the port.  The listener closes
+once cl-mcp has connected (see `accept-cl-mcp')."
+  (let ((listener (swank/backend:create-socket "127.0.0.1" 0 :backlog 16)))
+    (swank::init-log-output)
+    (swank::start-sentinel)
+    (make-agent-thread #'accept-cl-mcp "cl-mcp accept" listener #'tcp-peer-uid
+                       (lambda (stream)
+                         (swank::serve-requests (swank::make-connection nil stream :spawn))))
+    (swank/backend:local-port listener)))
+
 ;;; The lane: a faster road into an image cl-mcp owns.
 ;;;
 ;;; A request on Swank's connection crosses three threads each way: Swank's
@@ -1657,11 +1778,13 @@ once: a yield that comes back that late stops the polling for a while."
 
 (defun open-lane (&optional (idle-poll-microseconds *lane-idle-poll-microseconds*))
   "Listen on a fresh abstract Unix-domain socket (Linux's, which leaves no
-file behind) for one connection that presents Swank's secret, and serve it
-as the lane, polling for IDLE-POLL-MICROSECONDS between requests (0 when
-cl-mcp has one CPU, where polling does not pay); return the socket's name.
-A round trip through a Unix-domain socket skips the TCP stack: about 10 µs
-less than loopback TCP here."
+file behind) for cl-mcp's connection (see `accept-cl-mcp': this user's,
+with Swank's secret, within `*lane-accept-seconds*'), and serve it as the
+lane, polling for IDLE-POLL-MICROSECONDS between requests (0 when cl-mcp has
+one CPU, where polling does not pay); return the socket's name.  The name is
+no protection: every local user can read it in /proc/net/unix.  A round
+trip through a Unix-domain socket skips the TCP stack: about 10 µs less
+than loopback TCP here."
   (setf *lane-idle-poll-microseconds* idle-poll-microseconds)
   (let ((listener (make-instance 'sb-bsd-sockets:local-abstract-socket :type :stream))
         (name (format nil "cl-mcp-lane-~D-~36R" (sb-unix:unix-getpid)
@@ -1671,31 +1794,22 @@ less than loopback TCP here."
                             (declare (ignore condition))
                             (sb-bsd-sockets:socket-close listener))))
       (sb-bsd-sockets:socket-bind listener name)
-      (sb-bsd-sockets:socket-listen listener 1))
-    (make-agent-thread #'accept-lane "cl-mcp lane" listener home)
+      (sb-bsd-sockets:socket-listen listener 16))
+    (make-agent-thread #'accept-cl-mcp "cl-mcp lane accept" listener #'unix-peer-uid
+                       (lambda (stream) (serve-new-lane stream home))
+                       :seconds *lane-accept-seconds* :what "the lane")
     name))
 
-(defun accept-lane (listener home)
-  (let ((stream (unwind-protect
-                     (when (sb-sys:wait-until-fd-usable
-                            (sb-bsd-sockets:socket-file-descriptor listener) :input
-                            *lane-accept-seconds*)
-                       (swank/backend:accept-connection listener :external-format nil
-                                                                 :buffering t))
-                  ;; One connection only: stop listening either way.
-                  (swank/backend:close-socket listener))))
-    (cond ((null stream) (log-note "nobody connected to the lane"))
-          ((not (ignore-errors (swank::authenticate-client stream) t))
-           (log-note "a connection to the lane did not know the secret")
-           (close stream :abort t))
-          (t
-           (let ((lane (make-lane (swank::make-singlethreaded-connection
-                                   :socket nil :socket-io stream :communication-style nil)
-                                  home))
-                 (token (list :owner)))
-             (setf (lane-owner lane) token
-                   *lane* lane)
-             (serve-lane lane token))))))
+(defun serve-new-lane (stream home)
+  "Serve the lane cl-mcp connected on STREAM, in this thread."
+  (let ((lane (make-lane (swank::make-singlethreaded-connection
+                          :socket nil :socket-io stream :communication-style nil)
+                         home))
+        (token (list :owner)))
+    (setf (lane-owner lane) token
+          *lane* lane)
+    (setf (sb-thread:thread-name sb-thread:*current-thread*) "cl-mcp lane")
+    (serve-lane lane token)))
 
 (defun serve-lane (lane token)
   "Serve LANE's requests one at a time, for as long as TOKEN owns it."

@@ -169,9 +169,9 @@ def serving_forms() -> list[str]:
     """The --eval forms that start Swank in an image with the agent loaded."""
     return [
         "(cl-mcp-agent:prepare-embedded-image (read-line *standard-input*))",
-        # :dont-close nil: the listener closes after cl-mcp's one connection.
-        '(format t "~&;; cl-mcp swank port ~D~%" (swank:create-server :port 0'
-        ' :interface "127.0.0.1" :style :spawn :dont-close nil))',
+        # A loopback listener that only cl-mcp can take (see the agent's
+        # `accept-cl-mcp`), closed once cl-mcp has connected.
+        '(format t "~&;; cl-mcp swank port ~D~%" (cl-mcp-agent:serve-cl-mcp))',
         "(finish-output)",
         "(loop (unless (read-char *standard-input* nil nil) (sb-ext:exit :abort t)))",
     ]
