@@ -33,13 +33,9 @@
            #:soft-reset
            #:set-connection-nodelay
            #:open-lane
-           #:serve-cl-mcp
-           #:*agent-version*))
+           #:serve-cl-mcp))
 
 (in-package #:cl-mcp-agent)
-
-(defparameter *agent-version* "0.1.0"
-  "Version of this agent.")
 
 (defvar *loaded-digest* nil
   "The SHA-256 of the agent source loaded into a shared image, set by
@@ -388,10 +384,35 @@ it goes nowhere."))
 (defmethod sb-gray:stream-force-output ((stream no-input-stream)) nil)
 (defmethod sb-gray:stream-clear-output ((stream no-input-stream)) nil)
 
-(defun make-null-io ()
-  "A stream that reads nothing and writes nowhere, for *DEBUG-IO* and
-*QUERY-IO*: there is no one at a terminal to answer."
-  (make-instance 'no-input-stream))
+(defmacro with-standard-streams ((output error-output) &body body)
+  "Run BODY with the standard output streams bound to OUTPUT and
+ERROR-OUTPUT (trace output going with the error output), and every input
+stream failing at once: nobody is at a terminal to answer.  What is written
+to *DEBUG-IO* or *QUERY-IO* goes nowhere."
+  (let ((no-input (gensym "NO-INPUT")))
+    `(let* ((,no-input (make-instance 'no-input-stream))
+            (*standard-output* ,output)
+            (*error-output* ,error-output)
+            (*trace-output* *error-output*)
+            (*terminal-io* (make-two-way-stream ,no-input *standard-output*))
+            (*standard-input* ,no-input)
+            (*debug-io* ,no-input)
+            (*query-io* ,no-input))
+       ,@body)))
+
+(defun debugger-hook-calling (function)
+  "A value for SB-EXT:*INVOKE-DEBUGGER-HOOK* that hands the condition to
+FUNCTION.  BREAK and direct calls of INVOKE-DEBUGGER bypass handlers (and
+BREAK binds *DEBUGGER-HOOK* to nil); only this hook sees them."
+  (lambda (condition hook)
+    (declare (ignore hook))
+    (funcall function condition)))
+
+(defmacro with-debugger-calling ((function) &body body)
+  "Run BODY with any entry into the debugger handed to FUNCTION instead."
+  `(let ((sb-ext:*invoke-debugger-hook* (debugger-hook-calling ,function))
+         (*debugger-hook* nil))
+     ,@body))
 
 (defun reader-error-type (condition)
   "Reader problems are reported by their standard type."
@@ -684,23 +705,6 @@ code that blocks interrupts (WITHOUT-INTERRUPTS) never hears it."
                               (make-condition 'sb-ext:timeout :seconds (first token))))))))
     (sb-thread:interrupt-thread-error () nil)))
 
-(defmacro with-evaluation-streams ((evaluation) &body body)
-  "Run BODY with the standard streams bound to EVALUATION's capture: output
-to its capped streams, input streams that fail at once, and circle
-detection on for everything printed."
-  `(let* ((*standard-output* (evaluation-stdout ,evaluation))
-          (*error-output* (evaluation-stderr ,evaluation))
-          (*trace-output* *error-output*)
-          (*terminal-io* (make-two-way-stream (make-instance 'no-input-stream)
-                                              *standard-output*))
-          (*standard-input* (make-instance 'no-input-stream))
-          (*debug-io* (make-null-io))
-          (*query-io* (make-null-io))
-          ;; Printing a circular structure must end: without this, PRINT of
-          ;; a circular list fills the heap in the pretty printer's buffer.
-          (*print-circle* t))
-     ,@body))
-
 (defun stretch-report (evaluation status &rest more)
   "The plist describing the stretch that just ended.  Empty output, no
 warnings and an unchanged package are left out: the reply is printed and
@@ -780,10 +784,16 @@ exits is never reused; it costs its stack and nothing else."
   (loop (sleep 3600)))
 
 (defun %run-evaluation (evaluation)
+  "Evaluate EVALUATION's code with its output captured, its ABORT restart
+set up and every error sent to `stop-at-error'; post the report of a run
+that ends without waiting at an error."
   (setf (evaluation-stdout evaluation) (make-capped-output-stream (evaluation-max-output evaluation))
         (evaluation-stderr evaluation) (make-capped-output-stream (evaluation-max-output evaluation)))
-  (let ((*package* (evaluation-package evaluation)))
-    (with-evaluation-streams (evaluation)
+  (let ((*package* (evaluation-package evaluation))
+        ;; Printing a circular structure must end: without this, PRINT of a
+        ;; circular list fills the heap in the pretty printer's buffer.
+        (*print-circle* t))
+    (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
       (let ((outcome
               (catch evaluation
                 (restart-bind ((abort (lambda (&optional reported)
@@ -791,24 +801,20 @@ exits is never reused; it costs its stack and nothing else."
                                  :report-function
                                  (lambda (stream) (write-string "Abort this evaluation." stream))))
                   (setf (evaluation-abort-restart evaluation) (find-restart 'abort))
-                  (handler-bind ((warning
-                                   (lambda (w)
-                                     (push w (evaluation-warnings evaluation))
-                                     (muffle-warning w)))
-                                 (serious-condition
-                                   (lambda (c) (stop-at-error evaluation c))))
-                    (let ((sb-ext:*invoke-debugger-hook*
-                            (lambda (condition hook)
-                              (declare (ignore hook))
-                              (stop-at-error evaluation condition)))
-                          (*debugger-hook* nil))
-                      (start-stretch evaluation (evaluation-timeout evaluation))
-                      ;; The deadline ends while the handlers still stand, so
-                      ;; an interrupt that lands as the code finishes is
-                      ;; either a timeout like any other or nothing.
-                      (unwind-protect (let ((*inside-evaluation* t))
-                                        (read-and-evaluate evaluation))
-                        (stop-deadline evaluation))))))))
+                  (flet ((stop (condition) (stop-at-error evaluation condition)))
+                    (handler-bind ((warning
+                                     (lambda (w)
+                                       (push w (evaluation-warnings evaluation))
+                                       (muffle-warning w)))
+                                   (serious-condition #'stop))
+                      (with-debugger-calling (#'stop)
+                        (start-stretch evaluation (evaluation-timeout evaluation))
+                        ;; The deadline ends while the handlers still stand, so
+                        ;; an interrupt that lands as the code finishes is
+                        ;; either a timeout like any other or nothing.
+                        (unwind-protect (let ((*inside-evaluation* t))
+                                          (read-and-evaluate evaluation))
+                          (stop-deadline evaluation)))))))))
         (stop-deadline evaluation)
         (forget-evaluation evaluation)
         (setf (evaluation-abort-restart evaluation) nil)
@@ -893,28 +899,24 @@ own ABORT; the thread's restarts beyond it are not the user's business."
 evaluation, or until `*suspend-seconds*' pass."
   (setf (evaluation-waiting evaluation) t)
   (loop
-    (let ((command (await-command evaluation *suspend-seconds*))
-          ;; SBCL binds its hook to nil while a hook runs, and this loop may
-          ;; run inside one (after BREAK): bind it again for the commands.
-          (sb-ext:*invoke-debugger-hook*
-            (lambda (condition hook)
-              (declare (ignore hook))
-              (stop-at-error evaluation condition)))
-          (*debugger-hook* nil))
-      (unless command
-        (forget-evaluation evaluation)
-        ;; A caller that found it just before it was forgotten still hears back.
-        (when (await-command evaluation 0)
-          (post-report evaluation (no-suspended-report (evaluation-id evaluation))))
-        (invoke-restart (evaluation-abort-restart evaluation) t))
-      (catch 'command-failed
-        (destructuring-bind (kind &rest arguments) command
-          (ecase kind
-            (:restart (apply #'resume evaluation arguments))
-            (:backtrace (post-report evaluation (apply #'frames-report evaluation arguments)))
-            (:eval-in-frame (post-report evaluation (apply #'frame-eval-report evaluation arguments)))
-            (:abort (forget-evaluation evaluation)
-                    (invoke-restart (evaluation-abort-restart evaluation) nil))))))))
+    (let ((command (await-command evaluation *suspend-seconds*)))
+      ;; SBCL binds its hook to nil while a hook runs, and this loop may run
+      ;; inside one (after BREAK): bind it again for the commands.
+      (with-debugger-calling ((lambda (condition) (stop-at-error evaluation condition)))
+        (unless command
+          (forget-evaluation evaluation)
+          ;; A caller that found it just before it was forgotten still hears back.
+          (when (await-command evaluation 0)
+            (post-report evaluation (no-suspended-report (evaluation-id evaluation))))
+          (invoke-restart (evaluation-abort-restart evaluation) t))
+        (catch 'command-failed
+          (destructuring-bind (kind &rest arguments) command
+            (ecase kind
+              (:restart (apply #'resume evaluation arguments))
+              (:backtrace (post-report evaluation (apply #'frames-report evaluation arguments)))
+              (:eval-in-frame (post-report evaluation (apply #'frame-eval-report evaluation arguments)))
+              (:abort (forget-evaluation evaluation)
+                      (invoke-restart (evaluation-abort-restart evaluation) nil)))))))))
 
 (defun find-restart-designator (evaluation designator)
   "The restart DESIGNATOR names: an index into the listed restarts, or a
@@ -1061,17 +1063,13 @@ be left to the debugger and the deadline unwinds instead of signalling."
       (when timer (sb-ext:schedule-timer timer timeout))
       (unwind-protect
            (block call
-             (handler-bind ((warning (lambda (w)
-                                       (funcall record-warning w)
-                                       (muffle-warning w)))
-                            (serious-condition (lambda (c)
-                                                 (return-from call (list :error c)))))
-               (let ((sb-ext:*invoke-debugger-hook*
-                       (lambda (condition hook)
-                         (declare (ignore hook))
-                         (return-from call (list :error condition))))
-                     (*debugger-hook* nil))
-                 (list :ok (multiple-value-list (funcall thunk))))))
+             (flet ((fail (condition) (return-from call (list :error condition))))
+               (handler-bind ((warning (lambda (w)
+                                         (funcall record-warning w)
+                                         (muffle-warning w)))
+                              (serious-condition #'fail))
+                 (with-debugger-calling (#'fail)
+                   (list :ok (multiple-value-list (funcall thunk)))))))
         (setf live nil)
         (when timer (sb-ext:unschedule-timer timer))))))
 
@@ -1276,12 +1274,6 @@ seconds."
       (post-command evaluation (list :abort)))
     (length all)))
 
-(defun configure (&key (max-suspended *max-suspended*) (suspend-seconds *suspend-seconds*))
-  "Set the limits on waiting evaluations."
-  (setf *max-suspended* max-suspended
-        *suspend-seconds* suspend-seconds)
-  t)
-
 (defun print-values (values limit)
   "VALUES printed under the contract's printer settings, their total length
 kept under LIMIT."
@@ -1474,22 +1466,13 @@ Warnings other than redefinitions go to RECORD-WARNING as (TYPE MESSAGE)."
                                     (list (public-type-name w 'warning) (condition-message w))))
                          (muffle-warning w)))
                      (serious-condition #'fail))
-        (let ((*standard-output* stdout)
-              (*error-output* stdout)
-              (*trace-output* stdout)
-              (*standard-input* (make-instance 'no-input-stream))
-              (*query-io* (make-null-io))
-              (*debug-io* (make-null-io))
-              (*debugger-hook* nil)
-              ;; BREAK and INVOKE-DEBUGGER end the load too.
-              (sb-ext:*invoke-debugger-hook*
-                (lambda (condition hook)
-                  (declare (ignore hook))
-                  (fail condition))))
-          (if quicklisp
-              (funcall (find-symbol "QUICKLOAD" "QL") name :silent t)
-              (asdf:load-system name))
-          (list :ok))))))
+        (with-standard-streams (stdout stdout)
+          ;; BREAK and INVOKE-DEBUGGER end the load too.
+          (with-debugger-calling (#'fail)
+            (if quicklisp
+                (funcall (find-symbol "QUICKLOAD" "QL") name :silent t)
+                (asdf:load-system name))
+            (list :ok)))))))
 
 (defun missing-system-p (condition name)
   "True when CONDITION says that system NAME itself cannot be found (not one
@@ -1734,7 +1717,7 @@ once cl-mcp has connected (see `accept-cl-mcp')."
 
 (defparameter *lane-idle-poll-microseconds* 300
   "How long the lane looks for the next request before its thread sleeps;
-set by `open-lane'.")
+set by `configure'.")
 
 (defparameter *lane-poll-stolen-microseconds* 500
   "A yield that took this long handed the CPU to other work for a time slice.")
@@ -1776,16 +1759,14 @@ once: a yield that comes back that late stops the polling for a while."
                        (return (listen stream))))
                 thereis (listen stream))))))
 
-(defun open-lane (&optional (idle-poll-microseconds *lane-idle-poll-microseconds*))
+(defun open-lane ()
   "Listen on a fresh abstract Unix-domain socket (Linux's, which leaves no
 file behind) for cl-mcp's connection (see `accept-cl-mcp': this user's,
 with Swank's secret, within `*lane-accept-seconds*'), and serve it as the
-lane, polling for IDLE-POLL-MICROSECONDS between requests (0 when cl-mcp has
-one CPU, where polling does not pay); return the socket's name.  The name is
-no protection: every local user can read it in /proc/net/unix.  A round
-trip through a Unix-domain socket skips the TCP stack: about 10 µs less
-than loopback TCP here."
-  (setf *lane-idle-poll-microseconds* idle-poll-microseconds)
+lane, polling between requests as `configure' said; return the socket's
+name, a string.  The name is no protection: every local user can read it
+in /proc/net/unix.  A round trip through a Unix-domain socket skips the TCP
+stack: about 10 µs less than loopback TCP here."
   (let ((listener (make-instance 'sb-bsd-sockets:local-abstract-socket :type :stream))
         (name (format nil "cl-mcp-lane-~D-~36R" (sb-unix:unix-getpid)
                       (random (expt 36 12) (make-random-state t))))
@@ -1878,6 +1859,19 @@ has them.")
 (defun install-mailbox-pruning ()
   (when *swank-mailbox-internals*
     (pushnew 'prune-swank-mailboxes swank::*pre-reply-hook*)))
+
+(defun configure (&key (max-suspended *max-suspended*)
+                        (suspend-seconds *suspend-seconds*)
+                        (idle-poll-microseconds *lane-idle-poll-microseconds*))
+  "Set the image-wide settings of the session; return t.  MAX-SUSPENDED
+evaluations may wait at an error at once, each at most SUSPEND-SECONDS for
+its next command; the lane looks for its next request for
+IDLE-POLL-MICROSECONDS before its thread sleeps (0: not at all, where
+cl-mcp has one CPU).  A keyword left out keeps its current value."
+  (setf *max-suspended* max-suspended
+        *suspend-seconds* suspend-seconds
+        *lane-idle-poll-microseconds* idle-poll-microseconds)
+  t)
 
 (defun log-background-error (condition hook)
   "The global debugger hook of an embedded image: an error in a thread the
