@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from cl_mcp.errors import ClMcpError
-from cl_mcp.image import ImageConfig, LispImage, find_bootstrap, find_slime_dir, saved_core
+from cl_mcp.image import (ImageConfig, LispImage, cache_dir, cache_problem, cached_code,
+                          find_bootstrap, find_slime_dir, saved_core)
 from cl_mcp.sexp import Symbol, plist
 from cl_mcp.swank.client import SwankConnection
 
@@ -80,6 +81,19 @@ def check_image(config: ImageConfig) -> bool:
     return line(True, "image", "SBCL starts with Swank and the agent, and (+ 1 2) => 3")
 
 
+def check_cache(config: ImageConfig) -> bool:
+    """Whether cl-mcp may keep and run code in its cache: the same check as
+    every start's (the image check above has made the directory)."""
+    cache = cache_dir()
+    sbcl = shutil.which(config.sbcl)
+    core = saved_core(sbcl, find_slime_dir(config.slime_dir), find_bootstrap()) if sbcl else None
+    problem = cache_problem(cache, cached_code(find_bootstrap(), cache, core))
+    if problem is not None:
+        return line(False, "cache", f"{problem}; until then no saved core is used, "
+                                    "and every start compiles the agent afresh")
+    return line(True, "cache", f"{cache}: nobody else can write it or what it holds")
+
+
 def check_saved_core(config: ImageConfig) -> None:
     """Where the saved core is (the image check above builds it if missing)."""
     sbcl = shutil.which(config.sbcl)
@@ -105,11 +119,11 @@ def doctor_command(argv: list[str]) -> int:
     check_systems()
     if all(essentials):
         config = ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir)
-        essentials.append(check_image(config))
+        essentials.append(check_image(config) and check_cache(config))
         if essentials[-1]:
             check_saved_core(config)
     if all(essentials):
         print("cl-mcp is ready.")
         return 0
-    print("cl-mcp is not ready: install what is marked FAIL (make run does it on Debian).")
+    print("cl-mcp is not ready: fix what is marked FAIL (make run installs what is missing on Debian).")
     return 1

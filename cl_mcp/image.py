@@ -18,7 +18,10 @@ import hashlib
 import logging
 import os
 import secrets
+import shlex
 import shutil
+import stat
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,14 +73,90 @@ def _lisp_string(text: str) -> str:
 
 
 def cache_dir() -> Path:
+    """Where the compiled agent and the saved core are kept (not created here)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cl-mcp"
 
 
-def agent_fasl(bootstrap: Path) -> Path:
-    """Where the compiled agent is cached: keyed by the source's hash, so an
-    edited agent is recompiled (the SBCL version is added on the Lisp side)."""
+def agent_fasl(bootstrap: Path, directory: Path) -> Path:
+    """Where the compiled agent is kept in DIRECTORY: keyed by the source's
+    hash, so an edited agent is recompiled (the SBCL version and `.fasl` are
+    added on the Lisp side)."""
     digest = hashlib.sha256(bootstrap.read_bytes()).hexdigest()[:16]
-    return cache_dir() / f"agent-{digest}"
+    return directory / f"agent-{digest}"
+
+
+def cached_code(bootstrap: Path, directory: Path, core: Path | None) -> list[Path]:
+    """The files of DIRECTORY a start may load: the saved core and the
+    compiled agent (one per SBCL version), those that exist."""
+    stem = agent_fasl(bootstrap, directory)
+    fasls = sorted(directory.glob(f"{stem.name}-*.fasl"))
+    return [*([core] if core is not None and core.exists() else []), *fasls]
+
+
+# Every start runs code from the cache, so whoever can write there, or
+# replace the directory, can run code as this user.
+PRIVATE_DIR_MODE = 0o700  # the XDG base directory spec's mode
+WRITABLE_BY_OTHERS = stat.S_IWGRP | stat.S_IWOTH
+
+
+def make_private_dirs(directory: Path) -> None:
+    """Create DIRECTORY, and any missing directory above it, with mode 0700.
+    One that exists already keeps its mode (0755 is fine: reading is harmless)."""
+    missing: list[Path] = []
+    while not directory.exists():
+        missing.append(directory)
+        directory = directory.parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, PRIVATE_DIR_MODE)
+        except FileExistsError:  # made by a concurrent start: checked like any other
+            continue
+        os.chmod(path, PRIVATE_DIR_MODE)  # mkdir's mode went through the umask
+
+
+def _directories_above(directory: Path) -> list[Path]:
+    """Every directory whose owner could replace DIRECTORY, from / down: the
+    chain as spelled (that covers the directories holding symlinks) and with
+    symlinks resolved (that covers where they point)."""
+    spelled = Path(os.path.abspath(directory))
+    return list(dict.fromkeys([*reversed(spelled.parents), *reversed(spelled.resolve().parents)]))
+
+
+def _ownership_problem(path: Path, owners: tuple[int, ...], shared_ok: bool, fix: str) -> str | None:
+    """Why another user could change PATH (following symlinks), or None.
+    SHARED_OK: group and others may write a directory with the sticky bit
+    (as /tmp), which keeps them from renaming or removing what is not theirs."""
+    info = path.stat()
+    if info.st_uid not in owners:
+        return (f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}), "
+                f"who could plant code there that cl-mcp runs; fix: {fix}")
+    if info.st_mode & WRITABLE_BY_OTHERS and not (shared_ok and info.st_mode & stat.S_ISVTX):
+        return (f"{path} is writable by group or others (mode {stat.S_IMODE(info.st_mode):o}), "
+                f"who could plant code there that cl-mcp runs; fix: chmod go-w {shlex.quote(str(path))}")
+    return None
+
+
+def cache_problem(directory: Path, loaded: list[Path]) -> str | None:
+    """Why cl-mcp must not keep or load code in DIRECTORY, or None.  It
+    creates DIRECTORY first when missing (mode 0700).  DIRECTORY and the
+    LOADED files in it must be the user's and writable by nobody else; every
+    directory above must be the user's or root's, and not writable by group
+    or others unless sticky."""
+    try:
+        make_private_dirs(directory)
+        for parent in _directories_above(directory):
+            if problem := _ownership_problem(
+                    parent, owners=(os.geteuid(), 0), shared_ok=True,
+                    fix=f"chown {os.geteuid()} {shlex.quote(str(parent))}"):
+                return problem
+        for path in (directory, *loaded):
+            if problem := _ownership_problem(
+                    path, owners=(os.geteuid(),), shared_ok=False,
+                    fix=f"remove it (rm -r {shlex.quote(str(path))}); cl-mcp makes a new one"):
+                return problem
+    except OSError as error:
+        return f"cannot use {error.filename or directory}: {error.strerror or error}"
+    return None
 
 
 def saved_core(sbcl: str, slime_dir: Path, bootstrap: Path) -> Path:
@@ -121,37 +200,41 @@ def remove_stale_caches(fasl: Path, core: Path | None) -> None:
                 pass
 
 
-def _load_compiled_form(bootstrap: Path) -> str:
-    """Compile the agent once per version (one compilation unit, so its
-    forward references are fine), then load the fasl.  It is compiled to a
-    name of its own and renamed, so two images starting at once never load
-    a half-written file."""
+def _load_compiled_form(bootstrap: Path, directory: Path) -> str:
+    """Compile the agent into DIRECTORY (made and checked by Python) once
+    per version (one compilation unit, so its forward references are fine),
+    then load the fasl.  It is compiled to a name of its own and renamed, so
+    two images starting at once never load a half-written file; it is made
+    writable by its owner only, whatever the umask, or the next start would
+    refuse it."""
     source = _lisp_string(str(bootstrap))
-    stem = _lisp_string(str(agent_fasl(bootstrap)))
+    stem = _lisp_string(str(agent_fasl(bootstrap, directory)))
     return (
         f"(let* ((fasl (format nil \"~A-~A.fasl\" {stem} (lisp-implementation-version)))"
         "        (temp (format nil \"~A.~D.tmp\" fasl (sb-posix:getpid))))"
         "  (unless (probe-file fasl)"
-        "    (ensure-directories-exist fasl)"
         f"    (compile-file {source} :output-file temp)"
+        "    (sb-posix:chmod temp #o600)"
         "    (rename-file temp fasl))"
         "  (load fasl))"
     )
 
 
-def loading_forms(slime_dir: Path, bootstrap: Path) -> list[str]:
-    """The --eval forms that load Swank and the agent into a bare SBCL."""
+def loading_forms(slime_dir: Path, bootstrap: Path, fasl_dir: Path) -> list[str]:
+    """The --eval forms that load Swank and the agent (compiled into
+    FASL_DIR) into a bare SBCL."""
     return [
         "(require :asdf)",
         f"(load {_lisp_string(str(slime_dir / 'swank-loader.lisp'))})",
         "(swank-loader:init :setup nil :quiet t)",
-        _load_compiled_form(bootstrap),
+        _load_compiled_form(bootstrap, fasl_dir),
     ]
 
 
 def core_building_forms(slime_dir: Path, bootstrap: Path, output: Path) -> list[str]:
-    """The --eval forms that load Swank and the agent and save the image."""
-    return [*loading_forms(slime_dir, bootstrap),
+    """The --eval forms that load Swank and the agent and save the image
+    at OUTPUT (the agent's fasl is kept beside it)."""
+    return [*loading_forms(slime_dir, bootstrap, output.parent),
             # UIOP's hooks for saved images: forget what belongs to this
             # machine state (ASDF's source registry and output translations,
             # the user cache) so that each start computes it afresh.
@@ -211,7 +294,8 @@ class LispImage:
         With a saved core (the default) the image starts in a few tens of
         milliseconds instead of a few hundred.  When there is none yet, it
         is built first (about as long as a start from fasls, once); when it
-        cannot be built or will not start, the image starts from fasls."""
+        cannot be built or will not start, the image starts from fasls.  A
+        cache others could have written is not used at all (`cache_problem`)."""
         sbcl = shutil.which(self._config.sbcl)
         if sbcl is None:
             raise ImageError(
@@ -220,8 +304,18 @@ class LispImage:
             )
         slime_dir = find_slime_dir(self._config.slime_dir)
         bootstrap = find_bootstrap()
+        cache = cache_dir()
         core = saved_core(sbcl, slime_dir, bootstrap) if self._config.saved_core else None
-        remove_stale_caches(agent_fasl(bootstrap), core)
+        problem = cache_problem(cache, cached_code(bootstrap, cache, core))
+        if problem is not None:
+            # Not a failed start: an MCP host often shows no more than that
+            # the server died, and the user would lose the REPL over a cache.
+            # A working cl-mcp that runs nothing from the unsafe place, and
+            # says at every start how to make it safe, is what users expect.
+            log.error("%s; until then cl-mcp uses no saved core and compiles its agent "
+                      "afresh at every start, in a private temporary directory", problem)
+            return await self._start_from_private_fasl(sbcl, slime_dir, bootstrap)
+        remove_stale_caches(agent_fasl(bootstrap, cache), core)
         if core is not None and not core.is_file() and not _failed_lately(core):
             await build_core(sbcl, slime_dir, bootstrap, core, self._config.startup_timeout)
         if core is not None and core.is_file():
@@ -232,7 +326,18 @@ class LispImage:
                 log.warning("the saved core %s did not start (%s); removing it", core, error)
                 core.unlink(missing_ok=True)
                 _note_failure(core)
-        return await self._spawn([sbcl], loading_forms(slime_dir, bootstrap) + serving_forms())
+        return await self._spawn([sbcl], loading_forms(slime_dir, bootstrap, cache) + serving_forms())
+
+    async def _start_from_private_fasl(self, sbcl: str, slime_dir: Path, bootstrap: Path) -> int:
+        """Start from an agent compiled into a fresh directory of mode 0700
+        (mkdtemp's), removed once the image has loaded it (before it
+        prints its port)."""
+        with tempfile.TemporaryDirectory(prefix="cl-mcp-", ignore_cleanup_errors=True) as name:
+            private = Path(name)
+            if problem := cache_problem(private, []):
+                raise ImageError(f"no private directory to compile the agent in: {problem}")
+            return await self._spawn([sbcl], loading_forms(slime_dir, bootstrap, private)
+                                     + serving_forms())
 
     async def _spawn(self, runtime: list[str], forms: list[str]) -> int:
         self._process = await asyncio.create_subprocess_exec(
@@ -306,15 +411,15 @@ class LispImage:
 
 async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
                      timeout: float) -> None:
-    """Save a core with Swank and the agent loaded at CORE.  It is written to
-    a name of its own and renamed, so a concurrent start never sees half a
-    core.  A failure is logged: the image then starts from fasls."""
+    """Save a core with Swank and the agent loaded at CORE, in a directory
+    `cache_problem` has made and passed.  It is written to a name of its own
+    and renamed, so a concurrent start never sees half a core.  A failure is
+    logged: the image then starts from fasls."""
     temp = core.with_name(f"{core.name}.{os.getpid()}.tmp")
     argv = sbcl_command([sbcl], core_building_forms(slime_dir, bootstrap, temp))
     log.info("saving an SBCL core with Swank and the agent at %s (once)", core)
     started = time.monotonic()
     try:
-        core.parent.mkdir(parents=True, exist_ok=True)
         # Marked failed until it is saved: a build that cannot finish is not
         # retried at every start, and a concurrent start does not build too.
         _note_failure(core)
@@ -339,6 +444,7 @@ async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
         log.warning("could not save a core (exit code %s): %s", process.returncode, " / ".join(tail))
         temp.unlink(missing_ok=True)
         return
+    temp.chmod(0o600)  # whatever the umask: the next start refuses a core others can write
     temp.replace(core)
     _failure_marker(core).unlink(missing_ok=True)
     log.info("saved the core in %.1f s", time.monotonic() - started)
