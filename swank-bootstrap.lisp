@@ -15,42 +15,170 @@
 ;;;;    warnings are capped here, where they are produced (cl-mcp's
 ;;;;    --max-output is at most 1,000,000 characters per stream).
 ;;;;  - Loading this file twice is harmless (attach mode reloads it).
+;;;;
+;;;; Sections, each using only what the sections above it define (the few
+;;;; calls that go back and forth between the evaluation's parts say so):
+;;;;  - SBCL and Swank internals this agent relies on (a table)
+;;;;  - Loading, looking up internals, logging
+;;;;  - Capped output streams
+;;;;  - Printing that never fails
+;;;;  - Naming conditions and describing errors
+;;;;  - Backtraces
+;;;;  - Reading code
+;;;;  - Keeping the terminal and the debugger out
+;;;;  - Threads the agent makes
+;;;;  - Listeners only cl-mcp can take
+;;;;  - The lane
+;;;;  - Evaluations and their mailboxes
+;;;;  - The registries of waiting and running evaluations
+;;;;  - Answering a request from inside
+;;;;  - Deadlines
+;;;;  - What the session creates, in an image it shares (attach mode)
+;;;;  - The evaluation's thread
+;;;;  - Waiting at an error
+;;;;  - Entry points: evaluations
+;;;;  - Entry point: the session's definitions
+;;;;  - Entry point: loading systems
+;;;;  - Entry points: setting an image up
+
+;;;; SBCL and Swank internals this agent relies on
+;;;
+;;; Checked with SBCL 2.2.9 and Swank 2.27 (Debian cl-swank).  Everything
+;;; else is standard Common Lisp or a supported interface: SB-EXT,
+;;; SB-THREAD, SB-GRAY, SB-MOP, SB-ALIEN, SB-BSD-SOCKETS, SB-POSIX,
+;;; SB-INTROSPECT, SWANK, SWANK/BACKEND, ASDF.  Those marked "by name" are
+;;; looked up when the agent loads (`existing-symbols', `find-symbol') and
+;;; their feature is left out where a release lacks them.  The others are
+;;; written into the code: a release without one fails where it is used (a
+;;; reader error for a single colon, an undefined function or variable at
+;;; run time for a double one), so check this table on every new SBCL or
+;;; Swank.
+;;;
+;;; Swank (package SWANK; internal)
+;;;   swank::*emacs-connection*       the connection of the request being
+;;;                                   served: cl-mcp's, the lane's home,
+;;;                                   the socket of `set-connection-nodelay'
+;;;   swank::*connections*            Swank's connections, newest first: an
+;;;                                   attached cl-mcp moves its own last
+;;;   swank::*pending-continuations*  ids of the requests this thread has yet
+;;;                                   to answer (`cl-mcp-request',
+;;;                                   `answer-directly')
+;;;   swank::send-to-emacs            `answer-directly' sends a `:return'
+;;;   swank::connection.socket-io     a connection's socket stream
+;;;   swank::authenticate-client      checks the secret, the first message
+;;;   swank::slime-secret             redefined to return the run's secret
+;;;   swank::init-log-output          what Swank's own server does before it
+;;;   swank::start-sentinel             serves (`serve-cl-mcp')
+;;;   swank::make-connection          cl-mcp's connection, served as Swank
+;;;   swank::serve-requests             serves any (:spawn)
+;;;   swank::make-singlethreaded-connection   the lane's connection
+;;;   swank::with-connection          the lane thread's Swank environment
+;;;   swank::handle-requests          reads and runs the lane's requests
+;;;   swank::*send-counter*           set so that Swank never pings the lane
+;;;   swank::*enable-event-history*   bound to nil in the lane thread
+;;;   swank::*pre-reply-hook*         runs `prune-swank-mailboxes'
+;;;   swank::*configure-emacs-indentation*   nil in an embedded image
+;;;   swank/sbcl::*mailboxes*, *mailbox-lock*, mailbox.thread   (by name)
+;;;                                   Swank's per-thread mailboxes, pruned
+;;;
+;;; SBCL
+;;;   sb-debug::map-backtrace         walks the frames of an error
+;;;   sb-debug::frame-call            a frame's function name
+;;;   sb-debug::print-frame-call      a frame printed as a call
+;;;   sb-di:frame-code-location, frame-debug-fun, do-debug-fun-vars,
+;;;   debug-var-symbol, debug-var-validity, debug-var-value
+;;;                                   a frame's local variables
+;;;   sb-di:eval-in-frame             `eval-in-frame-of'
+;;;   sb-kernel::control-stack-exhausted   (by name) a stack overflow, after
+;;;                                   which the thread is parked
+;;;   sb-kernel:redefinition-warning  (by name) dropped from a load's warnings
+;;;   sb-kernel::%signal, sb-kernel:internal-error,
+;;;   sb-impl::run-expired-timers, sb-impl::run-expired-timer (not in 2.2.9),
+;;;   sb-thread::run-interruption, sb-sys:invoke-interruption,
+;;;   sb-unix::sigalrm-handler, sb-unix::run-handler
+;;;                                   (by name) how a condition was
+;;;                                   signalled: cut from backtraces
+;;;   sb-int:simple-eval-in-lexenv, sb-impl::simple-eval-progn-body,
+;;;   sb-impl::%simple-eval, sb-impl::eval-in-lexenv
+;;;                                   (by name) the evaluator: hidden in
+;;;                                   backtraces
+;;;   sb-pcl::condition-class         tells conditions from other classes
+;;;   sb-unix::clock-gettime          CLOCK_MONOTONIC (clock id 1), to time
+;;;                                   the lane's idle poll
+;;;   sb-unix::unblock-deferrable-signals   (by name) lets a new thread hear
+;;;                                   interrupts (`make-agent-thread')
+;;;   sb-unix:unix-getpid             the lane socket's name
+;;;   sb-sys:*exit-in-progress*       (by name) SB-EXT:EXIT has begun
+;;;   sb-sys:without-interrupts, with-interrupts
+;;;                                   `answer-directly', `interrupt-at-deadline'
+;;;   sb-sys:wait-until-fd-usable     the lane's and the listeners' waits
+;;;   sb-sys:fd-stream-fd             a socket stream's file descriptor
+;;;   asdf/find-component:missing-requires   the system a load missed (not
+;;;                                   exported from ASDF itself)
+;;;
+;;; Foreign calls and constants (Linux, x86-64)
+;;;   setsockopt(fd, IPPROTO_TCP = 6, TCP_NODELAY = 1, &1, 4)
+;;;                                   `set-connection-nodelay'
+;;;   getsockopt(fd, SOL_SOCKET = 1, SO_PEERCRED = 17, &ucred, &12)
+;;;                                   `unix-peer-uid': struct ucred is three
+;;;                                   32-bit words, pid uid gid
+;;;   /proc/net/tcp                   `tcp-peer-uid': local and remote
+;;;                                   address in fields 2 and 3, uid in
+;;;                                   field 8 (counting from 1)
+;;;   abstract Unix-domain sockets    the lane (Linux's abstract namespace)
 
 (defpackage #:cl-mcp-agent
   (:use #:common-lisp)
+  (:documentation "cl-mcp's agent in a Lisp image: the entry points cl-mcp
+calls through Swank, each returning one plist (or a string, an integer, t).")
+  ;; Evaluations, and evaluations that wait at an error.
   (:export #:evaluate
-           #:cancel-evaluation
-           #:output-tail
            #:invoke-restart-of
            #:backtrace-of
            #:eval-in-frame-of
+           #:cancel-evaluation
+           #:output-tail
            #:abort-all
-           #:configure
-           #:list-definitions
-           #:load-system
-           #:prepare-embedded-image
-           #:prepare-attached-connection
-           #:soft-reset
+           #:configure)
+  ;; The session's definitions and systems.
+  (:export #:list-definitions
+           #:load-system)
+  ;; Setting an image up: one cl-mcp owns (embedded), or one it shares
+  ;; with the programmer (attached).
+  (:export #:serve-cl-mcp
            #:set-connection-nodelay
            #:open-lane
-           #:serve-cl-mcp))
+           #:prepare-embedded-image
+           #:prepare-attached-connection
+           #:soft-reset))
 
 (in-package #:cl-mcp-agent)
+
+;;;; Loading, looking up internals, logging
 
 (defvar *loaded-digest* nil
   "The SHA-256 of the agent source loaded into a shared image, set by
 cl-mcp after loading it, so that attaching again does not reload it.")
 
-(defvar *track-session* nil
-  "True in an attached image: remember what cl-mcp's evaluations create,
-so that a soft reset removes exactly that.")
+(defun existing-symbols (specs)
+  "The symbols named by SPECS, (PACKAGE NAME) string pairs, that exist in
+this SBCL; internal names come and go between releases."
+  (loop for (package name) in specs
+        for symbol = (and (find-package package) (find-symbol name package))
+        when symbol collect symbol))
 
-(defvar *baseline-packages* (list-all-packages)
-  "Packages that existed when the agent was first loaded.  Packages created
-later belong to the session (see `session-packages').")
+(defun log-note (control &rest arguments)
+  "A line on the image's own error output (cl-mcp's log, in an embedded
+image)."
+  (ignore-errors
+   (format *error-output* "~&;; cl-mcp: ~?~%" control arguments)
+   (finish-output *error-output*)))
 
-;;; ------------------------------------------------------------------
-;;; Capped output streams
+;;;; Capped output streams
+
+(defun make-text-buffer ()
+  "An empty adjustable string with a fill pointer."
+  (make-array 256 :element-type 'character :adjustable t :fill-pointer 0))
 
 (defclass capped-output-stream (sb-gray:fundamental-character-output-stream)
   ((buffer :initform (make-text-buffer) :accessor buffer
@@ -58,20 +186,20 @@ later belong to the session (see `session-packages').")
 fill pointer, so that its end can be read while output is still coming.")
    (limit :initarg :limit :reader limit
           :documentation "Characters kept; the rest are only counted.")
-   (dropped :initform 0 :accessor dropped)
-   (column :initform 0 :accessor column))
+   (dropped :initform 0 :accessor dropped
+            :documentation "Characters written past the limit.")
+   (column :initform 0 :accessor column
+           :documentation "The column the next character goes to."))
   (:documentation "A character output stream that keeps the first LIMIT
 characters written to it and counts the rest, so that a runaway printer
 cannot exhaust the image's memory or overflow a Swank frame."))
-
-(defun make-text-buffer ()
-  (make-array 256 :element-type 'character :adjustable t :fill-pointer 0))
 
 (defun make-capped-output-stream (limit)
   "Return a `capped-output-stream' keeping at most LIMIT characters."
   (make-instance 'capped-output-stream :limit limit))
 
 (defun kept (stream)
+  "How many characters STREAM has kept."
   (fill-pointer (buffer stream)))
 
 (defun append-text (buffer string start end)
@@ -86,6 +214,7 @@ cannot exhaust the image's memory or overflow a Swank frame."))
 
 (defmethod sb-gray:stream-write-string ((stream capped-output-stream) string
                                         &optional (start 0) end)
+  "Keep what fits under the limit, count the rest, and track the column."
   (let* ((end (or end (length string)))
          (count (- end start))
          (taken (min count (max 0 (- (limit stream) (kept stream)))))
@@ -99,6 +228,7 @@ cannot exhaust the image's memory or overflow a Swank frame."))
     string))
 
 (defmethod sb-gray:stream-write-char ((stream capped-output-stream) char)
+  "Keep CHAR if it fits under the limit, else count it; track the column."
   (if (< (kept stream) (limit stream))
       (vector-push-extend char (buffer stream) (max 256 (kept stream)))
       (incf (dropped stream)))
@@ -106,13 +236,20 @@ cannot exhaust the image's memory or overflow a Swank frame."))
   char)
 
 (defmethod sb-gray:stream-line-column ((stream capped-output-stream))
+  "The column, for FRESH-LINE and the pretty printer."
   (column stream))
 
 (defmethod sb-gray:stream-start-line-p ((stream capped-output-stream))
+  "True at the start of a line."
   (zerop (column stream)))
 
-(defmethod sb-gray:stream-finish-output ((stream capped-output-stream)) nil)
-(defmethod sb-gray:stream-force-output ((stream capped-output-stream)) nil)
+(defmethod sb-gray:stream-finish-output ((stream capped-output-stream))
+  "Nothing to do: the text is kept in memory."
+  nil)
+
+(defmethod sb-gray:stream-force-output ((stream capped-output-stream))
+  "Nothing to do: the text is kept in memory."
+  nil)
 
 (defun reset-capture (stream)
   "Forget what STREAM kept and counted: a new stretch of output begins."
@@ -134,8 +271,7 @@ another thread while output is still coming, so it only reads."
                    (if newline (1+ newline) 0))))
       (subseq buffer (max start (- end limit)) end))))
 
-;;; ------------------------------------------------------------------
-;;; Printing that never fails
+;;;; Printing that never fails
 
 (defmacro with-result-printing (() &body body)
   "Run BODY with the printer settings of the evaluate-lisp contract."
@@ -162,6 +298,13 @@ instead of an error of the whole call."
       (values string 0)
       (values (subseq string 0 limit) (- (length string) limit))))
 
+(defun one-line (text limit)
+  "TEXT on one line of at most LIMIT characters."
+  (let ((flat (substitute #\Space #\Newline text)))
+    (if (> (length flat) limit)
+        (concatenate 'string (subseq flat 0 (max 0 (- limit 3))) "...")
+        flat)))
+
 (defun condition-message (condition)
   "The report of CONDITION, or a marker when the report itself fails."
   (safe-print condition #'princ-to-string))
@@ -175,6 +318,32 @@ otherwise (SB-EXT:TIMEOUT, although CL-USER uses SB-EXT)."
                        (find-package "COMMON-LISP-USER")
                        (find-package "KEYWORD"))))
     (prin1-to-string symbol)))
+
+(defun function-name-text (name)
+  "A function name (a symbol or (SETF symbol)) as written from CL-USER."
+  (let ((*package* (find-package "COMMON-LISP-USER")))
+    (prin1-to-string name)))
+
+(defun seconds-text (seconds)
+  "SECONDS in words: \"2 seconds\", \"0.500 seconds\"."
+  (if (and seconds (= seconds (round seconds)))
+      (format nil "~D second~:P" (round seconds))
+      (format nil "~,3F seconds" seconds)))
+
+(defun print-values (values limit)
+  "VALUES printed under the contract's printer settings, their total length
+kept under LIMIT."
+  (with-result-printing ()
+    (loop for value in values
+          for text = (safe-print value #'prin1-to-string)
+          for room = (max 0 (- limit used))
+          sum (length text) into used
+          collect (multiple-value-bind (kept cut) (cap-string text room)
+                    (if (plusp cut)
+                        (format nil "~A~%… [~D more characters truncated]" kept cut)
+                        kept)))))
+
+;;;; Naming conditions and describing errors
 
 (defun internal-package-p (package)
   "True for SBCL's own packages and this agent's, whose condition classes
@@ -215,21 +384,73 @@ nearest superclass that is not (UNDEFINED-FUNCTION)."
              unless (detail-class-name-p name) return name)
        (type-of condition))))
 
-;;; ------------------------------------------------------------------
-;;; Backtraces
+(defun reader-error-type (condition)
+  "Reader problems are reported by their standard type."
+  (cond ((typep condition 'end-of-file) "END-OF-FILE")
+        ((typep condition 'reader-error) "READER-ERROR")
+        (t (condition-type-name condition))))
+
+(defun error-message (condition timeout)
+  "The text that explains CONDITION.  A few of SBCL's reports are replaced
+by plainer ones that say what happened to the evaluation."
+  (typecase condition
+    (sb-ext:timeout
+     (format nil "Evaluation exceeded its deadline of ~A and was interrupted."
+             (seconds-text timeout)))
+    (undefined-function
+     (format nil "The function ~A is undefined."
+             (function-name-text (cell-error-name condition))))
+    (t (condition-message condition))))
+
+(defun describe-error (condition backtrace &key reading timeout)
+  "The :error plist for CONDITION."
+  (list :type (if reading
+                  (reader-error-type condition)
+                  (condition-type-name condition))
+        :message (error-message condition timeout)
+        :backtrace backtrace))
+
+(defun command-error (type message)
+  "A report of an error that is no condition of the user's code: TYPE (a
+string such as \"CL-MCP:NO-SUCH-FRAME\") and MESSAGE, with no backtrace."
+  (list :status :error :error (list :type type :message message :backtrace nil)
+        :stdout "" :stderr "" :warnings '()))
+
+(defparameter *warning-limit* 50
+  "Warnings reported per stretch; each message is cut to 1,000 characters.")
+
+(defun warning-entries (warnings error)
+  "WARNINGS as (TYPE MESSAGE) lists, in the order signalled, leaving out the
+compiler's note that a function is undefined when calling it is the ERROR.
+At most `*warning-limit*', so that a reply stays within a Swank frame."
+  (loop for w in (reverse warnings)
+        unless (and (typep error 'undefined-function)
+                    (typep w 'simple-condition)
+                    (member (cell-error-name error)
+                            (simple-condition-format-arguments w) :test #'equal))
+          collect (list (public-type-name w 'warning)
+                        (cap-string (condition-message w) 1000))
+            into entries
+        finally (return (subseq entries 0 (min (length entries) *warning-limit*)))))
+
+;;;; Backtraces
+;;;
+;;; A backtrace shows the frames between the one that signalled and the
+;;; evaluation's boundary, `%eval-form', leaving out the condition system,
+;;; SBCL's evaluator and this agent.
+
+(defun %eval-form (form)
+  "Evaluate FORM.  A named frame that marks where a backtrace ends (debug 3
+keeps the frame: no tail call)."
+  (declare (optimize (debug 3)))
+  (eval form))
+(declaim (notinline %eval-form))
 
 (defparameter *backtrace-frame-limit* 20
   "Frames shown for an error.")
 
 (defparameter *frame-line-limit* 300
   "Characters shown per backtrace frame.")
-
-(defun existing-symbols (specs)
-  "The symbols named by SPECS, (PACKAGE NAME) string pairs, that exist in
-this SBCL; internal names come and go between releases."
-  (loop for (package name) in specs
-        for symbol = (and (find-package package) (find-symbol name package))
-        when symbol collect symbol))
 
 (defparameter *signalling-frames*
   (existing-symbols
@@ -248,6 +469,7 @@ signalled, not where.")
   "SBCL's evaluator: present in every backtrace, never informative.")
 
 (defun frame-name (frame)
+  "The name of FRAME's function, or nil when SBCL cannot tell."
   (ignore-errors (sb-debug::frame-call frame)))
 
 (defun frame-line (frame)
@@ -309,6 +531,14 @@ while the evaluation waits there."
     (loop for (name . frame) in frames
           unless (internal-frame-p name) collect frame)))
 
+(defun undefined-function-line (frame condition)
+  "SBCL shows a call to an undefined function as a frame named
+\"undefined function\"; show the name that was called instead."
+  (let ((line (frame-line frame))
+        (name (function-name-text (cell-error-name condition))))
+    (concatenate 'string "(" name
+                 (subseq line (length "(\"undefined function\"")))))
+
 (defun frame-lines (frames condition count)
   "The first COUNT of FRAMES as one-line strings."
   (loop for frame in frames
@@ -318,23 +548,26 @@ while the evaluation waits there."
                     (undefined-function-line frame condition)
                     (frame-line frame))))
 
-(defun undefined-function-line (frame condition)
-  "SBCL shows a call to an undefined function as a frame named
-\"undefined function\"; show the name that was called instead."
-  (let ((line (frame-line frame))
-        (name (function-name-text (cell-error-name condition))))
-    (concatenate 'string "(" name
-                 (subseq line (length "(\"undefined function\"")))))
+(defun frame-locals (frame)
+  "FRAME's local variables as (NAME VALUE) strings, where the compiler kept
+them."
+  (let ((location (sb-di:frame-code-location frame))
+        (locals '()))
+    (handler-case
+        (sb-di:do-debug-fun-vars (var (sb-di:frame-debug-fun frame))
+          (when (and (sb-di:debug-var-symbol var)
+                     (eq (sb-di:debug-var-validity var location) :valid))
+            (push (list (symbol-designator (sb-di:debug-var-symbol var))
+                        (one-line (with-result-printing ()
+                                    (let ((*print-pretty* nil))
+                                      (safe-print (sb-di:debug-var-value var frame)
+                                                  #'prin1-to-string)))
+                                  200))
+                  locals)))
+      (serious-condition () nil))
+    (nreverse locals)))
 
-;;; ------------------------------------------------------------------
-;;; Evaluation
-
-(defun %eval-form (form)
-  "Evaluate FORM.  A named frame that marks where a backtrace ends (debug 3
-keeps the frame: no tail call)."
-  (declare (optimize (debug 3)))
-  (eval form))
-(declaim (notinline %eval-form))
+;;;; Reading code
 
 (defun find-package-designator (name)
   "The package named NAME (exactly, or upcased), or nil."
@@ -342,7 +575,8 @@ keeps the frame: no tail call)."
 
 (define-condition incomplete-form (end-of-file)
   ()
-  (:report "Incomplete form: the code ends before the form is complete (a missing \")\" or an unterminated string?)."))
+  (:report "Incomplete form: the code ends before the form is complete (a missing \")\" or an unterminated string?).")
+  (:documentation "The code ended inside a form."))
 
 (defun read-next-form (stream eof)
   "Read one form from STREAM, or EOF at its end.  An incomplete form
@@ -351,9 +585,24 @@ stream."
   (handler-case (read stream nil eof)
     (end-of-file () (error 'incomplete-form :stream stream))))
 
+(defun read-all-forms (code)
+  "The forms of CODE as one PROGN (read with the evaluation's *PACKAGE*)."
+  (let ((stream (make-string-input-stream code))
+        (eof (make-symbol "EOF")))
+    (cons 'progn (loop for form = (read-next-form stream eof)
+                       until (eq form eof)
+                       collect form))))
+
+;;;; Keeping the terminal and the debugger out
+;;;
+;;; Nobody is at a terminal to answer a read, and nobody will ever answer a
+;;; debugger: the code cl-mcp runs gets input streams that fail at once, and
+;;; a hook that hands any entry into the debugger to the agent.
+
 (define-condition no-input (end-of-file)
   ()
-  (:report "No input: cl-mcp evaluates without a terminal, so *STANDARD-INPUT*, *QUERY-IO* and *DEBUG-IO* are empty."))
+  (:report "No input: cl-mcp evaluates without a terminal, so *STANDARD-INPUT*, *QUERY-IO* and *DEBUG-IO* are empty.")
+  (:documentation "A read from a `no-input-stream'."))
 
 (defclass no-input-stream (sb-gray:fundamental-character-input-stream
                            sb-gray:fundamental-character-output-stream)
@@ -363,26 +612,55 @@ from, instead of waiting for input that can never come; what is written to
 it goes nowhere."))
 
 (defmethod sb-gray:stream-read-char ((stream no-input-stream))
+  "Fail: there is no input."
   (error 'no-input :stream stream))
 
 (defmethod sb-gray:stream-read-line ((stream no-input-stream))
+  "Fail: there is no input."
   (error 'no-input :stream stream))
 
-(defmethod sb-gray:stream-listen ((stream no-input-stream)) nil)
-(defmethod sb-gray:stream-read-char-no-hang ((stream no-input-stream)) nil)
+(defmethod sb-gray:stream-listen ((stream no-input-stream))
+  "No input is ready, nor ever will be."
+  nil)
+
+(defmethod sb-gray:stream-read-char-no-hang ((stream no-input-stream))
+  "No character is ready."
+  nil)
+
 (defmethod sb-gray:stream-unread-char ((stream no-input-stream) char)
+  "Nothing was read, so nothing goes back."
   (declare (ignore char))
   nil)
-(defmethod sb-gray:stream-clear-input ((stream no-input-stream)) nil)
-(defmethod sb-gray:stream-write-char ((stream no-input-stream) char) char)
+
+(defmethod sb-gray:stream-clear-input ((stream no-input-stream))
+  "There is no input to clear."
+  nil)
+
+(defmethod sb-gray:stream-write-char ((stream no-input-stream) char)
+  "Drop CHAR."
+  char)
+
 (defmethod sb-gray:stream-write-string ((stream no-input-stream) string
                                         &optional start end)
+  "Drop STRING."
   (declare (ignore start end))
   string)
-(defmethod sb-gray:stream-line-column ((stream no-input-stream)) nil)
-(defmethod sb-gray:stream-finish-output ((stream no-input-stream)) nil)
-(defmethod sb-gray:stream-force-output ((stream no-input-stream)) nil)
-(defmethod sb-gray:stream-clear-output ((stream no-input-stream)) nil)
+
+(defmethod sb-gray:stream-line-column ((stream no-input-stream))
+  "The column is unknown."
+  nil)
+
+(defmethod sb-gray:stream-finish-output ((stream no-input-stream))
+  "Nothing is buffered."
+  nil)
+
+(defmethod sb-gray:stream-force-output ((stream no-input-stream))
+  "Nothing is buffered."
+  nil)
+
+(defmethod sb-gray:stream-clear-output ((stream no-input-stream))
+  "Nothing is buffered."
+  nil)
 
 (defmacro with-standard-streams ((output error-output) &body body)
   "Run BODY with the standard output streams bound to OUTPUT and
@@ -414,192 +692,13 @@ BREAK binds *DEBUGGER-HOOK* to nil); only this hook sees them."
          (*debugger-hook* nil))
      ,@body))
 
-(defun reader-error-type (condition)
-  "Reader problems are reported by their standard type."
-  (cond ((typep condition 'end-of-file) "END-OF-FILE")
-        ((typep condition 'reader-error) "READER-ERROR")
-        (t (condition-type-name condition))))
-
-(defun error-message (condition timeout)
-  "The text that explains CONDITION.  A few of SBCL's reports are replaced
-by plainer ones that say what happened to the evaluation."
-  (typecase condition
-    (sb-ext:timeout
-     (format nil "Evaluation exceeded its deadline of ~A and was interrupted."
-             (seconds-text timeout)))
-    (undefined-function
-     (format nil "The function ~A is undefined."
-             (function-name-text (cell-error-name condition))))
-    (t (condition-message condition))))
-
-(defun function-name-text (name)
-  "A function name (a symbol or (SETF symbol)) as written from CL-USER."
-  (let ((*package* (find-package "COMMON-LISP-USER")))
-    (prin1-to-string name)))
-
-(defun seconds-text (seconds)
-  (if (and seconds (= seconds (round seconds)))
-      (format nil "~D second~:P" (round seconds))
-      (format nil "~,3F seconds" seconds)))
-
-(defun describe-error (condition backtrace &key reading timeout)
-  "The :error plist for CONDITION."
-  (list :type (if reading
-                  (reader-error-type condition)
-                  (condition-type-name condition))
-        :message (error-message condition timeout)
-        :backtrace backtrace))
-
-(defun timing-since (real run gc bytes)
-  "The (REAL-MS RUN-MS GC-MS BYTES) elapsed since the given readings."
-  (flet ((ms (ticks) (round (* 1000 ticks) internal-time-units-per-second)))
-    (list (ms (- (get-internal-real-time) real))
-          (ms (- (get-internal-run-time) run))
-          (ms (- sb-ext:*gc-run-time* gc))
-          (- (sb-ext:get-bytes-consed) bytes))))
-
-;;; ------------------------------------------------------------------
-;;; Evaluations, and evaluations that wait at an error
-;;;
-;;; An evaluation runs in the thread that read the request that asked for
-;;; it (the lane's, or a Swank worker), and usually just returns its report.  When it stops at an error
-;;; it answers that request itself (a `:return' sent from inside, see
-;;; `answer-directly') and then waits there, its restarts intact, for
-;;; commands that later requests bring through the evaluation's mailbox:
-;;; invoke a restart, list frames, evaluate in a frame, abort.  Running in
-;;; that thread saves handing every evaluation to a thread of its own and
-;;; back (two thread wake-ups a call).  A waiting evaluation costs its
-;;; thread and nothing else; at most `*max-suspended*' wait at once, each
-;;; for at most `*suspend-seconds*'.
-
-(defparameter *max-suspended* 8
-  "Evaluations that may wait at an error at once; the oldest is aborted to
-make room for a new one.")
-
-(defparameter *suspend-seconds* 600
-  "How long an evaluation waits at an error for its next command before it
-aborts itself.")
-
-(defvar *inside-evaluation* nil
-  "True in the code an evaluation runs: an evaluate called from there is
-nested, and its request belongs to the outer evaluation.")
-
-(defvar *registry-lock* (sb-thread:make-mutex :name "cl-mcp evaluations"))
-(defvar *suspended* '() "Evaluations waiting at an error, newest first.")
-(defvar *evaluation-counter* 0)
-
-(defstruct (evaluation (:constructor %make-evaluation))
-  "One evaluation and the two mailboxes between its thread and its callers."
-  (id 0 :type fixnum)
-  code package capture-time max-output
-  (timeout nil)
-  (thread nil)
-  ;; The id of the Swank request this evaluation has yet to answer, while
-  ;; it may answer it from inside (see `answer-directly').  Only such an
-  ;; evaluation may wait at an error: nobody else would hear of it.
-  (continuation nil)
-  (may-wait nil)
-  (lock (sb-thread:make-mutex :name "cl-mcp evaluation"))
-  (ready (sb-thread:make-waitqueue))
-  (command nil)
-  (report nil)
-  (stdout nil) (stderr nil)
-  (warnings '())
-  (readings nil)
-  (deadline nil)  ; the running stretch's token in *deadlines*
-  (abort-restart nil)
-  (condition nil)
-  (waiting nil)
-  (overflowed nil)
-  (tag nil)
-  (restarts '())
-  (frames '()))
-
-(defun make-evaluation (&rest initargs)
-  (apply #'%make-evaluation
-         :id (sb-thread:with-mutex (*registry-lock*) (incf *evaluation-counter*))
-         initargs))
-
-(defun put-slot (evaluation writer value)
-  "Store VALUE with WRITER under EVALUATION's lock and wake its waiters."
-  (sb-thread:with-mutex ((evaluation-lock evaluation))
-    (funcall writer value evaluation)
-    (sb-thread:condition-broadcast (evaluation-ready evaluation))))
-
-(defun take-slot (evaluation reader writer &optional timeout)
-  "Wait until READER's slot is set, clear it, and return its value; nil if
-TIMEOUT seconds pass first."
-  (let ((deadline (and timeout (+ (get-internal-real-time)
-                                  (* timeout internal-time-units-per-second)))))
-    (sb-thread:with-mutex ((evaluation-lock evaluation))
-      (loop
-        (let ((value (funcall reader evaluation)))
-          (when value
-            (funcall writer nil evaluation)
-            (return value)))
-        (let ((left (and deadline (/ (- deadline (get-internal-real-time))
-                                     internal-time-units-per-second))))
-          (when (and left (<= left 0)) (return nil))
-          (unless (sb-thread:condition-wait (evaluation-ready evaluation)
-                                            (evaluation-lock evaluation)
-                                            :timeout left)
-            ;; A wait that times out returns without the mutex (SBCL's
-            ;; CONDITION-WAIT): take it back before looking again.
-            (sb-thread:grab-mutex (evaluation-lock evaluation))))))))
-
-(defun post-report (evaluation report)
-  (put-slot evaluation #'(setf evaluation-report) report))
-
-(defun await-report (evaluation)
-  "The next report of EVALUATION.  Should its thread end without one (it
-cannot, short of being killed), say so instead of waiting forever."
-  (loop
-    (let ((report (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 1)))
-      (when report (return report))
-      (let ((thread (evaluation-thread evaluation)))
-        (when (and thread (not (sb-thread:thread-alive-p thread)))
-          (return (or (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0)
-                      (command-error "CL-MCP:ABORTED" "The evaluation's thread ended."))))))))
-
-;;; When the evaluation's thread will not return to its Swank request in time
-;;; (it waits at an error, is parked, or is being ended), it sends that
-;;; request's `:return' itself.  Swank's own `:return' for the same request
-;;; follows when the thread finally unwinds, and cl-mcp ignores it: the
-;;; request is no longer pending.
-
-(defun answer-directly (evaluation report)
-  "Answer EVALUATION's Swank request with REPORT now, from inside; true if
-there was a request left to answer."
-  ;; No interrupt (a deadline, a cancel) may land between taking the
-  ;; request and handing its answer to Swank's control thread.
-  (sb-sys:without-interrupts
-    (let ((id (evaluation-continuation evaluation)))
-      (when id
-        (forget-running (evaluation-tag evaluation) evaluation)
-        (setf swank::*pending-continuations* (remove id swank::*pending-continuations*))
-        (swank::send-to-emacs (list :return sb-thread:*current-thread* (list :ok report) id))
-        (setf (evaluation-continuation evaluation) nil)
-        (leave-lane)
-        t))))
-
-(defun deliver-report (evaluation report)
-  "REPORT to whoever waits for it: EVALUATION's own request, while it is
-unanswered, or else the caller of a command."
-  (or (answer-directly evaluation report)
-      (post-report evaluation report)))
-
-(defun take-report-now (evaluation)
-  (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0))
-
-(defun post-command (evaluation command)
-  (put-slot evaluation #'(setf evaluation-command) command))
-
-(defun await-command (evaluation timeout)
-  (take-slot evaluation #'evaluation-command #'(setf evaluation-command) timeout))
+;;;; Threads the agent makes
 
 (defparameter *unblock-deferrable-signals*
   (let ((name (first (existing-symbols '(("SB-UNIX" "UNBLOCK-DEFERRABLE-SIGNALS"))))))
-    (and name (fboundp name) name)))
+    (and name (fboundp name) name))
+  "SBCL's function that unblocks the signals carrying interrupts, when this
+SBCL has it.")
 
 (defun make-agent-thread (function name &rest arguments)
   "A thread running FUNCTION on ARGUMENTS that can be interrupted (for its
@@ -614,960 +713,7 @@ hear one."
                            (apply function arguments))
                          :name name))
 
-;;; Deadlines.  One watchdog thread interrupts an evaluation whose stretch of
-;;; running outlasts its timeout; the deadline is dropped while the
-;;; evaluation waits at an error, and set again for each stretch.  Why not an
-;;; SBCL timer per stretch: scheduling and cancelling one from a fresh Swank
-;;; worker thread cost ~40 µs a call, a fifth of a whole round trip.  The
-;;; watchdog looks every `*watchdog-tick*' seconds, so deadlines are that
-;;; precise.  It dozes on a condition variable once no deadline has been
-;;; seen for `*watchdog-linger*' seconds, so a burst of calls wakes it once.
-
-(defvar *deadline-lock* (sb-thread:make-mutex :name "cl-mcp deadlines"))
-(defvar *deadline-set* (sb-thread:make-waitqueue))
-(defvar *deadlines* '()
-  "(INTERNAL-TIME EVALUATION TOKEN) for each running stretch with a deadline.")
-(defvar *watchdog* nil)
-(defvar *watchdog-dozing* nil)
-(defparameter *watchdog-tick* 0.1)
-(defparameter *watchdog-linger* 5)
-
-(defun start-stretch (evaluation timeout)
-  "Begin a stretch of running: fresh output capture, readings for timing,
-and a deadline TIMEOUT seconds away."
-  (reset-capture (evaluation-stdout evaluation))
-  (reset-capture (evaluation-stderr evaluation))
-  (setf (evaluation-warnings evaluation) '()
-        (evaluation-timeout evaluation) timeout
-        (evaluation-readings evaluation)
-        (list (get-internal-real-time) (get-internal-run-time)
-              sb-ext:*gc-run-time* (sb-ext:get-bytes-consed)))
-  (when (and timeout (plusp timeout))
-    (let ((token (list timeout))
-          (due (+ (get-internal-real-time)
-                  (round (* timeout internal-time-units-per-second)))))
-      (setf (evaluation-deadline evaluation) token)
-      (sb-thread:with-mutex (*deadline-lock*)
-        (push (list due evaluation token) *deadlines*)
-        (unless (and *watchdog* (sb-thread:thread-alive-p *watchdog*))
-          (setf *watchdog* (make-agent-thread #'watchdog-loop "cl-mcp deadline watchdog")))
-        (when *watchdog-dozing*
-          (sb-thread:condition-notify *deadline-set*))))))
-
-(defun stop-deadline (evaluation)
-  (let ((token (shiftf (evaluation-deadline evaluation) nil)))
-    (when token
-      (sb-thread:with-mutex (*deadline-lock*)
-        (setf *deadlines* (delete token *deadlines* :key #'third))))))
-
-(defun watchdog-loop ()
-  (let ((last-seen (get-internal-real-time)))
-    (loop
-      (let ((expired '()))
-        (sb-thread:with-mutex (*deadline-lock*)
-          (let ((now (get-internal-real-time)))
-            (setf *deadlines* (delete-if (lambda (entry)
-                                           (when (<= (first entry) now)
-                                             (push entry expired)))
-                                         *deadlines*))
-            (cond ((or *deadlines* expired) (setf last-seen now))
-                  ((> (- now last-seen) (* *watchdog-linger* internal-time-units-per-second))
-                   (setf *watchdog-dozing* t)
-                   (loop until *deadlines*
-                         do (sb-thread:condition-wait *deadline-set* *deadline-lock*))
-                   (setf *watchdog-dozing* nil
-                         last-seen (get-internal-real-time))))))
-        (loop for (nil evaluation token) in expired
-              do (interrupt-at-deadline evaluation token))
-        (sleep *watchdog-tick*)))))
-
-(defun interrupt-at-deadline (evaluation token)
-  "Stop EVALUATION's thread at its deadline, if the stretch TOKEN stands for
-is still running when the interrupt lands.
-
-The SB-EXT:TIMEOUT is not signalled: a handler in the user's code (a retry
-loop that catches SERIOUS-CONDITION or CONDITION) would take it and run on.
-It goes straight to `stop-at-error', which reports it and either waits there,
-with a CONTINUE restart that carries on, or aborts: a throw, which no handler
-can stop and which runs every UNWIND-PROTECT cleanup on its way out.  Only
-code that blocks interrupts (WITHOUT-INTERRUPTS) never hears it."
-  (handler-case
-      (sb-thread:interrupt-thread
-       (evaluation-thread evaluation)
-       (lambda ()
-         (when (eq (evaluation-deadline evaluation) token)
-           ;; An interruption runs with interrupts disabled; waiting here at
-           ;; the error must still hear a cancel, and a continued evaluation
-           ;; its next deadline.
-           (sb-sys:with-interrupts
-             (with-simple-restart (continue "Continue the evaluation.")
-               (stop-at-error evaluation
-                              (make-condition 'sb-ext:timeout :seconds (first token))))))))
-    (sb-thread:interrupt-thread-error () nil)))
-
-(defun stretch-report (evaluation status &rest more)
-  "The plist describing the stretch that just ended.  Empty output, no
-warnings and an unchanged package are left out: the reply is printed and
-read on every call."
-  (let* ((stdout (evaluation-stdout evaluation))
-         (stderr (evaluation-stderr evaluation))
-         (warnings (warning-entries (evaluation-warnings evaluation)
-                                    (evaluation-condition evaluation)))
-         (report (list* :status status :package (package-name *package*) more)))
-    (flet ((add (key value) (setf report (list* key value report))))
-      (when (plusp (kept stdout)) (add :stdout (stream-text stdout)))
-      (when (plusp (dropped stdout)) (add :stdout-dropped (dropped stdout)))
-      (when (plusp (kept stderr)) (add :stderr (stream-text stderr)))
-      (when (plusp (dropped stderr)) (add :stderr-dropped (dropped stderr)))
-      (when warnings (add :warnings warnings))
-      (unless (eq *package* (evaluation-package evaluation)) (add :package-changed t))
-      (when (evaluation-capture-time evaluation)
-        (add :timing (apply #'timing-since (evaluation-readings evaluation)))))
-    report))
-
-;;; The evaluation's thread
-
-(defun run-evaluation (evaluation)
-  "The body of an evaluation's thread: read and evaluate the code, and post
-the final report (unless it was posted already, at an error).  Whatever
-happens, the caller hears back: a failure of this agent itself is reported
-as CL-MCP:INTERNAL-ERROR rather than leaving the caller waiting."
-  (let ((done nil))
-    (unwind-protect
-         (handler-case
-             (progn (%run-evaluation evaluation)
-                    (setf done t))
-           (serious-condition (c)
-             (post-report evaluation (command-error "CL-MCP:INTERNAL-ERROR"
-                                                    (condition-message c)))
-             (setf done t)))
-      (forget-evaluation evaluation)
-      (stop-deadline evaluation)
-      (unless done
-        (post-report evaluation
-                     (if (image-exiting-p)
-                         (command-error "CL-MCP:IMAGE-EXITING"
-                                        "The image is exiting (SB-EXT:EXIT was called).")
-                         (command-error "CL-MCP:ABORTED" "The evaluation's thread was ended."))))
-      (when (and (evaluation-continuation evaluation)
-                 (or (not done) (evaluation-overflowed evaluation)))
-        ;; This thread is being ended, or is about to park: it will not
-        ;; return to its request.
-        (answer-directly evaluation (take-report-now evaluation)))
-      ;; A caller that could not be answered from inside (not cl-mcp) must
-      ;; get its reply the normal way, so its thread cannot be parked.
-      (when (and (evaluation-overflowed evaluation) (evaluation-may-wait evaluation))
-        (park-thread)))))
-
-(defun image-exiting-p ()
-  "True once SB-EXT:EXIT has begun to shut the image down."
-  (let ((flag (find-symbol "*EXIT-IN-PROGRESS*" "SB-SYS")))
-    (and flag (boundp flag) (symbol-value flag) t)))
-
-(defparameter *control-stack-exhausted*
-  (first (existing-symbols '(("SB-KERNEL" "CONTROL-STACK-EXHAUSTED"))))
-  "SBCL's condition class for a control stack overflow.")
-
-(defun control-stack-exhausted-p (condition)
-  (and *control-stack-exhausted* (typep condition *control-stack-exhausted*)))
-
-(defun park-thread ()
-  "Keep this thread alive, idle, for the rest of the image's life.
-
-Why: SBCL 2.2.9 reuses the memory of an exited thread for the next one.
-After a stack overflow the guard page's bookkeeping in that memory is
-stale, and the next thread to overflow there kills the whole image
-(\"control_stack_guard_page_protected not NIL\").  A thread that never
-exits is never reused; it costs its stack and nothing else."
-  (setf (sb-thread:thread-name sb-thread:*current-thread*)
-        "cl-mcp evaluation (parked after a stack overflow)")
-  (loop (sleep 3600)))
-
-(defun %run-evaluation (evaluation)
-  "Evaluate EVALUATION's code with its output captured, its ABORT restart
-set up and every error sent to `stop-at-error'; post the report of a run
-that ends without waiting at an error."
-  (setf (evaluation-stdout evaluation) (make-capped-output-stream (evaluation-max-output evaluation))
-        (evaluation-stderr evaluation) (make-capped-output-stream (evaluation-max-output evaluation)))
-  (let ((*package* (evaluation-package evaluation))
-        ;; Printing a circular structure must end: without this, PRINT of a
-        ;; circular list fills the heap in the pretty printer's buffer.
-        (*print-circle* t))
-    (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
-      (let ((outcome
-              (catch evaluation
-                (restart-bind ((abort (lambda (&optional reported)
-                                        (throw evaluation (list :aborted reported)))
-                                 :report-function
-                                 (lambda (stream) (write-string "Abort this evaluation." stream))))
-                  (setf (evaluation-abort-restart evaluation) (find-restart 'abort))
-                  (flet ((stop (condition) (stop-at-error evaluation condition)))
-                    (handler-bind ((warning
-                                     (lambda (w)
-                                       (push w (evaluation-warnings evaluation))
-                                       (muffle-warning w)))
-                                   (serious-condition #'stop))
-                      (with-debugger-calling (#'stop)
-                        (start-stretch evaluation (evaluation-timeout evaluation))
-                        ;; The deadline ends while the handlers still stand, so
-                        ;; an interrupt that lands as the code finishes is
-                        ;; either a timeout like any other or nothing.
-                        (unwind-protect (let ((*inside-evaluation* t))
-                                          (read-and-evaluate evaluation))
-                          (stop-deadline evaluation)))))))))
-        (stop-deadline evaluation)
-        (forget-evaluation evaluation)
-        (setf (evaluation-abort-restart evaluation) nil)
-        (destructuring-bind (status &optional detail) outcome
-          (ecase status
-            (:ok (post-report evaluation
-                              (stretch-report evaluation :ok
-                                              :values (print-values detail (evaluation-max-output evaluation)))))
-            (:reader-error (post-report evaluation (stretch-report evaluation :error :error detail)))
-            (:aborted
-             (unless detail
-               (post-report evaluation
-                            (stretch-report evaluation :aborted
-                                            :error (list :type "CL-MCP:ABORTED"
-                                                         :message "The evaluation was aborted."
-                                                         :backtrace nil)))))))))))
-
-(defun read-and-evaluate (evaluation)
-  "Read the forms of the code one after another and evaluate each; return
-(:ok VALUES-OF-THE-LAST) or (:reader-error ERROR-PLIST)."
-  (if *track-session*
-      (call-tracking-session (lambda () (%read-and-evaluate evaluation)))
-      (%read-and-evaluate evaluation)))
-
-(defun %read-and-evaluate (evaluation)
-  (let ((stream (make-string-input-stream (evaluation-code evaluation)))
-        (eof (make-symbol "EOF"))
-        (values '()))
-    (loop
-      (let ((form (handler-case (read-next-form stream eof)
-                    (serious-condition (c)
-                      (return (list :reader-error (describe-error c nil :reading t)))))))
-        (when (eq form eof)
-          (return (list :ok values)))
-        (setf values (multiple-value-list (%eval-form form)))))))
-
-(defun stop-at-error (evaluation condition)
-  "Called where CONDITION was signalled, before anything unwinds.  Report
-the error with its backtrace and restarts; then either wait here for
-commands or, when no more evaluations may wait, abort."
-  (when (evaluation-waiting evaluation)
-    ;; A failure while carrying out a command, in this agent's own code.
-    (post-report evaluation (command-error "CL-MCP:INTERNAL-ERROR" (condition-message condition)))
-    (throw 'command-failed nil))
-  (stop-deadline evaluation)
-  (when (control-stack-exhausted-p condition)
-    (setf (evaluation-overflowed evaluation) t))
-  (let ((frames (error-frames)))
-    (setf (evaluation-condition evaluation) condition
-          (evaluation-frames evaluation) frames
-          (evaluation-restarts evaluation) (evaluation-restarts-for evaluation condition))
-    (let* ((waiting (and (evaluation-may-wait evaluation)
-                         (register-suspended evaluation)))
-           (report (stretch-report
-                    evaluation :error
-                    :error (describe-error condition
-                                           (frame-lines frames condition *backtrace-frame-limit*)
-                                           :timeout (evaluation-timeout evaluation))
-                    :restarts (restart-entries (evaluation-restarts evaluation))
-                    :evaluation (and waiting (evaluation-id evaluation)))))
-      (if waiting (deliver-report evaluation report) (post-report evaluation report))
-      (if waiting
-          (command-loop evaluation)
-          (invoke-restart (evaluation-abort-restart evaluation) t)))))
-
-(defun evaluation-restarts-for (evaluation condition)
-  "The restarts for CONDITION from the user's code up to this evaluation's
-own ABORT; the thread's restarts beyond it are not the user's business."
-  (let* ((restarts (compute-restarts condition))
-         (ours (position (evaluation-abort-restart evaluation) restarts)))
-    (if ours (subseq restarts 0 (1+ ours)) restarts)))
-
-(defun restart-entries (restarts)
-  "RESTARTS as (NAME DESCRIPTION) lists."
-  (loop for restart in restarts
-        collect (list (let ((name (restart-name restart)))
-                        (if name (symbol-name name) "(unnamed)"))
-                      (one-line (safe-print restart #'princ-to-string) 200))))
-
-(defun command-loop (evaluation)
-  "Wait at the error for commands until one continues or aborts the
-evaluation, or until `*suspend-seconds*' pass."
-  (setf (evaluation-waiting evaluation) t)
-  (loop
-    (let ((command (await-command evaluation *suspend-seconds*)))
-      ;; SBCL binds its hook to nil while a hook runs, and this loop may run
-      ;; inside one (after BREAK): bind it again for the commands.
-      (with-debugger-calling ((lambda (condition) (stop-at-error evaluation condition)))
-        (unless command
-          (forget-evaluation evaluation)
-          ;; A caller that found it just before it was forgotten still hears back.
-          (when (await-command evaluation 0)
-            (post-report evaluation (no-suspended-report (evaluation-id evaluation))))
-          (invoke-restart (evaluation-abort-restart evaluation) t))
-        (catch 'command-failed
-          (destructuring-bind (kind &rest arguments) command
-            (ecase kind
-              (:restart (apply #'resume evaluation arguments))
-              (:backtrace (post-report evaluation (apply #'frames-report evaluation arguments)))
-              (:eval-in-frame (post-report evaluation (apply #'frame-eval-report evaluation arguments)))
-              (:abort (forget-evaluation evaluation)
-                      (invoke-restart (evaluation-abort-restart evaluation) nil)))))))))
-
-(defun find-restart-designator (evaluation designator)
-  "The restart DESIGNATOR names: an index into the listed restarts, or a
-restart name (case-insensitive)."
-  (let ((restarts (evaluation-restarts evaluation)))
-    (etypecase designator
-      (integer (nth designator restarts))
-      (string (find-if (lambda (r)
-                         (and (restart-name r)
-                              (string-equal (symbol-name (restart-name r)) designator)))
-                       restarts)))))
-
-(defun resume (evaluation designator value-codes timeout)
-  "Invoke the restart DESIGNATOR with the values of VALUE-CODES (strings of
-Lisp code, evaluated here).  A failure is reported and the evaluation keeps
-waiting."
-  (let ((restart (find-restart-designator evaluation designator)))
-    (unless restart
-      (return-from resume
-        (post-report evaluation (command-error "CL-MCP:NO-SUCH-RESTART"
-                                               (format nil "No restart ~S is available; ~
-                                                            the evaluation still waits."
-                                                       designator)))))
-    (multiple-value-bind (values failure) (evaluate-value-codes value-codes)
-      (when failure
-        (return-from resume (post-report evaluation failure)))
-      (let ((condition (evaluation-condition evaluation)))
-        (forget-evaluation evaluation)
-        (setf (evaluation-condition evaluation) nil
-              (evaluation-waiting evaluation) nil)
-        (start-stretch evaluation timeout)
-        (flet ((keep-waiting (message)
-                 (stop-deadline evaluation)
-                 (setf (evaluation-condition evaluation) condition
-                       (evaluation-waiting evaluation) t)
-                 (register-suspended evaluation)
-                 (post-report evaluation (command-error "CL-MCP:RESTART-FAILED" message))))
-          ;; A restart that transfers control never comes back here.  One
-          ;; that refuses the values does so before control leaves.
-          (handler-case (apply #'invoke-restart restart values)
-            (program-error (c)
-              (return-from resume
-                (keep-waiting (format nil "Restart ~A did not accept ~D value~:P (~A); ~
-                                           the evaluation still waits."
-                                      (restart-name restart) (length values)
-                                      (condition-message c))))))
-          (keep-waiting (format nil "Restart ~A returned without leaving the error; ~
-                                     the evaluation still waits."
-                                (restart-name restart))))))))
-
-(defun command-error (type message)
-  (list :status :error :error (list :type type :message message :backtrace nil)
-        :stdout "" :stderr "" :warnings '()))
-
-(defun evaluate-value-codes (codes)
-  "The values of the forms in CODES, or nil and an error report."
-  (handler-case
-      (values (loop for code in codes
-                    collect (eval (let ((*read-eval* t)) (read-from-string code))))
-              nil)
-    (serious-condition (c)
-      (values nil (command-error (condition-type-name c)
-                                 (format nil "Could not compute a restart value: ~A"
-                                         (condition-message c)))))))
-
-(defun frames-report (evaluation &optional (count *backtrace-frame-limit*))
-  "Frames of the waiting evaluation with their local variables."
-  (list :status :ok
-        :frames (loop for frame in (evaluation-frames evaluation)
-                      for line in (frame-lines (evaluation-frames evaluation)
-                                               (evaluation-condition evaluation)
-                                               count)
-                      collect (list line (frame-locals frame)))))
-
-(defun frame-locals (frame)
-  "FRAME's local variables as (NAME VALUE) strings, where the compiler kept
-them."
-  (let ((location (sb-di:frame-code-location frame))
-        (locals '()))
-    (handler-case
-        (sb-di:do-debug-fun-vars (var (sb-di:frame-debug-fun frame))
-          (when (and (sb-di:debug-var-symbol var)
-                     (eq (sb-di:debug-var-validity var location) :valid))
-            (push (list (symbol-designator (sb-di:debug-var-symbol var))
-                        (one-line (with-result-printing ()
-                                    (let ((*print-pretty* nil))
-                                      (safe-print (sb-di:debug-var-value var frame)
-                                                  #'prin1-to-string)))
-                                  200))
-                  locals)))
-      (serious-condition () nil))
-    (nreverse locals)))
-
-(defun frame-eval-report (evaluation index code &optional timeout)
-  "Evaluate the forms of CODE in frame INDEX of the waiting evaluation, with
-that frame's local variables in scope, for at most TIMEOUT seconds."
-  (let ((frame (nth index (evaluation-frames evaluation))))
-    (unless frame
-      (return-from frame-eval-report
-        (command-error "CL-MCP:NO-SUCH-FRAME" (format nil "There is no frame ~D." index))))
-    (start-stretch evaluation nil)
-    (let ((outcome (call-with-deadline-throw
-                    timeout
-                    (lambda ()
-                      (let ((form (handler-case (read-all-forms code)
-                                    (serious-condition (c)
-                                      (return-from frame-eval-report
-                                        (stretch-report evaluation :error
-                                                        :error (describe-error c nil :reading t)))))))
-                        (sb-di:eval-in-frame frame form)))
-                    (lambda (w) (push w (evaluation-warnings evaluation))))))
-      (ecase (first outcome)
-        (:ok (stretch-report evaluation :ok
-                             :values (print-values (second outcome)
-                                                   (evaluation-max-output evaluation))))
-        (:error (stretch-report evaluation :error :error (describe-error (second outcome) nil)))
-        (:timeout (stretch-report evaluation :error
-                                  :error (list :type "SB-EXT:TIMEOUT"
-                                               :message (format nil "Evaluation in the frame exceeded ~
-                                                                     its deadline of ~A; the evaluation ~
-                                                                     still waits."
-                                                                (seconds-text timeout))
-                                               :backtrace nil)))))))
-
-(defun read-all-forms (code)
-  "The forms of CODE as one PROGN (read with the evaluation's *PACKAGE*)."
-  (let ((stream (make-string-input-stream code))
-        (eof (make-symbol "EOF")))
-    (cons 'progn (loop for form = (read-next-form stream eof)
-                       until (eq form eof)
-                       collect form))))
-
-(defun call-with-deadline-throw (timeout thunk record-warning)
-  "Call THUNK; return (:ok VALUES), (:error CONDITION) or (:timeout).  Used
-for work done while an evaluation waits at an error, where no condition may
-be left to the debugger and the deadline unwinds instead of signalling."
-  (catch 'deadline-passed
-    (let* ((live t)   ; the timer's interrupt may land after the unschedule
-           (timer (and timeout (plusp timeout)
-                       (sb-ext:make-timer (lambda ()
-                                            (when live (throw 'deadline-passed (list :timeout))))
-                                          :name "cl-mcp frame deadline"
-                                          :thread sb-thread:*current-thread*))))
-      (when timer (sb-ext:schedule-timer timer timeout))
-      (unwind-protect
-           (block call
-             (flet ((fail (condition) (return-from call (list :error condition))))
-               (handler-bind ((warning (lambda (w)
-                                         (funcall record-warning w)
-                                         (muffle-warning w)))
-                              (serious-condition #'fail))
-                 (with-debugger-calling (#'fail)
-                   (list :ok (multiple-value-list (funcall thunk)))))))
-        (setf live nil)
-        (when timer (sb-ext:unschedule-timer timer))))))
-
-;;; The registry of waiting evaluations
-
-(defun register-suspended (evaluation)
-  "Record EVALUATION as waiting; true unless waiting is switched off.  The
-oldest waiting evaluation is aborted when there are too many."
-  (when (plusp *max-suspended*)
-    (let ((evicted '()))
-      (sb-thread:with-mutex (*registry-lock*)
-        (push evaluation *suspended*)
-        (loop while (> (length *suspended*) *max-suspended*)
-              do (push (car (last *suspended*)) evicted)
-                 (setf *suspended* (butlast *suspended*))))
-      (dolist (old evicted)
-        (post-command old (list :abort)))
-      t)))
-
-(defun forget-evaluation (evaluation)
-  (sb-thread:with-mutex (*registry-lock*)
-    (setf *suspended* (remove evaluation *suspended*))))
-
-(defvar *running* '()
-  "Evaluations a caller is waiting on, by the caller's tag.")
-
-(defmacro with-running ((tag object) &body body)
-  "Run BODY with OBJECT (an evaluation whose report BODY waits for, or the
-thread of a load) findable under TAG, for `cancel-evaluation' and
-`output-tail'."
-  (let ((tag-var (gensym "TAG")) (object-var (gensym "OBJECT")))
-    `(let ((,tag-var ,tag) (,object-var ,object))
-       (when ,tag-var
-         (sb-thread:with-mutex (*registry-lock*)
-           (push (cons ,tag-var ,object-var) *running*)))
-       (unwind-protect (progn ,@body)
-         (forget-running ,tag-var ,object-var)))))
-
-(defun forget-running (tag object)
-  "Forget that OBJECT runs under TAG (only OBJECT: another session attached
-to the same image may use the same tag)."
-  (when tag
-    (sb-thread:with-mutex (*registry-lock*)
-      (setf *running* (remove-if (lambda (entry)
-                                   (and (equal (car entry) tag) (eq (cdr entry) object)))
-                                 *running*)))))
-
-(defun find-running (tag)
-  "The evaluation, or for a load the thread, a caller waits on under TAG."
-  (sb-thread:with-mutex (*registry-lock*)
-    (cdr (assoc tag *running* :test #'equal))))
-
-(defun find-suspended (id)
-  "The waiting evaluation numbered ID, or the newest when ID is nil."
-  (sb-thread:with-mutex (*registry-lock*)
-    (if id
-        (find id *suspended* :key #'evaluation-id)
-        (first *suspended*))))
-
-(defun no-suspended-report (id)
-  (command-error "CL-MCP:NO-SUSPENDED-EVALUATION"
-                 (if id
-                     (format nil "No evaluation ~D is waiting at an error (it finished, ~
-                                  was aborted, or its time ran out)." id)
-                     "No evaluation is waiting at an error.")))
-
-(defmacro with-suspended ((evaluation id) &body body)
-  `(let ((,evaluation (find-suspended ,id)))
-     (if ,evaluation
-         (progn ,@body)
-         (no-suspended-report ,id))))
-
-;;; Entry points
-
-(defun evaluate (code &key package (explicit-package nil) (capture-time nil)
-                        (timeout nil) (max-output 1000000) (tag nil))
-  "Read and evaluate the forms of CODE one after another, in PACKAGE, and
-return a plist describing the outcome:
-
-  :status   :ok, :error, or :aborted (through its ABORT restart)
-  :values   printed values of the last form (strings)
-  :stdout, :stderr   captured output, with :stdout-dropped and
-            :stderr-dropped counting characters beyond MAX-OUTPUT
-  :warnings list of (TYPE MESSAGE)
-  :error    (:type :message :backtrace) when :status is :error
-  :restarts (NAME DESCRIPTION) lists, and :evaluation, the number of the
-            evaluation now waiting at the error (when it waits)
-  :package  name of *package* afterwards, :package-changed whether the
-            code changed it (IN-PACKAGE)
-  :timing   (REAL-MS RUN-MS GC-MS BYTES) when CAPTURE-TIME
-
-An unknown PACKAGE is an error when EXPLICIT-PACKAGE, and falls back to
-CL-USER otherwise (the session's package may have been deleted).  TIMEOUT,
-in seconds, interrupts the evaluation with SB-EXT:TIMEOUT.  TAG, any
-string or integer, names the evaluation for `cancel-evaluation' and
-`output-tail' while the caller waits."
-  (let ((target (find-package-designator package)))
-    (when (and (null target) explicit-package)
-      (return-from evaluate
-        (list :status :error
-              :error (list :type "PACKAGE-ERROR"
-                           :message (format nil "The package ~S does not exist." package)
-                           :backtrace nil)
-              :package "COMMON-LISP-USER")))
-    (let* ((request (cl-mcp-request))
-           (evaluation (make-evaluation :code code
-                                        :package (or target (find-package "COMMON-LISP-USER"))
-                                        :capture-time capture-time
-                                        :timeout timeout
-                                        :max-output max-output
-                                        :tag tag
-                                        :thread sb-thread:*current-thread*
-                                        :continuation request
-                                        :may-wait (and request t))))
-      (with-running (tag evaluation)
-        (run-evaluation evaluation)
-        (if (and request (null (evaluation-continuation evaluation)))
-            ;; Answered from inside already; Swank's reply to this is ignored.
-            :answered
-            (take-report-now evaluation))))))
-
-(defun cl-mcp-request ()
-  "The id of the Swank request this thread serves, when cl-mcp sent it (any
-request, in an image cl-mcp owns) and no evaluation in this thread has it
-already; else nil, and an error in the evaluation is reported without
-waiting, because nobody could send it commands."
-  (and (not *inside-evaluation*)
-       (or (not *track-session*) (member swank::*emacs-connection* *connections*))
-       (first swank::*pending-continuations*)))
-
-(defun invoke-restart-of (id restart &key values (timeout nil) (tag nil))
-  "Invoke RESTART (an index or a name) of the waiting evaluation ID (the
-newest when nil) with the values of the VALUES code strings; return the
-evaluation's new outcome, as `evaluate' does."
-  (with-suspended (evaluation id)
-    (setf (evaluation-tag evaluation) tag)
-    (with-running (tag evaluation)
-      (post-command evaluation (list :restart restart values timeout))
-      (await-report evaluation))))
-
-(defun cancel-evaluation (tag)
-  "Abort the evaluation a caller waits on under TAG, and wait (up to 5 s)
-until that caller has its answer.  True if there was one."
-  (let ((running (find-running tag)))
-    (when running
-      (let ((interrupted nil))
-        (loop repeat 500
-              while (find-running tag)
-              do (unless interrupted
-                   (setf interrupted (interrupt-running running)))
-                 (sleep 0.01)))
-      t)))
-
-(defun interrupt-running (running)
-  "Ask the thread of RUNNING (an evaluation, or a load's thread) to abandon
-its work; true once asked.  An evaluation that has not yet set up its ABORT
-restart is asked again later.  The interrupt acts only while that restart
-is active, so a thread that has moved on to other work is left alone."
-  (handler-case
-      (etypecase running
-        (evaluation
-         (let ((restart (evaluation-abort-restart running)))
-           (when restart
-             (sb-thread:interrupt-thread (evaluation-thread running)
-                                         (lambda ()
-                                           (when (find-restart restart)
-                                             (invoke-restart restart nil))))
-             t)))
-        (sb-thread:thread
-         (sb-thread:interrupt-thread running
-                                     (lambda ()
-                                       (ignore-errors (throw 'load-cancelled nil))))
-         t))
-    ;; The thread finished in the meantime: nothing to cancel.
-    (sb-thread:interrupt-thread-error () t)))
-
-(defun output-tail (tag)
-  "The latest line of output of the evaluation a caller waits on under TAG,
-or nil."
-  (let ((evaluation (find-running tag)))
-    (and (evaluation-p evaluation)
-         (evaluation-stdout evaluation)
-         (last-line (evaluation-stdout evaluation)))))
-
-(defun backtrace-of (id &key (count *backtrace-frame-limit*))
-  "The frames, with local variables, of the waiting evaluation ID."
-  (with-suspended (evaluation id)
-    (post-command evaluation (list :backtrace count))
-    (list* :evaluation (evaluation-id evaluation) (await-report evaluation))))
-
-(defun eval-in-frame-of (id frame code &key (timeout 30))
-  "Evaluate CODE in FRAME of the waiting evaluation ID, for at most TIMEOUT
-seconds."
-  (with-suspended (evaluation id)
-    (post-command evaluation (list :eval-in-frame frame code timeout))
-    (await-report evaluation)))
-
-(defun abort-all ()
-  "Abort every waiting evaluation; return how many there were."
-  (let ((all (sb-thread:with-mutex (*registry-lock*) (shiftf *suspended* '()))))
-    (dolist (evaluation all)
-      (post-command evaluation (list :abort)))
-    (length all)))
-
-(defun print-values (values limit)
-  "VALUES printed under the contract's printer settings, their total length
-kept under LIMIT."
-  (with-result-printing ()
-    (loop for value in values
-          for text = (safe-print value #'prin1-to-string)
-          for room = (max 0 (- limit used))
-          sum (length text) into used
-          collect (multiple-value-bind (kept cut) (cap-string text room)
-                    (if (plusp cut)
-                        (format nil "~A~%… [~D more characters truncated]" kept cut)
-                        kept)))))
-
-(defparameter *warning-limit* 50
-  "Warnings reported per stretch; each message is cut to 1,000 characters.")
-
-(defun warning-entries (warnings error)
-  "WARNINGS as (TYPE MESSAGE) lists, in the order signalled, leaving out the
-compiler's note that a function is undefined when calling it is the ERROR.
-At most `*warning-limit*', so that a reply stays within a Swank frame."
-  (loop for w in (reverse warnings)
-        unless (and (typep error 'undefined-function)
-                    (typep w 'simple-condition)
-                    (member (cell-error-name error)
-                            (simple-condition-format-arguments w) :test #'equal))
-          collect (list (public-type-name w 'warning)
-                        (cap-string (condition-message w) 1000))
-            into entries
-        finally (return (subseq entries 0 (min (length entries) *warning-limit*)))))
-
-;;; ------------------------------------------------------------------
-;;; Definitions of the session
-
-(defun session-packages ()
-  "CL-USER and every package created since the agent was loaded."
-  (cons (find-package "COMMON-LISP-USER")
-        (set-difference (list-all-packages) *baseline-packages*)))
-
-(defun lambda-list-text (function-designator)
-  "The lambda list of FUNCTION-DESIGNATOR as a programmer writes it:
-parameter names without package prefixes, keywords and default values as
-written (strings quoted)."
-  (labels ((write-part (part out)
-             (typecase part
-               (keyword (format out ":~A" (symbol-name part)))
-               (symbol (write-string (symbol-name part) out))
-               (cons (write-char #\( out)
-                     (loop for (item . rest) on part
-                           do (write-part item out)
-                              (typecase rest
-                                (null)
-                                (cons (write-char #\Space out))
-                                (t (write-string " . " out) (write-part rest out))))
-                     (write-char #\) out))
-               (t (prin1 part out)))))
-    (handler-case
-        (let ((lambda-list (sb-introspect:function-lambda-list function-designator))
-              (*print-pretty* nil)
-              (*print-length* 20)
-              (*print-level* 4))
-          (if lambda-list
-              (with-output-to-string (out) (write-part lambda-list out))
-              "()"))
-      (serious-condition () "(...)"))))
-
-(defun one-line (text limit)
-  "TEXT on one line of at most LIMIT characters."
-  (let ((flat (substitute #\Space #\Newline text)))
-    (if (> (length flat) limit)
-        (concatenate 'string (subseq flat 0 (max 0 (- limit 3))) "...")
-        flat)))
-
-(defun variable-text (symbol)
-  (one-line (with-result-printing ()
-              (let ((*print-pretty* nil))
-                (safe-print (symbol-value symbol) #'prin1-to-string)))
-            80))
-
-(defun class-kind (class)
-  (typecase class
-    (structure-class "structure")
-    (sb-pcl::condition-class "condition")
-    (t "class")))
-
-(defun symbol-definitions (symbol kinds)
-  "The definitions SYMBOL names, as (KIND NAME DETAIL) lists."
-  (let ((name (symbol-designator symbol))
-        (found '()))
-    (when (and (member :functions kinds) (fboundp symbol)
-               (not (macro-function symbol)) (not (special-operator-p symbol)))
-      (push (list :function name (lambda-list-text (fdefinition symbol))) found))
-    (when (and (member :variables kinds) (boundp symbol) (not (keywordp symbol)))
-      (push (list :variable name (variable-text symbol)) found))
-    (when (and (member :macros kinds) (macro-function symbol))
-      (push (list :macro name (lambda-list-text (macro-function symbol))) found))
-    (when (member :classes kinds)
-      (let ((class (find-class symbol nil)))
-        (when class
-          (push (list :class name (class-kind class)) found))))
-    found))
-
-(defun list-definitions (&key (type "all"))
-  "The session's definitions of TYPE (\"all\", \"functions\", \"variables\",
-\"macros\" or \"classes\") as a list of (KIND NAME DETAIL), sorted by kind
-and name."
-  (let ((kinds (if (string= type "all")
-                   '(:functions :variables :macros :classes)
-                   (list (intern (string-upcase type) :keyword))))
-        (definitions '()))
-    (dolist (package (session-packages))
-      (do-symbols (symbol package)
-        (when (eq (symbol-package symbol) package)
-          (setf definitions
-                (nconc (symbol-definitions symbol kinds) definitions)))))
-    (sort (remove-duplicates definitions :test #'equal)
-          (lambda (a b)
-            (or (string< (symbol-name (first a)) (symbol-name (first b)))
-                (and (eq (first a) (first b))
-                     (string< (second a) (second b))))))))
-
-;;; ------------------------------------------------------------------
-;;; Systems
-
-(defun quicklisp-setup-file ()
-  (probe-file (merge-pathnames "quicklisp/setup.lisp" (user-homedir-pathname))))
-
-(defun ensure-quicklisp ()
-  "True when Quicklisp is loaded, loading it from ~/quicklisp when present."
-  (or (find-package "QL")
-      (let ((setup (quicklisp-setup-file)))
-        (when setup
-          (load setup)
-          (find-package "QL")))))
-
-(defun system-version (name)
-  (let ((system (asdf:find-system name nil)))
-    (and system (asdf:component-version system))))
-
-(defparameter *redefinition-warning*
-  (first (existing-symbols '(("SB-KERNEL" "REDEFINITION-WARNING"))))
-  "SBCL's class of warnings about redefining a function or macro.")
-
-(defun redefinition-p (warning)
-  "True for a redefinition warning: ASDF compiles a file, then loads it into
-the same image, so every macro of a freshly compiled system is 'redefined'."
-  (and *redefinition-warning* (typep warning *redefinition-warning*)))
-
-(defun load-system (name &key (max-output 20000) (tag nil))
-  "Load the ASDF system NAME, through Quicklisp when it is available.
-Return a plist: :status (:ok, :error or :aborted when cancelled under TAG),
-:system, :version, :loader, :warnings, or :error.  Compiler chatter goes to
-a capped stream (MAX-OUTPUT characters) and is dropped.  Packages the system creates are libraries, not the
-session's own definitions."
-  (let* ((stdout (make-capped-output-stream max-output))
-         (warnings '())
-         (before (list-all-packages))
-         (quicklisp (ensure-quicklisp))
-         (outcome (with-running (tag sb-thread:*current-thread*)
-                    (or (catch 'load-cancelled
-                          (%load-system name quicklisp stdout
-                                        (lambda (w) (push w warnings))))
-                        (list :aborted)))))
-    (setf *baseline-packages*
-          (union *baseline-packages* (set-difference (list-all-packages) before)))
-    (list* :status (first outcome)
-           :system name
-           :loader (if quicklisp "quicklisp" "asdf")
-           :warnings (nreverse warnings)
-           (case (first outcome)
-             (:ok (list :version (system-version name)))
-             (:error (list :error (second outcome)))))))
-
-(defun %load-system (name quicklisp stdout record-warning)
-  "Load NAME with output to STDOUT; return (:ok) or (:error PLIST).
-Warnings other than redefinitions go to RECORD-WARNING as (TYPE MESSAGE)."
-  (block loading
-    (flet ((fail (c)
-             (return-from loading
-               (list :error
-                     (if (missing-system-p c name)
-                         (list :type (condition-type-name c)
-                               :message (format nil "System ~S not found." name)
-                               :backtrace nil)
-                         (describe-error c (frame-lines (error-frames) c
-                                                        *backtrace-frame-limit*)))))))
-      (handler-bind ((warning
-                       (lambda (w)
-                         (unless (redefinition-p w)
-                           (funcall record-warning
-                                    (list (public-type-name w 'warning) (condition-message w))))
-                         (muffle-warning w)))
-                     (serious-condition #'fail))
-        (with-standard-streams (stdout stdout)
-          ;; BREAK and INVOKE-DEBUGGER end the load too.
-          (with-debugger-calling (#'fail)
-            (if quicklisp
-                (funcall (find-symbol "QUICKLOAD" "QL") name :silent t)
-                (asdf:load-system name))
-            (list :ok)))))))
-
-(defun missing-system-p (condition name)
-  "True when CONDITION says that system NAME itself cannot be found (not one
-of its dependencies)."
-  (or (and (typep condition 'asdf:missing-component)
-           (not (typep condition 'asdf:missing-dependency))
-           (equal (asdf/find-component:missing-requires condition) name))
-      (string= (symbol-name (type-of condition)) "SYSTEM-NOT-FOUND")))
-
-;;; ------------------------------------------------------------------
-;;; What the session created, in an image it shares (attach mode)
-
-(defvar *connections* '()
-  "cl-mcp's Swank connections to an attached image.")
-
-(defvar *session-symbols* '()
-  "Symbols of CL-USER first interned by a cl-mcp evaluation.")
-
-(defvar *session-created-packages* '()
-  "Packages created by a cl-mcp evaluation.")
-
-(defun present-symbols (package)
-  (let ((symbols (make-hash-table :test #'eq)))
-    (do-symbols (symbol package)
-      (when (eq (symbol-package symbol) package)
-        (setf (gethash symbol symbols) t)))
-    symbols))
-
-(defun call-tracking-session (thunk)
-  "Call THUNK, recording the CL-USER symbols and the packages it creates
-(also when it exits non-locally)."
-  (let* ((user (find-package "COMMON-LISP-USER"))
-         (symbols-before (present-symbols user))
-         (packages-before (list-all-packages)))
-    (unwind-protect (funcall thunk)
-      (sb-thread:with-mutex (*registry-lock*)
-        (do-symbols (symbol user)
-          (when (and (eq (symbol-package symbol) user)
-                     (not (gethash symbol symbols-before)))
-            (pushnew symbol *session-symbols*)))
-        (dolist (package (set-difference (list-all-packages) packages-before))
-          (pushnew package *session-created-packages*))))))
-
-(defun soft-reset ()
-  "Remove what cl-mcp's evaluations created in a shared image (their CL-USER
-definitions and their packages) and abort the evaluations waiting at an
-error.  Everything else in the image is left as it was."
-  (abort-all)
-  (let ((user (find-package "COMMON-LISP-USER"))
-        (symbols (sb-thread:with-mutex (*registry-lock*) (shiftf *session-symbols* '())))
-        (packages (sb-thread:with-mutex (*registry-lock*)
-                    (shiftf *session-created-packages* '()))))
-    (dolist (package packages)
-      (when (package-name package)
-        (handler-case (delete-package package)
-          (error (c) (log-note "could not delete package ~A: ~A" (package-name package) c)))))
-    (dolist (symbol symbols)
-      (when (eq (symbol-package symbol) user)
-        (forget-definitions symbol)
-        (unintern symbol user))))
-  t)
-
-(defun forget-definitions (symbol)
-  "Remove the function, macro, variable and class SYMBOL names (a constant
-stays: it cannot be unbound)."
-  (handler-case
-      (progn
-        (when (fboundp symbol) (fmakunbound symbol))
-        (when (fboundp `(setf ,symbol)) (fmakunbound `(setf ,symbol)))
-        (when (and (boundp symbol) (not (constantp symbol))) (makunbound symbol))
-        (when (find-class symbol nil) (setf (find-class symbol) nil)))
-    (error (c) (log-note "could not remove ~S: ~A" symbol c))))
-
-(defun log-note (control &rest arguments)
-  "A line on the image's own error output (cl-mcp's log, in an embedded
-image)."
-  (ignore-errors
-   (format *error-output* "~&;; cl-mcp: ~?~%" control arguments)
-   (finish-output *error-output*)))
-
-;;; ------------------------------------------------------------------
-;;; Image set-up
-
-(defun set-connection-nodelay ()
-  "Set TCP_NODELAY on Swank's end of the current connection (Swank does not),
-so that a reply written in several frames is not held back by delayed ACKs."
-  (sb-alien:with-alien ((one sb-alien:int 1))
-    (sb-alien:alien-funcall
-     (sb-alien:extern-alien "setsockopt"
-                            (function sb-alien:int sb-alien:int sb-alien:int
-                                      sb-alien:int (* t) sb-alien:unsigned))
-     (sb-sys:fd-stream-fd (swank::connection.socket-io swank::*emacs-connection*))
-     6 1 (sb-alien:addr one) 4)))   ; IPPROTO_TCP, TCP_NODELAY
-
-;;; Listeners only cl-mcp can take.
+;;;; Listeners only cl-mcp can take
 ;;;
 ;;; Swank's own server takes the first client that connects and closes its
 ;;; listener after that one, whoever it was: another local user who
@@ -1611,6 +757,14 @@ so that a reply written in several frames is not held back by delayed ACKs."
   "The port of a /proc/net/tcp address such as \"0100007F:1F90\"."
   (parse-integer address :start (1+ (position #\: address)) :radix 16))
 
+(defun split-fields (line)
+  "The fields of LINE between runs of spaces."
+  (loop with start = 0
+        for begin = (position #\Space line :start start :test-not #'char=)
+        while begin
+        collect (let ((end (or (position #\Space line :start begin) (length line))))
+                  (prog1 (subseq line begin end) (setf start end)))))
+
 (defun tcp-peer-uid (socket)
   "The user id that owns the other end of the loopback TCP connection
 SOCKET, read from /proc/net/tcp (Linux), or nil."
@@ -1626,13 +780,16 @@ SOCKET, read from /proc/net/tcp (Linux), or nil."
                             (= (hex-port (third fields)) own-port))
                    (return (parse-integer (nth 7 fields)))))))))
 
-(defun split-fields (line)
-  "The fields of LINE between runs of spaces."
-  (loop with start = 0
-        for begin = (position #\Space line :start start :test-not #'char=)
-        while begin
-        collect (let ((end (or (position #\Space line :start begin) (length line))))
-                  (prog1 (subseq line begin end) (setf start end)))))
+(defun serve-if-authentic (stream served lock serve what)
+  "Call SERVE with STREAM if its first message is the secret and no other
+connection was served first; else close it."
+  (if (and (handler-case (progn (swank::authenticate-client stream) t)
+             (error () nil))
+           (sb-thread:with-mutex (lock)
+             (unless (car served) (setf (car served) t))))
+      (funcall serve stream)
+      (progn (log-note "a connection to ~A did not know the secret" what)
+             (close stream :abort t))))
 
 (defun accept-cl-mcp (listener peer-uid serve &key seconds (what "Swank"))
   "Accept connections on LISTENER until one presents Swank's secret; call
@@ -1664,21 +821,10 @@ closed at once.  With SECONDS, give up after that long."
                                (sb-bsd-sockets:socket-close socket)))))))
       (swank/backend:close-socket listener))))
 
-(defun serve-if-authentic (stream served lock serve what)
-  "Call SERVE with STREAM if its first message is the secret and no other
-connection was served first; else close it."
-  (if (and (handler-case (progn (swank::authenticate-client stream) t)
-             (error () nil))
-           (sb-thread:with-mutex (lock)
-             (unless (car served) (setf (car served) t))))
-      (funcall serve stream)
-      (progn (log-note "a connection to ~A did not know the secret" what)
-             (close stream :abort t))))
-
 (defun serve-cl-mcp ()
   "Listen on a free loopback port for cl-mcp's Swank connection, served as
-Swank serves any client (:spawn), and return the port.  The listener closes
-once cl-mcp has connected (see `accept-cl-mcp')."
+Swank serves any client (:spawn), and return the port, an integer.  The
+listener closes once cl-mcp has connected (see `accept-cl-mcp')."
   (let ((listener (swank/backend:create-socket "127.0.0.1" 0 :backlog 16)))
     (swank::init-log-output)
     (swank::start-sentinel)
@@ -1687,16 +833,29 @@ once cl-mcp has connected (see `accept-cl-mcp')."
                          (swank::serve-requests (swank::make-connection nil stream :spawn))))
     (swank/backend:local-port listener)))
 
-;;; The lane: a faster road into an image cl-mcp owns.
+(defun set-connection-nodelay ()
+  "Set TCP_NODELAY on Swank's end of the current connection (Swank does not),
+so that a reply written in several frames is not held back by delayed ACKs.
+Return setsockopt's result: 0, or -1 when it failed."
+  (sb-alien:with-alien ((one sb-alien:int 1))
+    (sb-alien:alien-funcall
+     (sb-alien:extern-alien "setsockopt"
+                            (function sb-alien:int sb-alien:int sb-alien:int
+                                      sb-alien:int (* t) sb-alien:unsigned))
+     (sb-sys:fd-stream-fd (swank::connection.socket-io swank::*emacs-connection*))
+     6 1 (sb-alien:addr one) 4)))   ; IPPROTO_TCP, TCP_NODELAY
+
+;;;; The lane
 ;;;
-;;; A request on Swank's connection crosses three threads each way: Swank's
-;;; reader, its control thread and a new worker thread per request (about
-;;; 150 µs a round trip on a 2-core VM, nearly all of it threads waking each
-;;; other).  The lane is a second Swank connection, single-threaded, served
-;;; by one thread that reads a request, runs it and writes the reply itself
-;;; (about 35 µs).  Swank's own single-threaded serving will not do: its
-;;; SBCL backend waits for input by sleeping 0.1 s between looks.  Here the
-;;; thread blocks on the socket, and Swank's `handle-requests' does the rest.
+;;; A faster road into an image cl-mcp owns.  A request on Swank's
+;;; connection crosses three threads each way: Swank's reader, its control
+;;; thread and a new worker thread per request (about 150 µs a round trip
+;;; on a 2-core VM, nearly all of it threads waking each other).  The lane
+;;; is a second Swank connection, single-threaded, served by one thread that
+;;; reads a request, runs it and writes the reply itself (about 35 µs).
+;;; Swank's own single-threaded serving will not do: its SBCL backend waits
+;;; for input by sleeping 0.1 s between looks.  Here the thread blocks on
+;;; the socket, and Swank's `handle-requests' does the rest.
 ;;;
 ;;; A request that will not come back to the lane soon (its evaluation waits
 ;;; at an error, is parked, or its thread is being ended) has answered from
@@ -1706,6 +865,8 @@ once cl-mcp has connected (see `accept-cl-mcp')."
 ;;; goes there like any worker's, never interleaved with the lane's replies.
 
 (defstruct (lane (:constructor make-lane (connection home)))
+  "The lane: its connection, the connection it was opened from, and a token
+naming the one thread that serves it."
   connection   ; the lane's single-threaded Swank connection
   home         ; the Swank connection the lane was opened from
   (owner nil)) ; a fresh token per serving thread: only its holder serves
@@ -1759,6 +920,36 @@ once: a yield that comes back that late stops the polling for a while."
                        (return (listen stream))))
                 thereis (listen stream))))))
 
+(defun serve-lane (lane token)
+  "Serve LANE's requests one at a time, for as long as TOKEN owns it."
+  (let* ((connection (lane-connection lane))
+         (stream (swank::connection.socket-io connection))
+         (fd (sb-sys:fd-stream-fd stream)))
+    (swank::with-connection (connection)
+      ;; Swank pings after every 100 messages it sends and waits for the
+      ;; pong in 0.1 s sleeps; the lane's client reads every reply at once.
+      (setf swank::*send-counter* most-negative-fixnum)
+      ;; Swank prints every event it handles into a ring of the last 40, for
+      ;; debugging Swank: on the lane, each request and reply printed a
+      ;; second time, and up to 40 printed results (each up to --max-output
+      ;; characters) kept alive.
+      (let ((swank::*enable-event-history* nil))
+        (loop while (eq (lane-owner lane) token)
+              do (unless (input-soon-p stream)
+                   (sb-sys:wait-until-fd-usable fd :input))
+                 (swank::handle-requests connection t))))))
+
+(defun serve-new-lane (stream home)
+  "Serve the lane cl-mcp connected on STREAM, in this thread."
+  (let ((lane (make-lane (swank::make-singlethreaded-connection
+                          :socket nil :socket-io stream :communication-style nil)
+                         home))
+        (token (list :owner)))
+    (setf (lane-owner lane) token
+          *lane* lane)
+    (setf (sb-thread:thread-name sb-thread:*current-thread*) "cl-mcp lane")
+    (serve-lane lane token)))
+
 (defun open-lane ()
   "Listen on a fresh abstract Unix-domain socket (Linux's, which leaves no
 file behind) for cl-mcp's connection (see `accept-cl-mcp': this user's,
@@ -1781,36 +972,6 @@ stack: about 10 µs less than loopback TCP here."
                        :seconds *lane-accept-seconds* :what "the lane")
     name))
 
-(defun serve-new-lane (stream home)
-  "Serve the lane cl-mcp connected on STREAM, in this thread."
-  (let ((lane (make-lane (swank::make-singlethreaded-connection
-                          :socket nil :socket-io stream :communication-style nil)
-                         home))
-        (token (list :owner)))
-    (setf (lane-owner lane) token
-          *lane* lane)
-    (setf (sb-thread:thread-name sb-thread:*current-thread*) "cl-mcp lane")
-    (serve-lane lane token)))
-
-(defun serve-lane (lane token)
-  "Serve LANE's requests one at a time, for as long as TOKEN owns it."
-  (let* ((connection (lane-connection lane))
-         (stream (swank::connection.socket-io connection))
-         (fd (sb-sys:fd-stream-fd stream)))
-    (swank::with-connection (connection)
-      ;; Swank pings after every 100 messages it sends and waits for the
-      ;; pong in 0.1 s sleeps; the lane's client reads every reply at once.
-      (setf swank::*send-counter* most-negative-fixnum)
-      ;; Swank prints every event it handles into a ring of the last 40, for
-      ;; debugging Swank: on the lane, each request and reply printed a
-      ;; second time, and up to 40 printed results (each up to --max-output
-      ;; characters) kept alive.
-      (let ((swank::*enable-event-history* nil))
-        (loop while (eq (lane-owner lane) token)
-              do (unless (input-soon-p stream)
-                   (sb-sys:wait-until-fd-usable fd :input))
-                 (swank::handle-requests connection t))))))
-
 (defun leave-lane ()
   "If this thread serves the lane, hand the lane to a fresh thread and move
 this one to the lane's home connection: it will not be back soon."
@@ -1822,6 +983,1091 @@ this one to the lane's home connection: it will not be back soon."
               swank::*emacs-connection* (lane-home lane))
         (make-agent-thread #'serve-lane "cl-mcp lane" lane token)))))
 
+;;;; Evaluations and their mailboxes
+;;;
+;;; An evaluation runs in the thread that read the request that asked for
+;;; it (the lane's, or a Swank worker), and usually just returns its report.
+;;; When it stops at an error it answers that request itself (a `:return'
+;;; sent from inside, see `answer-directly') and then waits there, its
+;;; restarts intact, for commands that later requests bring through the
+;;; evaluation's mailbox: invoke a restart, list frames, evaluate in a
+;;; frame, abort.  Running in that thread saves handing every evaluation to
+;;; a thread of its own and back (two thread wake-ups a call).  A waiting
+;;; evaluation costs its thread and nothing else; at most `*max-suspended*'
+;;; wait at once, each for at most `*suspend-seconds*'.
+
+(defparameter *max-suspended* 8
+  "Evaluations that may wait at an error at once; the oldest is aborted to
+make room for a new one.")
+
+(defparameter *suspend-seconds* 600
+  "How long an evaluation waits at an error for its next command before it
+aborts itself.")
+
+(defvar *inside-evaluation* nil
+  "True in the code an evaluation runs: an evaluate called from there is
+nested, and its request belongs to the outer evaluation.")
+
+(defvar *registry-lock* (sb-thread:make-mutex :name "cl-mcp evaluations")
+  "Guards the image-wide records: the counter, `*suspended*', `*running*'
+and the session record.")
+
+(defvar *evaluation-counter* 0
+  "The number of the last evaluation made in this image.")
+
+(defstruct (evaluation (:constructor %make-evaluation))
+  "One evaluation and the two mailboxes between its thread and its callers."
+  (id 0 :type fixnum)
+  code package capture-time max-output
+  (timeout nil)
+  (thread nil)
+  ;; The id of the Swank request this evaluation has yet to answer, while
+  ;; it may answer it from inside (see `answer-directly').  Only such an
+  ;; evaluation may wait at an error: nobody else would hear of it.
+  (continuation nil)
+  (may-wait nil)
+  (lock (sb-thread:make-mutex :name "cl-mcp evaluation"))
+  (ready (sb-thread:make-waitqueue))
+  (command nil)
+  (report nil)
+  (stdout nil) (stderr nil)
+  (warnings '())
+  (readings nil)
+  (deadline nil)  ; the running stretch's token in *deadlines*
+  (abort-restart nil)
+  (condition nil)
+  (waiting nil)
+  (overflowed nil)
+  (tag nil)
+  (restarts '())
+  (frames '()))
+
+(defun make-evaluation (&rest initargs)
+  "A new evaluation from INITARGS, numbered by the image-wide counter."
+  (apply #'%make-evaluation
+         :id (sb-thread:with-mutex (*registry-lock*) (incf *evaluation-counter*))
+         initargs))
+
+(defun put-slot (evaluation writer value)
+  "Store VALUE with WRITER under EVALUATION's lock and wake its waiters."
+  (sb-thread:with-mutex ((evaluation-lock evaluation))
+    (funcall writer value evaluation)
+    (sb-thread:condition-broadcast (evaluation-ready evaluation))))
+
+(defun take-slot (evaluation reader writer &optional timeout)
+  "Wait until READER's slot is set, clear it, and return its value; nil if
+TIMEOUT seconds pass first."
+  (let ((deadline (and timeout (+ (get-internal-real-time)
+                                  (* timeout internal-time-units-per-second)))))
+    (sb-thread:with-mutex ((evaluation-lock evaluation))
+      (loop
+        (let ((value (funcall reader evaluation)))
+          (when value
+            (funcall writer nil evaluation)
+            (return value)))
+        (let ((left (and deadline (/ (- deadline (get-internal-real-time))
+                                     internal-time-units-per-second))))
+          (when (and left (<= left 0)) (return nil))
+          (unless (sb-thread:condition-wait (evaluation-ready evaluation)
+                                            (evaluation-lock evaluation)
+                                            :timeout left)
+            ;; A wait that times out returns without the mutex (SBCL's
+            ;; CONDITION-WAIT): take it back before looking again.
+            (sb-thread:grab-mutex (evaluation-lock evaluation))))))))
+
+(defun post-report (evaluation report)
+  "Hand REPORT to the caller waiting on EVALUATION."
+  (put-slot evaluation #'(setf evaluation-report) report))
+
+(defun take-report-now (evaluation)
+  "EVALUATION's report if one is posted, without waiting; else nil."
+  (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0))
+
+(defun await-report (evaluation)
+  "The next report of EVALUATION.  Should its thread end without one (it
+cannot, short of being killed), say so instead of waiting forever."
+  (loop
+    (let ((report (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 1)))
+      (when report (return report))
+      (let ((thread (evaluation-thread evaluation)))
+        (when (and thread (not (sb-thread:thread-alive-p thread)))
+          (return (or (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0)
+                      (command-error "CL-MCP:ABORTED" "The evaluation's thread ended."))))))))
+
+(defun post-command (evaluation command)
+  "Hand COMMAND to EVALUATION's thread, waiting at its error."
+  (put-slot evaluation #'(setf evaluation-command) command))
+
+(defun await-command (evaluation timeout)
+  "The next command for EVALUATION, or nil after TIMEOUT seconds."
+  (take-slot evaluation #'evaluation-command #'(setf evaluation-command) timeout))
+
+;;;; The registries of waiting and running evaluations
+
+(defvar *suspended* '() "Evaluations waiting at an error, newest first.")
+
+(defun register-suspended (evaluation)
+  "Record EVALUATION as waiting; true unless waiting is switched off.  The
+oldest waiting evaluation is aborted when there are too many."
+  (when (plusp *max-suspended*)
+    (let ((evicted '()))
+      (sb-thread:with-mutex (*registry-lock*)
+        (push evaluation *suspended*)
+        (loop while (> (length *suspended*) *max-suspended*)
+              do (push (car (last *suspended*)) evicted)
+                 (setf *suspended* (butlast *suspended*))))
+      (dolist (old evicted)
+        (post-command old (list :abort)))
+      t)))
+
+(defun forget-evaluation (evaluation)
+  "EVALUATION no longer waits: take it off `*suspended*'."
+  (sb-thread:with-mutex (*registry-lock*)
+    (setf *suspended* (remove evaluation *suspended*))))
+
+(defun find-suspended (id)
+  "The waiting evaluation numbered ID, or the newest when ID is nil."
+  (sb-thread:with-mutex (*registry-lock*)
+    (if id
+        (find id *suspended* :key #'evaluation-id)
+        (first *suspended*))))
+
+(defun no-suspended-report (id)
+  "The report that no evaluation ID (or none at all, when ID is nil) waits."
+  (command-error "CL-MCP:NO-SUSPENDED-EVALUATION"
+                 (if id
+                     (format nil "No evaluation ~D is waiting at an error (it finished, ~
+                                  was aborted, or its time ran out)." id)
+                     "No evaluation is waiting at an error.")))
+
+(defmacro with-suspended ((evaluation id) &body body)
+  "Run BODY with EVALUATION bound to the waiting evaluation ID (the newest
+when nil); without one, return `no-suspended-report' instead."
+  `(let ((,evaluation (find-suspended ,id)))
+     (if ,evaluation
+         (progn ,@body)
+         (no-suspended-report ,id))))
+
+(defvar *running* '()
+  "Evaluations a caller is waiting on, by the caller's tag.")
+
+(defun forget-running (tag object)
+  "Forget that OBJECT runs under TAG (only OBJECT: another session attached
+to the same image may use the same tag)."
+  (when tag
+    (sb-thread:with-mutex (*registry-lock*)
+      (setf *running* (remove-if (lambda (entry)
+                                   (and (equal (car entry) tag) (eq (cdr entry) object)))
+                                 *running*)))))
+
+(defmacro with-running ((tag object) &body body)
+  "Run BODY with OBJECT (an evaluation whose report BODY waits for, or the
+thread of a load) findable under TAG, for `cancel-evaluation' and
+`output-tail'."
+  (let ((tag-var (gensym "TAG")) (object-var (gensym "OBJECT")))
+    `(let ((,tag-var ,tag) (,object-var ,object))
+       (when ,tag-var
+         (sb-thread:with-mutex (*registry-lock*)
+           (push (cons ,tag-var ,object-var) *running*)))
+       (unwind-protect (progn ,@body)
+         (forget-running ,tag-var ,object-var)))))
+
+(defun find-running (tag)
+  "The evaluation, or for a load the thread, a caller waits on under TAG."
+  (sb-thread:with-mutex (*registry-lock*)
+    (cdr (assoc tag *running* :test #'equal))))
+
+;;;; Answering a request from inside
+;;;
+;;; When the evaluation's thread will not return to its Swank request in time
+;;; (it waits at an error, is parked, or is being ended), it sends that
+;;; request's `:return' itself.  Swank's own `:return' for the same request
+;;; follows when the thread finally unwinds, and cl-mcp ignores it: the
+;;; request is no longer pending.
+
+(defun answer-directly (evaluation report)
+  "Answer EVALUATION's Swank request with REPORT now, from inside; true if
+there was a request left to answer."
+  ;; No interrupt (a deadline, a cancel) may land between taking the
+  ;; request and handing its answer to Swank's control thread.
+  (sb-sys:without-interrupts
+    (let ((id (evaluation-continuation evaluation)))
+      (when id
+        (forget-running (evaluation-tag evaluation) evaluation)
+        (setf swank::*pending-continuations* (remove id swank::*pending-continuations*))
+        (swank::send-to-emacs (list :return sb-thread:*current-thread* (list :ok report) id))
+        (setf (evaluation-continuation evaluation) nil)
+        (leave-lane)
+        t))))
+
+(defun deliver-report (evaluation report)
+  "REPORT to whoever waits for it: EVALUATION's own request, while it is
+unanswered, or else the caller of a command."
+  (or (answer-directly evaluation report)
+      (post-report evaluation report)))
+
+;;;; Deadlines
+;;;
+;;; One watchdog thread interrupts an evaluation whose stretch of running
+;;; outlasts its timeout; the deadline is dropped while the evaluation waits
+;;; at an error, and set again for each stretch.  Why not an SBCL timer per
+;;; stretch: scheduling and cancelling one from a fresh Swank worker thread
+;;; cost ~40 µs a call, a fifth of a whole round trip.  The watchdog looks
+;;; every `*watchdog-tick*' seconds, so deadlines are that precise.  It
+;;; dozes on a condition variable once no deadline has been seen for
+;;; `*watchdog-linger*' seconds, so a burst of calls wakes it once.  Its
+;;; interrupt goes to `stop-at-error' (below), which stops the deadline in
+;;; turn.
+
+(defvar *deadline-lock* (sb-thread:make-mutex :name "cl-mcp deadlines")
+  "Guards `*deadlines*' and the watchdog's state.")
+
+(defvar *deadline-set* (sb-thread:make-waitqueue)
+  "Notified when a deadline is set while the watchdog dozes.")
+
+(defvar *deadlines* '()
+  "(INTERNAL-TIME EVALUATION TOKEN) for each running stretch with a deadline.")
+
+(defvar *watchdog* nil
+  "The watchdog thread, once a deadline has started it.")
+
+(defvar *watchdog-dozing* nil
+  "True while the watchdog waits on `*deadline-set*'.")
+
+(defparameter *watchdog-tick* 0.1
+  "Seconds between the watchdog's looks at the deadlines.")
+
+(defparameter *watchdog-linger* 5
+  "Seconds without a deadline after which the watchdog dozes.")
+
+(defun stop-deadline (evaluation)
+  "Drop the deadline of EVALUATION's stretch, if it has one."
+  (let ((token (shiftf (evaluation-deadline evaluation) nil)))
+    (when token
+      (sb-thread:with-mutex (*deadline-lock*)
+        (setf *deadlines* (delete token *deadlines* :key #'third))))))
+
+(defun interrupt-at-deadline (evaluation token)
+  "Stop EVALUATION's thread at its deadline, if the stretch TOKEN stands for
+is still running when the interrupt lands.
+
+The SB-EXT:TIMEOUT is not signalled: a handler in the user's code (a retry
+loop that catches SERIOUS-CONDITION or CONDITION) would take it and run on.
+It goes straight to `stop-at-error', which reports it and either waits there,
+with a CONTINUE restart that carries on, or aborts: a throw, which no handler
+can stop and which runs every UNWIND-PROTECT cleanup on its way out.  Only
+code that blocks interrupts (WITHOUT-INTERRUPTS) never hears it."
+  (handler-case
+      (sb-thread:interrupt-thread
+       (evaluation-thread evaluation)
+       (lambda ()
+         (when (eq (evaluation-deadline evaluation) token)
+           ;; An interruption runs with interrupts disabled; waiting here at
+           ;; the error must still hear a cancel, and a continued evaluation
+           ;; its next deadline.
+           (sb-sys:with-interrupts
+             (with-simple-restart (continue "Continue the evaluation.")
+               (stop-at-error evaluation
+                              (make-condition 'sb-ext:timeout :seconds (first token))))))))
+    (sb-thread:interrupt-thread-error () nil)))
+
+(defun watchdog-loop ()
+  "The watchdog thread: interrupt each evaluation whose deadline has come,
+and doze while there are none."
+  (let ((last-seen (get-internal-real-time)))
+    (loop
+      (let ((expired '()))
+        (sb-thread:with-mutex (*deadline-lock*)
+          (let ((now (get-internal-real-time)))
+            (setf *deadlines* (delete-if (lambda (entry)
+                                           (when (<= (first entry) now)
+                                             (push entry expired)))
+                                         *deadlines*))
+            (cond ((or *deadlines* expired) (setf last-seen now))
+                  ((> (- now last-seen) (* *watchdog-linger* internal-time-units-per-second))
+                   (setf *watchdog-dozing* t)
+                   (loop until *deadlines*
+                         do (sb-thread:condition-wait *deadline-set* *deadline-lock*))
+                   (setf *watchdog-dozing* nil
+                         last-seen (get-internal-real-time))))))
+        (loop for (nil evaluation token) in expired
+              do (interrupt-at-deadline evaluation token))
+        (sleep *watchdog-tick*)))))
+
+(defun start-stretch (evaluation timeout)
+  "Begin a stretch of running: fresh output capture, readings for timing,
+and a deadline TIMEOUT seconds away."
+  (reset-capture (evaluation-stdout evaluation))
+  (reset-capture (evaluation-stderr evaluation))
+  (setf (evaluation-warnings evaluation) '()
+        (evaluation-timeout evaluation) timeout
+        (evaluation-readings evaluation)
+        (list (get-internal-real-time) (get-internal-run-time)
+              sb-ext:*gc-run-time* (sb-ext:get-bytes-consed)))
+  (when (and timeout (plusp timeout))
+    (let ((token (list timeout))
+          (due (+ (get-internal-real-time)
+                  (round (* timeout internal-time-units-per-second)))))
+      (setf (evaluation-deadline evaluation) token)
+      (sb-thread:with-mutex (*deadline-lock*)
+        (push (list due evaluation token) *deadlines*)
+        (unless (and *watchdog* (sb-thread:thread-alive-p *watchdog*))
+          (setf *watchdog* (make-agent-thread #'watchdog-loop "cl-mcp deadline watchdog")))
+        (when *watchdog-dozing*
+          (sb-thread:condition-notify *deadline-set*))))))
+
+;;;; What the session creates, in an image it shares (attach mode)
+;;;
+;;; In the programmer's image, `soft-reset' must remove what cl-mcp's
+;;; evaluations created and nothing else, so each evaluation notes the
+;;; CL-USER symbols and the packages it creates.
+
+(defvar *track-session* nil
+  "True in an attached image: remember what cl-mcp's evaluations create,
+so that a soft reset removes exactly that.")
+
+(defvar *connections* '()
+  "cl-mcp's Swank connections to an attached image.")
+
+(defvar *session-symbols* '()
+  "Symbols of CL-USER first interned by a cl-mcp evaluation.")
+
+(defvar *session-created-packages* '()
+  "Packages created by a cl-mcp evaluation.")
+
+(defun present-symbols (package)
+  "A set (an EQ hash table) of the symbols whose home is PACKAGE."
+  (let ((symbols (make-hash-table :test #'eq)))
+    (do-symbols (symbol package)
+      (when (eq (symbol-package symbol) package)
+        (setf (gethash symbol symbols) t)))
+    symbols))
+
+(defun call-tracking-session (thunk)
+  "Call THUNK, recording the CL-USER symbols and the packages it creates
+(also when it exits non-locally)."
+  (let* ((user (find-package "COMMON-LISP-USER"))
+         (symbols-before (present-symbols user))
+         (packages-before (list-all-packages)))
+    (unwind-protect (funcall thunk)
+      (sb-thread:with-mutex (*registry-lock*)
+        (do-symbols (symbol user)
+          (when (and (eq (symbol-package symbol) user)
+                     (not (gethash symbol symbols-before)))
+            (pushnew symbol *session-symbols*)))
+        (dolist (package (set-difference (list-all-packages) packages-before))
+          (pushnew package *session-created-packages*))))))
+
+(defun forget-definitions (symbol)
+  "Remove the function, macro, variable and class SYMBOL names (a constant
+stays: it cannot be unbound)."
+  (handler-case
+      (progn
+        (when (fboundp symbol) (fmakunbound symbol))
+        (when (fboundp `(setf ,symbol)) (fmakunbound `(setf ,symbol)))
+        (when (and (boundp symbol) (not (constantp symbol))) (makunbound symbol))
+        (when (find-class symbol nil) (setf (find-class symbol) nil)))
+    (error (c) (log-note "could not remove ~S: ~A" symbol c))))
+
+;;;; The evaluation's thread
+;;;
+;;; Read and evaluate the code, and report how it went.  An error sends the
+;;; thread to `stop-at-error' (next section), which reports it and may keep
+;;; the thread waiting there.
+
+(defun timing-since (real run gc bytes)
+  "The (REAL-MS RUN-MS GC-MS BYTES) elapsed since the given readings."
+  (flet ((ms (ticks) (round (* 1000 ticks) internal-time-units-per-second)))
+    (list (ms (- (get-internal-real-time) real))
+          (ms (- (get-internal-run-time) run))
+          (ms (- sb-ext:*gc-run-time* gc))
+          (- (sb-ext:get-bytes-consed) bytes))))
+
+(defun stretch-report (evaluation status &rest more)
+  "The plist describing the stretch that just ended.  Empty output, no
+warnings and an unchanged package are left out: the reply is printed and
+read on every call."
+  (let* ((stdout (evaluation-stdout evaluation))
+         (stderr (evaluation-stderr evaluation))
+         (warnings (warning-entries (evaluation-warnings evaluation)
+                                    (evaluation-condition evaluation)))
+         (report (list* :status status :package (package-name *package*) more)))
+    (flet ((add (key value) (setf report (list* key value report))))
+      (when (plusp (kept stdout)) (add :stdout (stream-text stdout)))
+      (when (plusp (dropped stdout)) (add :stdout-dropped (dropped stdout)))
+      (when (plusp (kept stderr)) (add :stderr (stream-text stderr)))
+      (when (plusp (dropped stderr)) (add :stderr-dropped (dropped stderr)))
+      (when warnings (add :warnings warnings))
+      (unless (eq *package* (evaluation-package evaluation)) (add :package-changed t))
+      (when (evaluation-capture-time evaluation)
+        (add :timing (apply #'timing-since (evaluation-readings evaluation)))))
+    report))
+
+(defun image-exiting-p ()
+  "True once SB-EXT:EXIT has begun to shut the image down."
+  (let ((flag (find-symbol "*EXIT-IN-PROGRESS*" "SB-SYS")))
+    (and flag (boundp flag) (symbol-value flag) t)))
+
+(defparameter *control-stack-exhausted*
+  (first (existing-symbols '(("SB-KERNEL" "CONTROL-STACK-EXHAUSTED"))))
+  "SBCL's condition class for a control stack overflow.")
+
+(defun control-stack-exhausted-p (condition)
+  "True when CONDITION is a control stack overflow."
+  (and *control-stack-exhausted* (typep condition *control-stack-exhausted*)))
+
+(defun park-thread ()
+  "Keep this thread alive, idle, for the rest of the image's life.
+
+Why: SBCL 2.2.9 reuses the memory of an exited thread for the next one.
+After a stack overflow the guard page's bookkeeping in that memory is
+stale, and the next thread to overflow there kills the whole image
+(\"control_stack_guard_page_protected not NIL\").  A thread that never
+exits is never reused; it costs its stack and nothing else."
+  (setf (sb-thread:thread-name sb-thread:*current-thread*)
+        "cl-mcp evaluation (parked after a stack overflow)")
+  (loop (sleep 3600)))
+
+(defun %read-and-evaluate (evaluation)
+  "The loop of `read-and-evaluate'."
+  (let ((stream (make-string-input-stream (evaluation-code evaluation)))
+        (eof (make-symbol "EOF"))
+        (values '()))
+    (loop
+      (let ((form (handler-case (read-next-form stream eof)
+                    (serious-condition (c)
+                      (return (list :reader-error (describe-error c nil :reading t)))))))
+        (when (eq form eof)
+          (return (list :ok values)))
+        (setf values (multiple-value-list (%eval-form form)))))))
+
+(defun read-and-evaluate (evaluation)
+  "Read the forms of the code one after another and evaluate each; return
+(:ok VALUES-OF-THE-LAST) or (:reader-error ERROR-PLIST)."
+  (if *track-session*
+      (call-tracking-session (lambda () (%read-and-evaluate evaluation)))
+      (%read-and-evaluate evaluation)))
+
+(defun %run-evaluation (evaluation)
+  "Evaluate EVALUATION's code with its output captured, its ABORT restart
+set up and every error sent to `stop-at-error'; post the report of a run
+that ends without waiting at an error."
+  (setf (evaluation-stdout evaluation) (make-capped-output-stream (evaluation-max-output evaluation))
+        (evaluation-stderr evaluation) (make-capped-output-stream (evaluation-max-output evaluation)))
+  (let ((*package* (evaluation-package evaluation))
+        ;; Printing a circular structure must end: without this, PRINT of a
+        ;; circular list fills the heap in the pretty printer's buffer.
+        (*print-circle* t))
+    (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
+      (let ((outcome
+              (catch evaluation
+                (restart-bind ((abort (lambda (&optional reported)
+                                        (throw evaluation (list :aborted reported)))
+                                 :report-function
+                                 (lambda (stream) (write-string "Abort this evaluation." stream))))
+                  (setf (evaluation-abort-restart evaluation) (find-restart 'abort))
+                  (flet ((stop (condition) (stop-at-error evaluation condition)))
+                    (handler-bind ((warning
+                                     (lambda (w)
+                                       (push w (evaluation-warnings evaluation))
+                                       (muffle-warning w)))
+                                   (serious-condition #'stop))
+                      (with-debugger-calling (#'stop)
+                        (start-stretch evaluation (evaluation-timeout evaluation))
+                        ;; The deadline ends while the handlers still stand, so
+                        ;; an interrupt that lands as the code finishes is
+                        ;; either a timeout like any other or nothing.
+                        (unwind-protect (let ((*inside-evaluation* t))
+                                          (read-and-evaluate evaluation))
+                          (stop-deadline evaluation)))))))))
+        (stop-deadline evaluation)
+        (forget-evaluation evaluation)
+        (setf (evaluation-abort-restart evaluation) nil)
+        (destructuring-bind (status &optional detail) outcome
+          (ecase status
+            (:ok (post-report evaluation
+                              (stretch-report evaluation :ok
+                                              :values (print-values detail (evaluation-max-output evaluation)))))
+            (:reader-error (post-report evaluation (stretch-report evaluation :error :error detail)))
+            (:aborted
+             (unless detail
+               (post-report evaluation
+                            (stretch-report evaluation :aborted
+                                            :error (list :type "CL-MCP:ABORTED"
+                                                         :message "The evaluation was aborted."
+                                                         :backtrace nil)))))))))))
+
+(defun run-evaluation (evaluation)
+  "The body of an evaluation's thread: read and evaluate the code, and post
+the final report (unless it was posted already, at an error).  Whatever
+happens, the caller hears back: a failure of this agent itself is reported
+as CL-MCP:INTERNAL-ERROR rather than leaving the caller waiting."
+  (let ((done nil))
+    (unwind-protect
+         (handler-case
+             (progn (%run-evaluation evaluation)
+                    (setf done t))
+           (serious-condition (c)
+             (post-report evaluation (command-error "CL-MCP:INTERNAL-ERROR"
+                                                    (condition-message c)))
+             (setf done t)))
+      (forget-evaluation evaluation)
+      (stop-deadline evaluation)
+      (unless done
+        (post-report evaluation
+                     (if (image-exiting-p)
+                         (command-error "CL-MCP:IMAGE-EXITING"
+                                        "The image is exiting (SB-EXT:EXIT was called).")
+                         (command-error "CL-MCP:ABORTED" "The evaluation's thread was ended."))))
+      (when (and (evaluation-continuation evaluation)
+                 (or (not done) (evaluation-overflowed evaluation)))
+        ;; This thread is being ended, or is about to park: it will not
+        ;; return to its request.
+        (answer-directly evaluation (take-report-now evaluation)))
+      ;; A caller that could not be answered from inside (not cl-mcp) must
+      ;; get its reply the normal way, so its thread cannot be parked.
+      (when (and (evaluation-overflowed evaluation) (evaluation-may-wait evaluation))
+        (park-thread)))))
+
+;;;; Waiting at an error
+;;;
+;;; `stop-at-error' runs inside the handler, where the condition was
+;;; signalled, before anything unwinds; an evaluation that may wait then
+;;; stays in `command-loop', carrying out the commands that come through
+;;; its mailbox, until one of them leaves the error.
+
+(defun evaluation-restarts-for (evaluation condition)
+  "The restarts for CONDITION from the user's code up to this evaluation's
+own ABORT; the thread's restarts beyond it are not the user's business."
+  (let* ((restarts (compute-restarts condition))
+         (ours (position (evaluation-abort-restart evaluation) restarts)))
+    (if ours (subseq restarts 0 (1+ ours)) restarts)))
+
+(defun restart-entries (restarts)
+  "RESTARTS as (NAME DESCRIPTION) lists."
+  (loop for restart in restarts
+        collect (list (let ((name (restart-name restart)))
+                        (if name (symbol-name name) "(unnamed)"))
+                      (one-line (safe-print restart #'princ-to-string) 200))))
+
+(defun find-restart-designator (evaluation designator)
+  "The restart DESIGNATOR names: an index into the listed restarts, or a
+restart name (case-insensitive)."
+  (let ((restarts (evaluation-restarts evaluation)))
+    (etypecase designator
+      (integer (nth designator restarts))
+      (string (find-if (lambda (r)
+                         (and (restart-name r)
+                              (string-equal (symbol-name (restart-name r)) designator)))
+                       restarts)))))
+
+(defun evaluate-value-codes (codes)
+  "The values of the forms in CODES, or nil and an error report."
+  (handler-case
+      (values (loop for code in codes
+                    collect (eval (let ((*read-eval* t)) (read-from-string code))))
+              nil)
+    (serious-condition (c)
+      (values nil (command-error (condition-type-name c)
+                                 (format nil "Could not compute a restart value: ~A"
+                                         (condition-message c)))))))
+
+(defun resume (evaluation designator value-codes timeout)
+  "Invoke the restart DESIGNATOR with the values of VALUE-CODES (strings of
+Lisp code, evaluated here).  A failure is reported and the evaluation keeps
+waiting."
+  (let ((restart (find-restart-designator evaluation designator)))
+    (unless restart
+      (return-from resume
+        (post-report evaluation (command-error "CL-MCP:NO-SUCH-RESTART"
+                                               (format nil "No restart ~S is available; ~
+                                                            the evaluation still waits."
+                                                       designator)))))
+    (multiple-value-bind (values failure) (evaluate-value-codes value-codes)
+      (when failure
+        (return-from resume (post-report evaluation failure)))
+      (let ((condition (evaluation-condition evaluation)))
+        (forget-evaluation evaluation)
+        (setf (evaluation-condition evaluation) nil
+              (evaluation-waiting evaluation) nil)
+        (start-stretch evaluation timeout)
+        (flet ((keep-waiting (message)
+                 (stop-deadline evaluation)
+                 (setf (evaluation-condition evaluation) condition
+                       (evaluation-waiting evaluation) t)
+                 (register-suspended evaluation)
+                 (post-report evaluation (command-error "CL-MCP:RESTART-FAILED" message))))
+          ;; A restart that transfers control never comes back here.  One
+          ;; that refuses the values does so before control leaves.
+          (handler-case (apply #'invoke-restart restart values)
+            (program-error (c)
+              (return-from resume
+                (keep-waiting (format nil "Restart ~A did not accept ~D value~:P (~A); ~
+                                           the evaluation still waits."
+                                      (restart-name restart) (length values)
+                                      (condition-message c))))))
+          (keep-waiting (format nil "Restart ~A returned without leaving the error; ~
+                                     the evaluation still waits."
+                                (restart-name restart))))))))
+
+(defun frames-report (evaluation &optional (count *backtrace-frame-limit*))
+  "Frames of the waiting evaluation with their local variables."
+  (list :status :ok
+        :frames (loop for frame in (evaluation-frames evaluation)
+                      for line in (frame-lines (evaluation-frames evaluation)
+                                               (evaluation-condition evaluation)
+                                               count)
+                      collect (list line (frame-locals frame)))))
+
+(defun call-with-deadline-throw (timeout thunk record-warning)
+  "Call THUNK; return (:ok VALUES), (:error CONDITION) or (:timeout).  Used
+for work done while an evaluation waits at an error, where no condition may
+be left to the debugger and the deadline unwinds instead of signalling."
+  (catch 'deadline-passed
+    (let* ((live t)   ; the timer's interrupt may land after the unschedule
+           (timer (and timeout (plusp timeout)
+                       (sb-ext:make-timer (lambda ()
+                                            (when live (throw 'deadline-passed (list :timeout))))
+                                          :name "cl-mcp frame deadline"
+                                          :thread sb-thread:*current-thread*))))
+      (when timer (sb-ext:schedule-timer timer timeout))
+      (unwind-protect
+           (block call
+             (flet ((fail (condition) (return-from call (list :error condition))))
+               (handler-bind ((warning (lambda (w)
+                                         (funcall record-warning w)
+                                         (muffle-warning w)))
+                              (serious-condition #'fail))
+                 (with-debugger-calling (#'fail)
+                   (list :ok (multiple-value-list (funcall thunk)))))))
+        (setf live nil)
+        (when timer (sb-ext:unschedule-timer timer))))))
+
+(defun frame-eval-report (evaluation index code &optional timeout)
+  "Evaluate the forms of CODE in frame INDEX of the waiting evaluation, with
+that frame's local variables in scope, for at most TIMEOUT seconds."
+  (let ((frame (nth index (evaluation-frames evaluation))))
+    (unless frame
+      (return-from frame-eval-report
+        (command-error "CL-MCP:NO-SUCH-FRAME" (format nil "There is no frame ~D." index))))
+    (start-stretch evaluation nil)
+    (let ((outcome (call-with-deadline-throw
+                    timeout
+                    (lambda ()
+                      (let ((form (handler-case (read-all-forms code)
+                                    (serious-condition (c)
+                                      (return-from frame-eval-report
+                                        (stretch-report evaluation :error
+                                                        :error (describe-error c nil :reading t)))))))
+                        (sb-di:eval-in-frame frame form)))
+                    (lambda (w) (push w (evaluation-warnings evaluation))))))
+      (ecase (first outcome)
+        (:ok (stretch-report evaluation :ok
+                             :values (print-values (second outcome)
+                                                   (evaluation-max-output evaluation))))
+        (:error (stretch-report evaluation :error :error (describe-error (second outcome) nil)))
+        (:timeout (stretch-report evaluation :error
+                                  :error (list :type "SB-EXT:TIMEOUT"
+                                               :message (format nil "Evaluation in the frame exceeded ~
+                                                                     its deadline of ~A; the evaluation ~
+                                                                     still waits."
+                                                                (seconds-text timeout))
+                                               :backtrace nil)))))))
+
+(defun command-loop (evaluation)
+  "Wait at the error for commands until one continues or aborts the
+evaluation, or until `*suspend-seconds*' pass."
+  (setf (evaluation-waiting evaluation) t)
+  (loop
+    (let ((command (await-command evaluation *suspend-seconds*)))
+      ;; SBCL binds its hook to nil while a hook runs, and this loop may run
+      ;; inside one (after BREAK): bind it again for the commands.
+      (with-debugger-calling ((lambda (condition) (stop-at-error evaluation condition)))
+        (unless command
+          (forget-evaluation evaluation)
+          ;; A caller that found it just before it was forgotten still hears back.
+          (when (await-command evaluation 0)
+            (post-report evaluation (no-suspended-report (evaluation-id evaluation))))
+          (invoke-restart (evaluation-abort-restart evaluation) t))
+        (catch 'command-failed
+          (destructuring-bind (kind &rest arguments) command
+            (ecase kind
+              (:restart (apply #'resume evaluation arguments))
+              (:backtrace (post-report evaluation (apply #'frames-report evaluation arguments)))
+              (:eval-in-frame (post-report evaluation (apply #'frame-eval-report evaluation arguments)))
+              (:abort (forget-evaluation evaluation)
+                      (invoke-restart (evaluation-abort-restart evaluation) nil)))))))))
+
+(defun stop-at-error (evaluation condition)
+  "Called where CONDITION was signalled, before anything unwinds.  Report
+the error with its backtrace and restarts; then either wait here for
+commands or, when no more evaluations may wait, abort."
+  (when (evaluation-waiting evaluation)
+    ;; A failure while carrying out a command, in this agent's own code.
+    (post-report evaluation (command-error "CL-MCP:INTERNAL-ERROR" (condition-message condition)))
+    (throw 'command-failed nil))
+  (stop-deadline evaluation)
+  (when (control-stack-exhausted-p condition)
+    (setf (evaluation-overflowed evaluation) t))
+  (let ((frames (error-frames)))
+    (setf (evaluation-condition evaluation) condition
+          (evaluation-frames evaluation) frames
+          (evaluation-restarts evaluation) (evaluation-restarts-for evaluation condition))
+    (let* ((waiting (and (evaluation-may-wait evaluation)
+                         (register-suspended evaluation)))
+           (report (stretch-report
+                    evaluation :error
+                    :error (describe-error condition
+                                           (frame-lines frames condition *backtrace-frame-limit*)
+                                           :timeout (evaluation-timeout evaluation))
+                    :restarts (restart-entries (evaluation-restarts evaluation))
+                    :evaluation (and waiting (evaluation-id evaluation)))))
+      (if waiting (deliver-report evaluation report) (post-report evaluation report))
+      (if waiting
+          (command-loop evaluation)
+          (invoke-restart (evaluation-abort-restart evaluation) t)))))
+
+;;;; Entry points: evaluations
+
+(defun cl-mcp-request ()
+  "The id of the Swank request this thread serves, when cl-mcp sent it (any
+request, in an image cl-mcp owns) and no evaluation in this thread has it
+already; else nil, and an error in the evaluation is reported without
+waiting, because nobody could send it commands."
+  (and (not *inside-evaluation*)
+       (or (not *track-session*) (member swank::*emacs-connection* *connections*))
+       (first swank::*pending-continuations*)))
+
+(defun evaluate (code &key package (explicit-package nil) (capture-time nil)
+                        (timeout nil) (max-output 1000000) (tag nil))
+  "Read and evaluate the forms of CODE one after another, in PACKAGE, and
+return a plist describing the outcome:
+
+  :status   :ok, :error, or :aborted (through its ABORT restart)
+  :values   printed values of the last form (strings)
+  :stdout, :stderr   captured output, with :stdout-dropped and
+            :stderr-dropped counting characters beyond MAX-OUTPUT
+  :warnings list of (TYPE MESSAGE)
+  :error    (:type :message :backtrace) when :status is :error
+  :restarts (NAME DESCRIPTION) lists, and :evaluation, the number of the
+            evaluation now waiting at the error (when it waits)
+  :package  name of *package* afterwards, :package-changed whether the
+            code changed it (IN-PACKAGE)
+  :timing   (REAL-MS RUN-MS GC-MS BYTES) when CAPTURE-TIME
+
+An unknown PACKAGE is an error when EXPLICIT-PACKAGE, and falls back to
+CL-USER otherwise (the session's package may have been deleted).  TIMEOUT,
+in seconds, interrupts the evaluation with SB-EXT:TIMEOUT.  TAG, any
+string or integer, names the evaluation for `cancel-evaluation' and
+`output-tail' while the caller waits.  An evaluation that waits at its
+error has sent that plist as its request's answer from inside; what this
+function returns then, :ANSWERED, reaches nobody."
+  (let ((target (find-package-designator package)))
+    (when (and (null target) explicit-package)
+      (return-from evaluate
+        (list :status :error
+              :error (list :type "PACKAGE-ERROR"
+                           :message (format nil "The package ~S does not exist." package)
+                           :backtrace nil)
+              :package "COMMON-LISP-USER")))
+    (let* ((request (cl-mcp-request))
+           (evaluation (make-evaluation :code code
+                                        :package (or target (find-package "COMMON-LISP-USER"))
+                                        :capture-time capture-time
+                                        :timeout timeout
+                                        :max-output max-output
+                                        :tag tag
+                                        :thread sb-thread:*current-thread*
+                                        :continuation request
+                                        :may-wait (and request t))))
+      (with-running (tag evaluation)
+        (run-evaluation evaluation)
+        (if (and request (null (evaluation-continuation evaluation)))
+            ;; Answered from inside already; Swank's reply to this is ignored.
+            :answered
+            (take-report-now evaluation))))))
+
+(defun invoke-restart-of (id restart &key values (timeout nil) (tag nil))
+  "Invoke RESTART (an index into the listed restarts, or a name) of the
+waiting evaluation ID (the newest when nil) with the values of VALUES, a
+list of code strings.  The evaluation runs on with a deadline of TIMEOUT
+seconds, findable under TAG as in `evaluate'; return its next report, a
+plist as `evaluate' returns (its outcome, or a new error), or an error
+report when no evaluation ID waits or the restart cannot be invoked (the
+evaluation then still waits)."
+  (with-suspended (evaluation id)
+    (setf (evaluation-tag evaluation) tag)
+    (with-running (tag evaluation)
+      (post-command evaluation (list :restart restart values timeout))
+      (await-report evaluation))))
+
+(defun backtrace-of (id &key (count *backtrace-frame-limit*))
+  "The first COUNT frames of the waiting evaluation ID (the newest when
+nil), as (:evaluation N :status :ok :frames ((LINE ((NAME VALUE) ...))
+...)), each frame a printed call with the local variables the compiler
+kept, all strings; or an error report when no evaluation ID waits."
+  (with-suspended (evaluation id)
+    (post-command evaluation (list :backtrace count))
+    (list* :evaluation (evaluation-id evaluation) (await-report evaluation))))
+
+(defun eval-in-frame-of (id frame code &key (timeout 30))
+  "Evaluate the forms of CODE (a string) in frame number FRAME (counted as
+`backtrace-of' lists them) of the waiting evaluation ID (the newest when
+nil), with that frame's local variables in scope, for at most TIMEOUT
+seconds.  Return a plist as `evaluate' returns; the evaluation keeps
+waiting whatever happens."
+  (with-suspended (evaluation id)
+    (post-command evaluation (list :eval-in-frame frame code timeout))
+    (await-report evaluation)))
+
+(defun interrupt-running (running)
+  "Ask the thread of RUNNING (an evaluation, or a load's thread) to abandon
+its work; true once asked.  An evaluation that has not yet set up its ABORT
+restart is asked again later.  The interrupt acts only while that restart
+is active, so a thread that has moved on to other work is left alone."
+  (handler-case
+      (etypecase running
+        (evaluation
+         (let ((restart (evaluation-abort-restart running)))
+           (when restart
+             (sb-thread:interrupt-thread (evaluation-thread running)
+                                         (lambda ()
+                                           (when (find-restart restart)
+                                             (invoke-restart restart nil))))
+             t)))
+        (sb-thread:thread
+         (sb-thread:interrupt-thread running
+                                     (lambda ()
+                                       (ignore-errors (throw 'load-cancelled nil))))
+         t))
+    ;; The thread finished in the meantime: nothing to cancel.
+    (sb-thread:interrupt-thread-error () t)))
+
+(defun cancel-evaluation (tag)
+  "Abort the evaluation (or the load) a caller waits on under TAG, and wait
+(up to 5 s) until that caller has its answer.  Return t if there was one,
+else nil."
+  (let ((running (find-running tag)))
+    (when running
+      (let ((interrupted nil))
+        (loop repeat 500
+              while (find-running tag)
+              do (unless interrupted
+                   (setf interrupted (interrupt-running running)))
+                 (sleep 0.01)))
+      t)))
+
+(defun output-tail (tag)
+  "The last non-empty line of output, at most 200 characters, of the
+evaluation a caller waits on under TAG; nil when there is none."
+  (let ((evaluation (find-running tag)))
+    (and (evaluation-p evaluation)
+         (evaluation-stdout evaluation)
+         (last-line (evaluation-stdout evaluation)))))
+
+(defun abort-all ()
+  "Abort every waiting evaluation; return how many there were."
+  (let ((all (sb-thread:with-mutex (*registry-lock*) (shiftf *suspended* '()))))
+    (dolist (evaluation all)
+      (post-command evaluation (list :abort)))
+    (length all)))
+
+(defun configure (&key (max-suspended *max-suspended*)
+                        (suspend-seconds *suspend-seconds*)
+                        (idle-poll-microseconds *lane-idle-poll-microseconds*))
+  "Set the image-wide settings of the session; return t.  MAX-SUSPENDED
+evaluations may wait at an error at once, each at most SUSPEND-SECONDS for
+its next command; the lane looks for its next request for
+IDLE-POLL-MICROSECONDS before its thread sleeps (0: not at all, where
+cl-mcp has one CPU).  A keyword left out keeps its current value."
+  (setf *max-suspended* max-suspended
+        *suspend-seconds* suspend-seconds
+        *lane-idle-poll-microseconds* idle-poll-microseconds)
+  t)
+
+;;;; Entry point: the session's definitions
+
+(defvar *baseline-packages* (list-all-packages)
+  "Packages that existed when the agent was first loaded.  Packages created
+later belong to the session (see `session-packages').")
+
+(defun session-packages ()
+  "CL-USER and every package created since the agent was loaded."
+  (cons (find-package "COMMON-LISP-USER")
+        (set-difference (list-all-packages) *baseline-packages*)))
+
+(defun lambda-list-text (function-designator)
+  "The lambda list of FUNCTION-DESIGNATOR as a programmer writes it:
+parameter names without package prefixes, keywords and default values as
+written (strings quoted)."
+  (labels ((write-part (part out)
+             (typecase part
+               (keyword (format out ":~A" (symbol-name part)))
+               (symbol (write-string (symbol-name part) out))
+               (cons (write-char #\( out)
+                     (loop for (item . rest) on part
+                           do (write-part item out)
+                              (typecase rest
+                                (null)
+                                (cons (write-char #\Space out))
+                                (t (write-string " . " out) (write-part rest out))))
+                     (write-char #\) out))
+               (t (prin1 part out)))))
+    (handler-case
+        (let ((lambda-list (sb-introspect:function-lambda-list function-designator))
+              (*print-pretty* nil)
+              (*print-length* 20)
+              (*print-level* 4))
+          (if lambda-list
+              (with-output-to-string (out) (write-part lambda-list out))
+              "()"))
+      (serious-condition () "(...)"))))
+
+(defun variable-text (symbol)
+  "SYMBOL's value, printed on one line of at most 80 characters."
+  (one-line (with-result-printing ()
+              (let ((*print-pretty* nil))
+                (safe-print (symbol-value symbol) #'prin1-to-string)))
+            80))
+
+(defun class-kind (class)
+  "\"structure\", \"condition\" or \"class\": what kind of class CLASS is."
+  (typecase class
+    (structure-class "structure")
+    (sb-pcl::condition-class "condition")
+    (t "class")))
+
+(defun symbol-definitions (symbol kinds)
+  "The definitions SYMBOL names, as (KIND NAME DETAIL) lists."
+  (let ((name (symbol-designator symbol))
+        (found '()))
+    (when (and (member :functions kinds) (fboundp symbol)
+               (not (macro-function symbol)) (not (special-operator-p symbol)))
+      (push (list :function name (lambda-list-text (fdefinition symbol))) found))
+    (when (and (member :variables kinds) (boundp symbol) (not (keywordp symbol)))
+      (push (list :variable name (variable-text symbol)) found))
+    (when (and (member :macros kinds) (macro-function symbol))
+      (push (list :macro name (lambda-list-text (macro-function symbol))) found))
+    (when (member :classes kinds)
+      (let ((class (find-class symbol nil)))
+        (when class
+          (push (list :class name (class-kind class)) found))))
+    found))
+
+(defun list-definitions (&key (type "all"))
+  "The session's definitions of TYPE (\"all\", \"functions\", \"variables\",
+\"macros\" or \"classes\") as a list of (KIND NAME DETAIL), sorted by kind
+and name: KIND is :function, :variable, :macro or :class; NAME the symbol
+as written from CL-USER; DETAIL the lambda list, the printed value, or the
+kind of class."
+  (let ((kinds (if (string= type "all")
+                   '(:functions :variables :macros :classes)
+                   (list (intern (string-upcase type) :keyword))))
+        (definitions '()))
+    (dolist (package (session-packages))
+      (do-symbols (symbol package)
+        (when (eq (symbol-package symbol) package)
+          (setf definitions
+                (nconc (symbol-definitions symbol kinds) definitions)))))
+    (sort (remove-duplicates definitions :test #'equal)
+          (lambda (a b)
+            (or (string< (symbol-name (first a)) (symbol-name (first b)))
+                (and (eq (first a) (first b))
+                     (string< (second a) (second b))))))))
+
+;;;; Entry point: loading systems
+
+(defun quicklisp-setup-file ()
+  "Quicklisp's setup file in the home directory, if it is there."
+  (probe-file (merge-pathnames "quicklisp/setup.lisp" (user-homedir-pathname))))
+
+(defun ensure-quicklisp ()
+  "True when Quicklisp is loaded, loading it from ~/quicklisp when present."
+  (or (find-package "QL")
+      (let ((setup (quicklisp-setup-file)))
+        (when setup
+          (load setup)
+          (find-package "QL")))))
+
+(defun system-version (name)
+  "The version of ASDF system NAME, or nil."
+  (let ((system (asdf:find-system name nil)))
+    (and system (asdf:component-version system))))
+
+(defparameter *redefinition-warning*
+  (first (existing-symbols '(("SB-KERNEL" "REDEFINITION-WARNING"))))
+  "SBCL's class of warnings about redefining a function or macro.")
+
+(defun redefinition-p (warning)
+  "True for a redefinition warning: ASDF compiles a file, then loads it into
+the same image, so every macro of a freshly compiled system is 'redefined'."
+  (and *redefinition-warning* (typep warning *redefinition-warning*)))
+
+(defun missing-system-p (condition name)
+  "True when CONDITION says that system NAME itself cannot be found (not one
+of its dependencies)."
+  (or (and (typep condition 'asdf:missing-component)
+           (not (typep condition 'asdf:missing-dependency))
+           (equal (asdf/find-component:missing-requires condition) name))
+      (string= (symbol-name (type-of condition)) "SYSTEM-NOT-FOUND")))
+
+(defun %load-system (name quicklisp stdout record-warning)
+  "Load NAME with output to STDOUT; return (:ok) or (:error PLIST).
+Warnings other than redefinitions go to RECORD-WARNING as (TYPE MESSAGE)."
+  (block loading
+    (flet ((fail (c)
+             (return-from loading
+               (list :error
+                     (if (missing-system-p c name)
+                         (list :type (condition-type-name c)
+                               :message (format nil "System ~S not found." name)
+                               :backtrace nil)
+                         (describe-error c (frame-lines (error-frames) c
+                                                        *backtrace-frame-limit*)))))))
+      (handler-bind ((warning
+                       (lambda (w)
+                         (unless (redefinition-p w)
+                           (funcall record-warning
+                                    (list (public-type-name w 'warning) (condition-message w))))
+                         (muffle-warning w)))
+                     (serious-condition #'fail))
+        (with-standard-streams (stdout stdout)
+          ;; BREAK and INVOKE-DEBUGGER end the load too.
+          (with-debugger-calling (#'fail)
+            (if quicklisp
+                (funcall (find-symbol "QUICKLOAD" "QL") name :silent t)
+                (asdf:load-system name))
+            (list :ok)))))))
+
+(defun load-system (name &key (max-output 20000) (tag nil))
+  "Load the ASDF system NAME (a string), through Quicklisp when it is
+available.  Return a plist: :status (:ok, :error, or :aborted when
+cancelled under TAG), :system, :loader (\"quicklisp\" or \"asdf\"),
+:warnings as (TYPE MESSAGE) lists, and :version or :error.  Compiler
+chatter goes to a capped stream (MAX-OUTPUT characters) and is dropped.
+Packages the system creates are libraries, not the session's own
+definitions."
+  (let* ((stdout (make-capped-output-stream max-output))
+         (warnings '())
+         (before (list-all-packages))
+         (quicklisp (ensure-quicklisp))
+         (outcome (with-running (tag sb-thread:*current-thread*)
+                    (or (catch 'load-cancelled
+                          (%load-system name quicklisp stdout
+                                        (lambda (w) (push w warnings))))
+                        (list :aborted)))))
+    (setf *baseline-packages*
+          (union *baseline-packages* (set-difference (list-all-packages) before)))
+    (list* :status (first outcome)
+           :system name
+           :loader (if quicklisp "quicklisp" "asdf")
+           :warnings (nreverse warnings)
+           (case (first outcome)
+             (:ok (list :version (system-version name)))
+             (:error (list :error (second outcome)))))))
+
+;;;; Entry points: setting an image up
+;;;
 ;;; Swank's SBCL backend keeps a mailbox for every thread it ever sent a
 ;;; message to, in a list it never prunes and searches linearly.  Each
 ;;; `:emacs-rex' on thread T spawns a worker thread with a mailbox, so every
@@ -1857,21 +2103,10 @@ has them.")
                               (symbol-value list-symbol))))))))
 
 (defun install-mailbox-pruning ()
+  "Have Swank run `prune-swank-mailboxes' after each reply, where this
+Swank has the mailboxes to prune."
   (when *swank-mailbox-internals*
     (pushnew 'prune-swank-mailboxes swank::*pre-reply-hook*)))
-
-(defun configure (&key (max-suspended *max-suspended*)
-                        (suspend-seconds *suspend-seconds*)
-                        (idle-poll-microseconds *lane-idle-poll-microseconds*))
-  "Set the image-wide settings of the session; return t.  MAX-SUSPENDED
-evaluations may wait at an error at once, each at most SUSPEND-SECONDS for
-its next command; the lane looks for its next request for
-IDLE-POLL-MICROSECONDS before its thread sleeps (0: not at all, where
-cl-mcp has one CPU).  A keyword left out keeps its current value."
-  (setf *max-suspended* max-suspended
-        *suspend-seconds* suspend-seconds
-        *lane-idle-poll-microseconds* idle-poll-microseconds)
-  t)
 
 (defun log-background-error (condition hook)
   "The global debugger hook of an embedded image: an error in a thread the
@@ -1887,11 +2122,23 @@ thread, instead of waiting for a debugger nobody will open."
       (sb-ext:exit :code 70 :abort t)
       (sb-thread:abort-thread :allow-exit t)))
 
+(defun prepare-embedded-image (secret)
+  "Settings for an image cl-mcp owns: Swank demands SECRET (a string) from
+the one client, never opens its debugger, and background errors are
+logged.  Return t."
+  (setf (fdefinition 'swank::slime-secret) (lambda () secret))
+  (setf swank:*global-debugger* nil
+        swank::*configure-emacs-indentation* nil
+        sb-ext:*invoke-debugger-hook* #'log-background-error
+        *debugger-hook* nil)
+  (install-mailbox-pruning)
+  t)
+
 (defun prepare-attached-connection ()
   "Settings for cl-mcp's connection to an image the programmer shares:
 remember what the session creates, and stand aside so that Swank keeps
 sending the debugger of the programmer's own threads to Emacs (Swank sends
-it to the newest connection, which would otherwise be cl-mcp's)."
+it to the newest connection, which would otherwise be cl-mcp's).  Return t."
   (setf *track-session* t)
   ;; A new session: what earlier ones created belongs to the image now.
   (sb-thread:with-mutex (*registry-lock*)
@@ -1905,13 +2152,21 @@ it to the newest connection, which would otherwise be cl-mcp's)."
   (install-mailbox-pruning)
   t)
 
-(defun prepare-embedded-image (secret)
-  "Settings for an image cl-mcp owns: Swank demands SECRET from the one
-client, never opens its debugger, and background errors are logged."
-  (setf (fdefinition 'swank::slime-secret) (lambda () secret))
-  (setf swank:*global-debugger* nil
-        swank::*configure-emacs-indentation* nil
-        sb-ext:*invoke-debugger-hook* #'log-background-error
-        *debugger-hook* nil)
-  (install-mailbox-pruning)
+(defun soft-reset ()
+  "Remove what cl-mcp's evaluations created in a shared image (their CL-USER
+definitions and their packages) and abort the evaluations waiting at an
+error.  Everything else in the image is left as it was.  Return t."
+  (abort-all)
+  (let ((user (find-package "COMMON-LISP-USER"))
+        (symbols (sb-thread:with-mutex (*registry-lock*) (shiftf *session-symbols* '())))
+        (packages (sb-thread:with-mutex (*registry-lock*)
+                    (shiftf *session-created-packages* '()))))
+    (dolist (package packages)
+      (when (package-name package)
+        (handler-case (delete-package package)
+          (error (c) (log-note "could not delete package ~A: ~A" (package-name package) c)))))
+    (dolist (symbol symbols)
+      (when (eq (symbol-package symbol) user)
+        (forget-definitions symbol)
+        (unintern symbol user))))
   t)
