@@ -39,3 +39,14 @@ class SwankError(ClMcpError):
 
 class ImageError(ClMcpError):
     """The Lisp image could not be started or died."""
+
+
+class SessionError(ClMcpError):
+    """The session could not run a request (the image was lost, is not
+    connected, did not answer); KIND names it for the tool's error result,
+    MESSAGE says why and what happens next."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, error_result
-from cl_mcp.session import LispSession, SessionError
+from cl_mcp.session import LispSession
+from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.tools.agent import DEADLINE_GRACE
 
 SECTIONS = (
     ("function", "Functions", "- {name} {detail}"),
@@ -36,10 +39,14 @@ def render_definitions(entries: list[tuple[str, str, str]], kind: str) -> str:
 
 async def list_definitions(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     kind = arguments.get("type", "all")
+    form = [Symbol("cl-mcp-agent:list-definitions"), Keyword("type"), kind]
     try:
-        entries = await session.list_definitions(kind)
+        async with session.turn():
+            found = await session.call(form, session.config.eval_timeout + DEADLINE_GRACE)
     except SessionError as error:
         return error_result(error.kind, error.message)
+    entries = [(k.name if isinstance(k, Keyword) else k, name, detail)
+               for k, name, detail in found]  # type: ignore[misc, union-attr]
     return Rendered(render_definitions(entries, kind), False,
                     {"definitions": [definition_structure(*entry) for entry in entries]})
 

@@ -5,29 +5,39 @@ from __future__ import annotations
 
 from typing import Any
 
+from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, error_result, render_evaluation, render_frames
-from cl_mcp.session import LispSession, SessionError
-
-
-def whole(value: Any) -> Any:
-    """JSON Schema takes 1.0 for an integer; Lisp must get 1."""
-    return int(value) if isinstance(value, float) else value
+from cl_mcp.session import LispSession
+from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, result_dict, whole
 
 
 async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """Continue a waiting evaluation through one of its restarts; its new
+    outcome, as evaluate-lisp renders it."""
+    timeout = arguments.get("timeout") or session.config.eval_timeout
     try:
-        result = await session.invoke_restart(
-            whole(arguments["restart"]), evaluation=whole(arguments.get("evaluation")),
-            values=arguments.get("values"), timeout=arguments.get("timeout"))
+        async with session.turn():
+            tag = session.new_tag()
+            form = [Symbol("cl-mcp-agent:invoke-restart-of"), whole(arguments.get("evaluation")),
+                    whole(arguments["restart"]),
+                    Keyword("values"), [Symbol("cl:quote"), arguments.get("values") or []],
+                    Keyword("timeout"), float(timeout), Keyword("tag"), tag]
+            result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
+            follow_package(session, result, explicit=True)
     except SessionError as error:
         return error_result(error.kind, error.message)
     return render_evaluation(result)
 
 
 async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """The frames, with their locals, of a waiting evaluation."""
+    form = [Symbol("cl-mcp-agent:backtrace-of"), whole(arguments.get("evaluation")),
+            Keyword("count"), whole(arguments.get("count", 20))]
     try:
-        result = await session.backtrace(whole(arguments.get("evaluation")),
-                                         whole(arguments.get("count", 20)))
+        async with session.turn():
+            result = result_dict(
+                await session.call(form, session.config.eval_timeout + DEADLINE_GRACE))
     except SessionError as error:
         return error_result(error.kind, error.message)
     if result.get("status") != "ok":
@@ -36,9 +46,13 @@ async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered
 
 
 async def eval_in_frame(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """Evaluate code in a frame of a waiting evaluation."""
+    timeout = session.config.eval_timeout
+    form = [Symbol("cl-mcp-agent:eval-in-frame-of"), whole(arguments.get("evaluation")),
+            whole(arguments["frame"]), arguments["code"], Keyword("timeout"), float(timeout)]
     try:
-        result = await session.eval_in_frame(whole(arguments["frame"]), arguments["code"],
-                                             whole(arguments.get("evaluation")))
+        async with session.turn():
+            result = result_dict(await session.call(form, timeout + DEADLINE_GRACE))
     except SessionError as error:
         return error_result(error.kind, error.message)
     return render_evaluation(result)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_result, error_text
-from cl_mcp.session import LispSession, SessionError
+from cl_mcp.session import LispSession
+from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.tools.agent import result_dict
 
 RESET_TEXT = "Session reset. All definitions cleared."
 MAX_WARNINGS = 20
@@ -51,7 +54,10 @@ def render_load(result: dict[str, Any]) -> Rendered:
 
 async def load_system(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     try:
-        result = await session.load_system(arguments["system"])
+        async with session.turn():
+            tag = session.new_tag()
+            form = [Symbol("cl-mcp-agent:load-system"), arguments["system"], Keyword("tag"), tag]
+            result = result_dict(await session.call(form, session.config.load_timeout, tag))
     except SessionError as error:
         return error_result(error.kind, error.message)
     return render_load(result)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any

@@ -9,7 +9,7 @@ import pytest
 
 from cl_mcp import idle_poll
 from cl_mcp.image import ImageConfig, LispImage
-from cl_mcp.link import EmbeddedLink
+from cl_mcp.session import LispSession, SessionConfig
 from cl_mcp.sexp import Symbol
 from cl_mcp.swank import client
 from cl_mcp.swank.client import SwankConnection
@@ -183,15 +183,13 @@ def test_cl_mcp_polls_for_the_lanes_answers_only_where_that_pays(monkeypatch, cp
     monkeypatch.setattr(client, "_read_soon", recording)
 
     async def body():
-        link = EmbeddedLink(ImageConfig())
-        connection = await link.open()
+        session = LispSession(SessionConfig())
         try:
-            lane = await link.open_lane(connection)
+            lane, control = await session._link.connections()
+            assert lane is not control
             assert await lane.rex([Symbol("cl:+"), 1, 2]) == 3
-            await lane.close()
         finally:
-            await connection.close()
-            await link.close()
+            await session.close()
 
     with cpus():
         asyncio.run(asyncio.wait_for(body(), 60))

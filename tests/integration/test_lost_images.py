@@ -14,10 +14,11 @@ import pytest
 
 from cl_mcp.image import LispImage
 from cl_mcp.link import EmbeddedLink
-from cl_mcp.session import LispSession, SessionConfig, SessionError
-from cl_mcp.sexp import Symbol
+from cl_mcp.errors import SessionError
+from cl_mcp.session import LispSession, SessionConfig
+from cl_mcp.tools.evaluate import evaluate
 from cl_mcp.swank.client import SwankConnection
-from tests.integration.conftest import McpProcess, sbcl_children
+from tests.integration.conftest import McpProcess, pid_alive, sbcl_children
 from tests.integration.test_protocol_breadth import answers_to
 
 # ---------------------------------------------------------------- failed starts
@@ -72,7 +73,7 @@ def test_a_start_that_fails_at_any_stage_leaves_no_sbcl(monkeypatch, stage, faul
         try:
             for _ in range(2):
                 with pytest.raises(SessionError) as failure:
-                    await session.evaluate("(+ 1 2)")
+                    await evaluate(session, "(+ 1 2)")
                 assert failure.value.kind == "CL-MCP:IMAGE-START-FAILED"
                 assert sbcl_children(os.getpid()) == []
         finally:
@@ -81,14 +82,14 @@ def test_a_start_that_fails_at_any_stage_leaves_no_sbcl(monkeypatch, stage, faul
 
 
 def test_an_image_without_a_lane_is_kept_and_serves(monkeypatch):
-    async def no_lane(self, connection):
-        raise OSError("no lane today")
-    monkeypatch.setattr(EmbeddedLink, "open_lane", no_lane)
+    async def no_lane(self, control):
+        return None  # as when the image cannot open one
+    monkeypatch.setattr(EmbeddedLink, "_open_lane", no_lane)
 
     async def body():
         session = LispSession(SessionConfig())
         try:
-            assert (await session.evaluate("(+ 1 2)"))["values"] == ["3"]
+            assert (await evaluate(session, "(+ 1 2)"))["values"] == ["3"]
             assert len(sbcl_children(os.getpid())) == 1
         finally:
             await session.close()
@@ -98,25 +99,18 @@ def test_an_image_without_a_lane_is_kept_and_serves(monkeypatch):
 
 def test_a_new_image_never_leaves_the_old_one_running():
     async def body():
-        link = EmbeddedLink(SessionConfig().image)
-        first = await link.open()
-        second = await link.open()
+        session = LispSession(SessionConfig())
+        link = session._link
         try:
-            assert first.closed or not await answers(first)
+            await link._open()
+            first = link._image.pid  # type: ignore[union-attr]
+            await link._open()
+            assert not pid_alive(first)
             assert len(sbcl_children(os.getpid())) == 1
         finally:
-            await second.close()
-            await link.close()
+            await session.close()
         assert sbcl_children(os.getpid()) == []
     asyncio.run(body())
-
-
-async def answers(connection: SwankConnection) -> bool:
-    try:
-        await connection.rex([Symbol("cl:values")], deadline=2)
-    except Exception:
-        return False
-    return True
 
 
 # ---------------------------------------------------------------- the lane

@@ -13,38 +13,46 @@ import tracemalloc
 from collections import Counter, defaultdict
 from typing import Any, Awaitable, Callable
 
-import pytest
-
 from cl_mcp import server as server_module
 from cl_mcp.errors import SERVER_BUSY
 from cl_mcp.server import MAX_QUEUED_BYTES, MAX_QUEUED_CALLS, CallQueue, McpServer, QueuedCall
+from cl_mcp.session import DEFAULT_PACKAGE, SessionConfig
+from cl_mcp.sexp import Keyword
 
 BUSY_TAIL = "; try again when earlier calls have finished"
 
 
 class FakeSession:
-    """Stands for LispSession: evaluations take a FIFO lock as their first
-    await, as the real ones do, and each waits until the test opens the
-    gate of its code."""
+    """Stands for LispSession: a tool takes its FIFO turn as its first
+    await, as with the real one, and each evaluation waits until the test
+    opens the gate of its code."""
 
     def __init__(self) -> None:
-        self._lock = asyncio.Lock()
+        self.config = SessionConfig()
+        self.package = DEFAULT_PACKAGE
+        self.shared = False
+        self._turns = asyncio.Lock()
         self.gates: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.open_all = False  # the test is over: no call waits any more
         self.running: str | None = None
         self.tail_polls: list[str | None] = []  # the code running at each output_tail
 
-    async def evaluate(self, code: str, package: str | None = None, capture_time: bool = False,
-                       timeout: float | None = None) -> dict[str, Any]:
-        async with self._lock:
-            self.running = code
-            if self.open_all:
-                self.gates[code].set()
-            try:
-                await self.gates[code].wait()
-            finally:
-                self.running = None
-            return {"status": "ok", "values": [code]}
+    def turn(self) -> asyncio.Lock:
+        return self._turns
+
+    def new_tag(self) -> int:
+        return 1
+
+    async def call(self, form: Any, deadline: float, tag: int | None = None) -> Any:
+        code = form[1]  # (cl-mcp-agent:evaluate CODE ...)
+        self.running = code
+        if self.open_all:
+            self.gates[code].set()
+        try:
+            await self.gates[code].wait()
+        finally:
+            self.running = None
+        return [Keyword("status"), Keyword("ok"), Keyword("values"), [code]]
 
     async def output_tail(self) -> str | None:
         """Like the real one: the output of the call running now, if any."""

@@ -1,0 +1,47 @@
+"""What every tool needs to call the image-side agent: its answers as
+dicts, numbers the Lisp reader reads fast, and how long past its own
+deadline a call may take to come back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cl_mcp import sexp
+from cl_mcp.sexp import Keyword, SExp
+from cl_mcp.session import LispSession
+
+# How long past its own deadline an evaluation may take to come back (the
+# image interrupts it itself) before cl-mcp gives up on the image.
+DEADLINE_GRACE = 5.0
+
+
+def lisp_seconds(seconds: float) -> int | float:
+    """Whole seconds as an integer: the Lisp reader reads one much faster
+    than a double-float."""
+    return int(seconds) if float(seconds).is_integer() else float(seconds)
+
+
+def whole(value: Any) -> Any:
+    """JSON Schema takes 1.0 for an integer; Lisp must get 1."""
+    return int(value) if isinstance(value, float) else value
+
+
+def _name(value: SExp) -> SExp:
+    return value.name if isinstance(value, Keyword) else value
+
+
+def result_dict(value: SExp) -> dict[str, Any]:
+    """An agent plist with keyword values turned into their names."""
+    result = {key: _name(item) for key, item in sexp.plist(value).items()}
+    if isinstance(result.get("error"), list):
+        result["error"] = {k: _name(v) for k, v in sexp.plist(result["error"]).items()}
+    return result
+
+
+def follow_package(session: LispSession, result: dict[str, Any], explicit: bool) -> None:
+    """The session's package after RESULT.  An explicit package is for one
+    call only, unless the code itself moved to another package (IN-PACKAGE
+    sticks)."""
+    if isinstance(result.get("package"), str) and (not explicit or result.get("package-changed")):
+        session.package = result["package"]
+
