@@ -876,15 +876,19 @@ naming the one thread that serves it."
 (defparameter *lane-accept-seconds* 10
   "How long `open-lane' listens for cl-mcp to connect.")
 
-(defparameter *lane-idle-poll-microseconds* 300
+;;; The polling policy has one definition, cl-mcp's idle_poll.py, which
+;;; `configure' brings here; until then the lane does not poll.
+
+(defparameter *lane-idle-poll-microseconds* 0
   "How long the lane looks for the next request before its thread sleeps;
-set by `configure'.")
+set by `configure' (0 where cl-mcp has one CPU).")
 
-(defparameter *lane-poll-stolen-microseconds* 500
-  "A yield that took this long handed the CPU to other work for a time slice.")
+(defparameter *lane-poll-stolen-microseconds* nil
+  "A yield that took this long handed the CPU to other work for a time
+slice; set by `configure'.")
 
-(defparameter *lane-poll-back-off-microseconds* 1000000
-  "How long the lane does not poll after such a yield.")
+(defparameter *lane-poll-back-off-microseconds* nil
+  "How long the lane does not poll after such a yield; set by `configure'.")
 
 (defvar *lane-quiet-until* 0
   "No polling before this `monotonic-microseconds' time.")
@@ -1874,15 +1878,22 @@ evaluation a caller waits on under TAG; nil when there is none."
 
 (defun configure (&key (max-suspended *max-suspended*)
                         (suspend-seconds *suspend-seconds*)
-                        (idle-poll-microseconds *lane-idle-poll-microseconds*))
+                        (idle-poll-microseconds *lane-idle-poll-microseconds*)
+                        (poll-stolen-microseconds *lane-poll-stolen-microseconds*)
+                        (poll-back-off-microseconds *lane-poll-back-off-microseconds*))
   "Set the image-wide settings of the session; return t.  MAX-SUSPENDED
 evaluations may wait at an error at once, each at most SUSPEND-SECONDS for
-its next command; the lane looks for its next request for
+its next command.  The lane looks for its next request for
 IDLE-POLL-MICROSECONDS before its thread sleeps (0: not at all, where
-cl-mcp has one CPU).  A keyword left out keeps its current value."
+cl-mcp has one CPU), and stops polling for POLL-BACK-OFF-MICROSECONDS after
+a yield that took POLL-STOLEN-MICROSECONDS (see `input-soon-p'): cl-mcp's
+own idle-poll policy, sent from its one definition.  A keyword left out
+keeps its current value."
   (setf *max-suspended* max-suspended
         *suspend-seconds* suspend-seconds
-        *lane-idle-poll-microseconds* idle-poll-microseconds)
+        *lane-idle-poll-microseconds* idle-poll-microseconds
+        *lane-poll-stolen-microseconds* poll-stolen-microseconds
+        *lane-poll-back-off-microseconds* poll-back-off-microseconds)
   t)
 
 ;;;; Entry point: the session's definitions

@@ -69,13 +69,17 @@ class LispSession:
 
     async def _set_up(self, connection: SwankConnection) -> None:
         """Configure a fresh connection's image for this session."""
+        def microseconds(seconds: float) -> int:
+            return round(seconds * 1_000_000)
+
         await connection.rex([Symbol("cl-mcp-agent:configure"),
                               Keyword("max-suspended"), self.config.max_suspended,
                               Keyword("suspend-seconds"), float(self.config.suspend_timeout),
-                              # The lane polls between requests as long as cl-mcp's
-                              # own event loop does (idle_poll.py).
-                              Keyword("idle-poll-microseconds"),
-                              round(idle_poll.idle_spin() * 1_000_000)],
+                              # The lane polls between requests as cl-mcp's own event
+                              # loop does: one policy, defined in idle_poll.py.
+                              Keyword("idle-poll-microseconds"), microseconds(idle_poll.idle_spin()),
+                              Keyword("poll-stolen-microseconds"), microseconds(idle_poll.STOLEN),
+                              Keyword("poll-back-off-microseconds"), microseconds(idle_poll.BACK_OFF)],
                              deadline=OPEN_TIMEOUT)
         if not self.shared:
             self.package = DEFAULT_PACKAGE  # a fresh image

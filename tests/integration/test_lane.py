@@ -223,3 +223,11 @@ def test_a_late_yield_stops_the_lanes_polling_for_a_while(shared_server):
     assert late < 50_000  # it stopped at the first late yield, not after the 50 ms poll
     assert quiet_for > 500_000  # and will not poll for about a second
     assert in_quiet < 50_000  # nor did it, then
+
+
+def test_the_image_takes_the_whole_polling_policy_from_idle_poll(shared_server):
+    """One definition (idle_poll.py): the image is sent its values."""
+    text, is_error = shared_server.eval(
+        "(list cl-mcp-agent::*lane-poll-stolen-microseconds* cl-mcp-agent::*lane-poll-back-off-microseconds*)")
+    assert (text, is_error) == (
+        f"=> ({round(idle_poll.STOLEN * 1e6)} {round(idle_poll.BACK_OFF * 1e6)})", False)
