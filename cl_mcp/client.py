@@ -1,5 +1,5 @@
 """An MCP client for any stdio server: the client side of tool calling
-(contracts/client-tool-calling.md), in Python.
+as docs/client.md describes it, in Python.
 
     async with McpClient(["cl-mcp"]) as client:
         tools = await client.list_tools()
@@ -10,7 +10,7 @@ Discovery follows `nextCursor` to the end and is cached; the cache is
 refreshed when the server sends `notifications/tools/list_changed`.  Calls
 are validated against the tool's `inputSchema` before they are sent, have a
 timeout (after which the request is cancelled), and are written to an audit
-log.  Errors are distinct types: `ProtocolError` (a JSON-RPC error),
+log.  Errors are distinct types: `JsonRpcError` (a JSON-RPC error),
 `ToolExecutionError` (a result with `isError`, when asked to raise),
 `ToolTimeoutError`, `ToolValidationError`, and `ServerError` (the server
 could not be started or went away).  Shutdown follows the spec: close
@@ -32,6 +32,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from cl_mcp import __version__
+from cl_mcp.errors import ClMcpError, JsonRpcError
 from cl_mcp.jsonrpc import LineSplitter, OversizedLine, encode
 
 log = logging.getLogger("cl_mcp.client")
@@ -43,22 +44,13 @@ SHUTDOWN_GRACE = 2.0
 ProgressCallback = Callable[[float, float | None, str | None], Any]
 
 
-class ClientError(Exception):
-    """Base of the client's errors."""
+class ClientError(ClMcpError):
+    """Base of the client's own errors (a JSON-RPC error the server answers
+    is the `JsonRpcError` of cl-mcp's one exception tree)."""
 
 
 class ServerError(ClientError):
     """The server could not be started, or it exited or closed its output."""
-
-
-class ProtocolError(ClientError):
-    """The server answered a request with a JSON-RPC error."""
-
-    def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(f"{message} ({code})")
-        self.code = code
-        self.message = message
-        self.data = data
 
 
 class ToolExecutionError(ClientError):
@@ -209,7 +201,7 @@ class McpClient:
 
     async def request(self, method: str, params: dict[str, Any] | None = None,
                       timeout: float | None = None) -> dict[str, Any]:
-        """Send a request; its result, or `ProtocolError`.  On timeout the
+        """Send a request; its result, or `JsonRpcError`.  On timeout the
         request is cancelled (notifications/cancelled) and
         `ToolTimeoutError` raised."""
         request_id = next(self._ids)
@@ -231,7 +223,7 @@ class McpClient:
             self._pending.pop(request_id, None)
         if "error" in response:
             error = response["error"]
-            raise ProtocolError(error.get("code", 0), error.get("message", ""), error.get("data"))
+            raise JsonRpcError(error.get("code", 0), error.get("message", ""), error.get("data"))
         return response.get("result") or {}
 
     def _cancel(self, request_id: int, reason: str) -> None:
@@ -396,7 +388,7 @@ class McpClient:
         except ToolTimeoutError:
             outcome = "timeout"
             raise
-        except ProtocolError as error:
+        except JsonRpcError as error:
             outcome = f"protocol-error:{error.code}"
             raise
         finally:
@@ -422,7 +414,7 @@ def audit_to_file(path: str) -> logging.Handler:
 
 
 __all__ = [
-    "McpClient", "ToolResult", "ClientError", "ServerError", "ProtocolError",
+    "McpClient", "ToolResult", "ClientError", "ServerError", "JsonRpcError",
     "ToolExecutionError", "ToolTimeoutError", "ToolValidationError", "audit_to_file",
     "argument_digest",
 ]

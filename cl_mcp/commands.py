@@ -11,7 +11,7 @@ import shlex
 import sys
 from typing import Any
 
-from cl_mcp.client import ClientError, McpClient, ProtocolError, ToolValidationError
+from cl_mcp.client import ClientError, McpClient, JsonRpcError, ToolValidationError
 
 
 # The server's options that take a value (see cli.build_parser); the
@@ -160,7 +160,7 @@ def _run(work: Any) -> int:
         return asyncio.run(work)
     except ToolValidationError as error:
         return fail(str(error))
-    except ProtocolError as error:
+    except JsonRpcError as error:
         return fail(f"the server refused the request: {error.message} ({error.code})")
     except ClientError as error:
         return fail(str(error))

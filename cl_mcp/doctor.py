@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from cl_mcp.errors import ClMcpError
 from cl_mcp.image import (ImageConfig, LispImage, cache_dir, cache_problem, cached_code,
@@ -59,25 +60,26 @@ def check_systems() -> bool:
     return line(True, "ASDF systems", f"{len(found)} registered: {shown}")
 
 
-async def start_image(config: ImageConfig) -> str:
+async def start_image(config: ImageConfig) -> Any:
+    """The printed values of (+ 1 2) in a fresh image, as the agent gives them."""
     image = LispImage(config)
     try:
         port = await image.start()
         connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
         value = await connection.rex([Symbol("cl-mcp-agent:evaluate"), "(+ 1 2)"])
         await connection.close()
-        return str(plist(value).get("values"))
+        return plist(value).get("values")
     finally:
         await image.stop()
 
 
 def check_image(config: ImageConfig) -> bool:
     try:
-        value = asyncio.run(asyncio.wait_for(start_image(config), 180))
+        values = asyncio.run(asyncio.wait_for(start_image(config), 180))
     except (ClMcpError, OSError, asyncio.TimeoutError) as error:
         return line(False, "image", f"could not start SBCL with Swank and the agent: {error}")
-    if value != "['3']":
-        return line(False, "image", f"started, but (+ 1 2) gave {value[:200]}")
+    if values != ["3"]:
+        return line(False, "image", f"started, but (+ 1 2) gave {str(values)[:200]}")
     return line(True, "image", "SBCL starts with Swank and the agent, and (+ 1 2) => 3")
 
 

@@ -24,10 +24,11 @@ class ProtocolError(ClMcpError):
 
 
 class JsonRpcError(ClMcpError):
-    """Raised by a handler; serialised as a JSON-RPC error at one boundary."""
+    """A JSON-RPC error: raised by a server handler and serialised at one
+    boundary, or (client.py) the error a server answered a request with."""
 
     def __init__(self, code: int, message: str, data: Any = None) -> None:
-        super().__init__(message)
+        super().__init__(f"{message} ({code})")
         self.code = code
         self.message = message
         self.data = data

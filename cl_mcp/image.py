@@ -400,14 +400,6 @@ class LispImage:
             task.cancel()
         self._drains.clear()
 
-    def kill_now(self) -> None:
-        """Kill the process without waiting (last resort at exit)."""
-        if self._process is not None and self._process.returncode is None:
-            try:
-                os.killpg(self._process.pid, 9)
-            except ProcessLookupError:
-                pass
-
 
 async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
                      timeout: float) -> None:

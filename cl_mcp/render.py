@@ -1,7 +1,7 @@
 """The contract's result text, and the same facts as structured content,
 from the agent's plists.  Pure: no I/O.
 
-evaluate-lisp (contracts/evaluate-lisp.md, contracts/tools-call.md):
+evaluate-lisp's result text (docs/tools.md):
 
     [stdout]            omitted when empty
     [stderr]            omitted when empty
@@ -30,7 +30,8 @@ class Rendered:
 
 
 def condition_structure(kind: str, message: str, backtrace: Sequence[str] = ()) -> dict[str, Any]:
-    """A LispCondition of contracts/shared-types.md."""
+    """A LispCondition (schemas/shared-types.json): type, message, and the
+    backtrace as numbered lines when there is one."""
     condition: dict[str, Any] = {"type": kind, "message": message}
     if backtrace:
         condition["backtrace"] = "\n".join(f"{i}: {frame}" for i, frame in enumerate(backtrace))
@@ -44,7 +45,7 @@ def error_result(kind: str, message: str) -> Rendered:
 
 
 def evaluation_structure(result: dict[str, Any]) -> dict[str, Any]:
-    """An EvaluationResult of contracts/shared-types.md, with the extra facts
+    """An EvaluationResult (schemas/shared-types.json), with the extra facts
     of evaluation-result.json."""
     status = result.get("status")
     structure: dict[str, Any] = {"success": status == "ok"}

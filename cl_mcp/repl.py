@@ -12,7 +12,8 @@ import sys
 import threading
 from pathlib import Path
 
-from cl_mcp.client import ClientError, McpClient
+from cl_mcp.client import McpClient
+from cl_mcp.errors import ClMcpError
 from cl_mcp.commands import ProgressPrinter, own_server, split_server_options
 
 HISTORY = Path.home() / ".cl_mcp_history"
@@ -169,7 +170,7 @@ def repl(server_args: list[str]) -> int:
             except KeyboardInterrupt:
                 print("; cancelled")
                 continue
-            except ClientError as error:
+            except ClMcpError as error:  # the client's, or a JSON-RPC error answered
                 print(f"; {error}")
                 continue
             print(result.text)
@@ -195,6 +196,6 @@ def repl_command(argv: list[str]) -> int:
         os.environ.setdefault("TERM", "dumb")
     try:
         return repl(server_args)
-    except ClientError as error:
+    except ClMcpError as error:
         print(f"cl-mcp: {error}", file=sys.stderr)
         return 2

@@ -510,7 +510,8 @@ class McpServer:
             info["title"] = "Common Lisp REPL (SBCL via Swank)"
         return info
 
-    def _capabilities(self, version: str) -> dict[str, Any]:
+    def _capabilities(self) -> dict[str, Any]:
+        """The same in every revision cl-mcp supports."""
         return {"tools": {"listChanged": False}, "logging": {}}
 
     async def _initialize(self, request: Request) -> dict[str, Any]:
@@ -523,7 +524,7 @@ class McpServer:
                  self.client_info.get("name", "unknown"))
         return {
             "protocolVersion": self.protocol_version,
-            "capabilities": self._capabilities(self.protocol_version),
+            "capabilities": self._capabilities(),
             "serverInfo": self._server_info(self.protocol_version),
             "instructions": INSTRUCTIONS,
         }
@@ -531,7 +532,7 @@ class McpServer:
     async def _discover(self, request: Request) -> dict[str, Any]:
         return {
             "supportedVersions": list(SUPPORTED_VERSIONS),
-            "capabilities": self._capabilities(request.version),
+            "capabilities": self._capabilities(),
             "instructions": INSTRUCTIONS,
             "ttlMs": TOOLS_TTL_MS,
             "cacheScope": "public",

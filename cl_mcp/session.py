@@ -22,11 +22,9 @@ from cl_mcp.errors import ProtocolError, SessionError, SwankError
 from cl_mcp.image import ImageConfig
 from cl_mcp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in_image
 from cl_mcp.sexp import Keyword, SExp, Symbol
-from cl_mcp.swank.client import SwankConnection
+from cl_mcp.swank.client import DEFAULT_PACKAGE, SwankConnection
 
 log = logging.getLogger("cl_mcp.session")
-
-DEFAULT_PACKAGE = "COMMON-LISP-USER"
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ from cl_mcp.swank.wire import FrameDecoder, encode_frame, encode_message
 
 log = logging.getLogger("cl_mcp.swank")
 
+# The package requests are read in, and a fresh session's current package.
 DEFAULT_PACKAGE = "COMMON-LISP-USER"
 READ_CHUNK = 1 << 16
 _TRAILING_ID = re.compile(r"(\d+)\)\s*$")

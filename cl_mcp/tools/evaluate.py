@@ -8,8 +8,9 @@ from typing import Any
 
 from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, error_result, render_evaluation
-from cl_mcp.session import DEFAULT_PACKAGE, LispSession
+from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, SExp, Symbol
+from cl_mcp.swank.client import DEFAULT_PACKAGE
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, lisp_seconds, result_dict
 
 log = logging.getLogger("cl_mcp.tools")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cl_mcp.client import (
-    McpClient, ProtocolError, ServerError, ToolExecutionError, ToolTimeoutError,
+    McpClient, JsonRpcError, ServerError, ToolExecutionError, ToolTimeoutError,
     ToolValidationError, argument_digest, audit_to_file,
 )
 
@@ -41,7 +41,7 @@ def test_against_cl_mcp():
             with pytest.raises(ToolValidationError) as invalid:
                 await client.call_tool("evaluate-lisp", {"code": 42})
             assert invalid.value.path == "$.code"
-            with pytest.raises(ProtocolError) as refused:
+            with pytest.raises(JsonRpcError) as refused:
                 await client.call_tool("no-such-tool", {})
             assert refused.value.code == -32602
             with pytest.raises(ToolTimeoutError):

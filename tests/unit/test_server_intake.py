@@ -16,8 +16,9 @@ from typing import Any, Awaitable, Callable
 from cl_mcp import server as server_module
 from cl_mcp.errors import SERVER_BUSY
 from cl_mcp.server import MAX_QUEUED_BYTES, MAX_QUEUED_CALLS, CallQueue, McpServer, QueuedCall
-from cl_mcp.session import DEFAULT_PACKAGE, SessionConfig
+from cl_mcp.session import SessionConfig
 from cl_mcp.sexp import Keyword
+from cl_mcp.swank.client import DEFAULT_PACKAGE
 
 BUSY_TAIL = "; try again when earlier calls have finished"
 
