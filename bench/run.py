@@ -28,6 +28,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import pure  # noqa: E402  (bench/pure.py, beside this file)
 from cl_mcp import sexp  # noqa: E402
 from cl_mcp.image import ImageConfig, LispImage  # noqa: E402
 from cl_mcp.swank.wire import encode_frame, parse_header  # noqa: E402
@@ -243,6 +244,8 @@ def main() -> None:
         mine, other = statistics.median(ours), statistics.median(theirs)
         row(what, us(mine), f"{baseline} {us(other)}", f"{mine / other:.2f}×")
 
+    for each in pure.rows(args.quick):  # first, while no server runs beside them
+        row(*each)
     raw = RawSwank()
     server = Server(CL_MCP)
     server.initialize()

@@ -134,7 +134,10 @@ def loads(text: str) -> SExp:
 # outside, spaced-out parentheses and whitespace separate the tokens.
 # Anything else (#-syntax, quote, |bars|, a lone dot, non-ASCII outside a
 # string, an error of any kind) is left to the general reader below, which
-# also gives malformed input its precise error.
+# also gives malformed input its precise error.  Two readers are worth it
+# only because the fast one pays on the replies cl-mcp reads (bench/pure.py,
+# figures in docs/performance.md) and tests/unit/test_sexp.py proves that
+# both read the same.
 
 # Outside strings: the syntax only the general reader handles, and any
 # character str.split would take for whitespace where Lisp does not.
@@ -257,6 +260,8 @@ def _read(text: str, pos: int) -> tuple[SExp, int]:
     match = _ATOM.match(text, pos)
     if not match:
         raise ProtocolError(f"unexpected character {char!r} at {pos}")
+    if match.group() == ".":  # the fast path declines it too, and leaves the error to this one
+        raise ProtocolError(f"a lone dot at {pos} (dotted pairs are not supported)")
     return _atom(match.group()), match.end()
 
 
@@ -268,8 +273,6 @@ def _read_list(text: str, pos: int, kind: type) -> tuple[SExp, int]:
             raise ProtocolError("unterminated list")
         if text[pos] == ")":
             return kind(items), pos + 1
-        if text[pos] == "." and pos + 1 < len(text) and text[pos + 1] in " \t\r\n":
-            raise ProtocolError(f"dotted pairs are not supported (at {pos})")
         item, pos = _read(text, pos)
         items.append(item)
 

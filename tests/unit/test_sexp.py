@@ -3,7 +3,7 @@
 from fractions import Fraction
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from cl_mcp import sexp
 from cl_mcp.errors import ProtocolError
@@ -70,7 +70,8 @@ def test_plist():
         sexp.plist(sexp.loads("(:a)"))
 
 
-@pytest.mark.parametrize("text", ["", "(", "(1 2", '"abc', ")", "(1 . 2)", "1 2", "#", "#<abc"])
+@pytest.mark.parametrize("text", ["", "(", "(1 2", '"abc', ")", "(1 . 2)", "(1 .)", "(. 1)", ".",
+                                  "(1 .\f2)", "1 2", "#", "#<abc"])
 def test_malformed_input_is_a_protocol_error(text):
     with pytest.raises(ProtocolError):
         sexp.loads(text)
@@ -107,17 +108,139 @@ def test_garbage_only_ever_raises_protocol_error(text):
         pass
 
 
+# ---------------------------------------------------------------- two readers
+#
+# `loads` tries a fast path (`_loads_plain`) before the general reader
+# (`_loads_any`); bench/pure.py measures what that saves.  Two readers are
+# only safe when proven equal: the fast path must accept every reply as the
+# image writes it and read the same value, and on any other text it must
+# either decline (leaving it to the general reader) or read the same value,
+# never accepting what the general reader rejects.
+
+
 def _outcome(read, text):
+    """("value", its repr) or ("rejected",).  The repr tells 1 from 1.0,
+    True and Fraction(1), and -0.0 from 0.0, where == does not."""
     try:
-        return ("value", read(text))
+        return ("value", repr(read(text)))
     except ProtocolError:
-        return ("error", None)
+        return ("rejected",)
 
 
-@given(st.one_of(values.map(sexp.dumps),
-                 st.text(alphabet=st.sampled_from('()"\\#<>|:;\' abc1.\n\t-/\xa0\x0b\x85λ'), max_size=40)))
-def test_the_fast_path_reads_exactly_what_the_general_reader_reads(text):
-    assert _outcome(sexp.loads, text) == _outcome(sexp._loads_any, text)
+def _fast_path_outcome(text):
+    """Its value's repr, or ("no value",) when it declines or rejects TEXT:
+    either way loads hands TEXT to the general reader."""
+    try:
+        value = sexp._loads_plain(text)
+    except (sexp._Uncommon, ProtocolError):
+        return ("no value",)
+    return ("value", repr(value))
+
+
+def _float_text(value, marker):
+    """VALUE as Lisp may print it: 1.5, 1.5d0, 1.0e10, 1.0d+300."""
+    if not marker:
+        return repr(value)
+    mantissa, _, exponent = repr(value).partition("e")
+    return f"{mantissa}{marker}{exponent or 0}"
+
+
+def _lisp_escaped(text):
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+separators = st.sampled_from([" ", " ", " ", "  ", "\n", "\t", "\r\n", "\f", " \n  "])
+blanks = st.sampled_from(["", "", "", " ", "\n", "\t "])
+# A string's text: anything, escaped as Lisp writes it, and escapes Lisp
+# reads but never writes (\n is "n", \λ is "λ").
+strings = st.lists(st.text(max_size=8).map(_lisp_escaped)
+                   | st.sampled_from(['\\"', "\\\\", "\\n", "\\a", "\\λ", '\\\\\\"', '\\"\\"']),
+                   max_size=6).map(lambda parts: '"' + "".join(parts) + '"')
+names = st.builds(str.__add__, st.sampled_from("aZq*%<>="),  # never a number
+                  st.text(alphabet="abcXYZ019*+%<>=/.!?-", max_size=10))
+packages = st.sampled_from(["swank", "COMMON-LISP-USER", "cl-mcp-agent", "SB-KERNEL"])
+symbols = names | st.builds("{}{}{}".format, packages, st.sampled_from([":", "::"]), names)
+keywords = names.map(":{}".format)
+integers = st.one_of(st.integers().map(str), st.integers(-(2**200), 2**200).map(str),
+                     st.sampled_from(["+7", "42.", "-0"]))
+floats = st.builds(_float_text, st.floats(allow_nan=False, allow_infinity=False),
+                   st.sampled_from(["", "d", "e", "f", "s", "l", "D", "E"]))
+ratios = st.builds("{}/{}".format, st.integers(), st.integers(1, 10**30))
+constants = st.sampled_from(["nil", "NIL", "()", "t", "T"])
+plain_atoms = strings | symbols | keywords | integers | floats | ratios | constants
+# What Swank may send and only the general reader reads.
+uncommon_atoms = st.sampled_from([
+    "#<HASH-TABLE :TEST EQL :COUNT 0 {1001C198C3}>", "#<a #<b> c>", "#\\a", "#\\(", "#\\Space",
+    "#(1 2)", "'x", "'(1 2)", "|Foo bar|", "cl-user::|a b|", "λ", "cl-user::größe", "x\x0by", "\xa0"])
+
+
+def _list_text(draw, elements):
+    inside = "".join(element + draw(separators) for element in elements[:-1]) + "".join(elements[-1:])
+    return "(" + draw(blanks) + inside + draw(blanks) + ")"
+
+
+@st.composite
+def lists_of(draw, items):
+    return _list_text(draw, draw(st.lists(items, max_size=5)))
+
+
+@st.composite
+def plists_of(draw, values):
+    pairs = draw(st.lists(st.tuples(keywords, separators, values), max_size=6))
+    return _list_text(draw, ["".join(pair) for pair in pairs])
+
+
+def replies_of(atoms):
+    """Messages as Swank writes them to cl-mcp, with values made of ATOMS."""
+    values = st.recursive(atoms, lists_of, max_leaves=15)
+    ids = st.integers(1, 2**40).map(str)
+    message = st.one_of(
+        st.builds("(:return (:ok {}) {})".format, plists_of(values), ids),
+        st.builds("(:return (:ok {}) {})".format, values, ids),
+        st.builds("(:return (:abort {}) {})".format, strings, ids),
+        st.builds("(:write-string {} :repl-result)".format, strings),
+        st.builds("(:ping {} {})".format, ids, ids))
+    return st.builds("{}{}{}".format, blanks, message, blanks)
+
+
+replies = replies_of(plain_atoms)
+uncommon_replies = replies_of(uncommon_atoms | plain_atoms)
+
+
+@st.composite
+def damaged(draw, texts):
+    """TEXTS cut short, or with one character taken out or one piece put in."""
+    text = draw(texts)
+    at = draw(st.integers(0, len(text)))
+    how = draw(st.sampled_from(["cut", "take out", "put in"]))
+    if how == "cut":
+        return text[:at]
+    if how == "take out":
+        return text[:at] + text[at + 1:]
+    piece = draw(st.sampled_from(['(', ')', '"', '\\', '#', '#<', '|', "'", ';', ' . ', ':', '1/0',
+                                  '\xa0', '\x0b', '\x1c', 'λ', ' x', '"x"']))
+    return text[:at] + piece + text[at:]
+
+
+@settings(max_examples=500)
+@given(replies)
+def test_the_fast_path_reads_every_reply_as_the_general_reader_does(text):
+    assert _fast_path_outcome(text) == _outcome(sexp._loads_any, text), text
+    assert _fast_path_outcome(text)[0] == "value", text
+
+
+@given(uncommon_replies)
+def test_loads_reads_the_syntax_the_fast_path_declines(text):
+    assert _outcome(sexp.loads, text) == _outcome(sexp._loads_any, text) != ("rejected",), text
+
+
+@settings(max_examples=500)
+@given(damaged(replies | uncommon_replies)
+       | st.text(alphabet=st.sampled_from('()"\\#<>|:;\' abc1.\n\t-/\xa0\x0b\x85λ'), max_size=40))
+def test_the_fast_path_never_reads_otherwise_or_what_the_general_reader_rejects(text):
+    general = _outcome(sexp._loads_any, text)
+    assert _fast_path_outcome(text) in (general, ("no value",)), text
+    assert _outcome(sexp.loads, text) == general, text
 
 
 def test_a_multi_megabyte_string_with_escapes_reads_in_linear_time():

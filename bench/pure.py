@@ -1,0 +1,97 @@
+"""Micro-benchmarks of the pure layers, each alternative measured in the
+same run: the s-expression reader's fast path against the general reader,
+on the replies cl-mcp reads.
+
+    .venv/bin/python bench/pure.py [--quick]    (bench/run.py adds its rows to docs/performance.md)
+
+Each figure is the median, over alternating rounds (A, then B, and again),
+of the mean time per call within a round, so that both sides of a ratio see
+the same moments of a noisy shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cl_mcp import sexp  # noqa: E402
+
+Row = tuple[str, str, str, str]  # what, ours, the alternative, the ratio
+
+# Replies as the image writes them (captured from cl-mcp-agent:evaluate):
+# a quick evaluation; one with output and warnings; 1 MB of output (what
+# --max-output keeps); a 1 MB string value (printed with its quotes, so it
+# holds two escapes); a string value with 20,000 quotes and backslashes in
+# it (80,000 escapes once printed twice).
+REPLIES = {
+    "the (+ 1 2) reply": '(:return (:ok (:status :ok :package "COMMON-LISP-USER" :values ("3"))) 42)',
+    "a reply with output and warnings": (
+        '(:return (:ok (:warnings (("SIMPLE-WARNING" "careful: \\"x\\"") ("SIMPLE-WARNING" '
+        '"undefined variable: COMMON-LISP-USER::Y")) :stdout "hello\nworld λ\n" :status :ok '
+        ':package "COMMON-LISP-USER" :values ("1" "2.5d0" "1/3" "1267650600228229401496703205376"))) 2)'),
+    "1 MB of output": ('(:return (:ok (:stdout ' + sexp.dumps(("x" * 99 + "\n") * 10_000)
+                       + ' :stdout-dropped 9000000 :status :ok :package "COMMON-LISP-USER" :values ("NIL"))) 5)'),
+    "a 1 MB string value": ('(:return (:ok (:status :ok :package "COMMON-LISP-USER" :values ('
+                            + sexp.dumps(sexp.dumps("x" * 1_000_000)) + '))) 3)'),
+    "a string value with 80,000 escapes": ('(:return (:ok (:status :ok :package "COMMON-LISP-USER" :values ('
+                                           + sexp.dumps(sexp.dumps('a"b\\c' * 20_000)) + '))) 4)'),
+}
+
+
+def per_call(call: Callable[[Any], object], argument: Any, calls: int) -> float:
+    started = time.perf_counter()
+    for _ in range(calls):
+        call(argument)
+    return (time.perf_counter() - started) / calls
+
+
+def alternating(first: Callable[[Any], object], second: Callable[[Any], object], argument: Any,
+                rounds: int, calls: int) -> tuple[float, float]:
+    """Median seconds per call of FIRST and SECOND on ARGUMENT."""
+    firsts, seconds = [], []
+    for _ in range(rounds):
+        firsts.append(per_call(first, argument, calls))
+        seconds.append(per_call(second, argument, calls))
+    return statistics.median(firsts), statistics.median(seconds)
+
+
+def us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.1f} µs"
+
+
+def calls_per_round(text: str) -> int:
+    """Enough calls for a round of about a millisecond or more."""
+    return max(1, 1000 // max(1, len(text) // 100))
+
+
+def reader_rows(rounds: int) -> list[Row]:
+    """`sexp.loads` (the fast path, the general reader when it declines)
+    against the general reader alone, per reply."""
+    rows = []
+    for what, text in REPLIES.items():
+        assert repr(sexp.loads(text)) == repr(sexp._loads_any(text)), what
+        ours, general = alternating(sexp.loads, sexp._loads_any, text, rounds, calls_per_round(text))
+        rows.append((f"sexp.loads, {what} ({len(text.encode()):,} B)", us(ours),
+                     f"general reader alone {us(general)}", f"{ours / general:.2f}×"))
+    return rows
+
+
+def rows(quick: bool = False) -> list[Row]:
+    return reader_rows(rounds=7 if quick else 31)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    for what, ours, other, ratio in rows(parser.parse_args().quick):
+        print(f"{what:62} {ours:>14} {other:>36} {ratio:>8}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
