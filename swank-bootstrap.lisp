@@ -39,6 +39,7 @@
 ;;;;  - Entry points: evaluations
 ;;;;  - Entry point: the session's definitions
 ;;;;  - Entry point: loading systems
+;;;;  - Development tools: names and places, then each tool's entry points
 ;;;;  - Entry points: setting an image up
 
 ;;;; SBCL and Swank internals this agent relies on
@@ -78,6 +79,7 @@
 ;;;   swank::*enable-event-history*   bound to nil in the lane thread
 ;;;   swank::*pre-reply-hook*         runs `prune-swank-mailboxes'
 ;;;   swank::*configure-emacs-indentation*   nil in an embedded image
+;;;   swank::parse-symbol             a name looked up, never interned
 ;;;   swank/sbcl::*mailboxes*, *mailbox-lock*, mailbox.thread   (by name)
 ;;;                                   Swank's per-thread mailboxes, pruned
 ;;;
@@ -2076,6 +2078,116 @@ definitions."
            (case (first outcome)
              (:ok (list :version (system-version name)))
              (:error (list :error (second outcome)))))))
+
+;;;; Development tools: names and places
+;;;
+;;; What the development tools share.  A name arrives as a string, either
+;;; package-qualified ("alexandria:flatten") or read in a package (the
+;;; session's current one by default); it is looked up, never interned, and
+;;; an unknown symbol or package is an error that says so.  A place is
+;;; where a definition or a compiler note is: Swank's `(:location (:file F)
+;;; (:position P) ...)', whose P counts bytes from 1, turned into an
+;;; absolute file, a 1-based line and column, and the first lines of the
+;;; form there.
+
+(defparameter *snippet-lines* 4
+  "Lines of a definition's source shown with its place.")
+
+(defparameter *snippet-characters* 400
+  "Characters of a definition's source shown with its place, at most.")
+
+(defun name-error (type message)
+  "The :status :error plist of a name or package that cannot be used."
+  (list :status :error :error (list :type type :message message :backtrace nil)))
+
+(defun find-named-package (package-name)
+  "The package PACKAGE-NAME names (exactly, or upcased), or nil."
+  (and package-name (find-package-designator package-name)))
+
+(defun resolve-symbol (text package-name)
+  "The existing symbol TEXT names, read in PACKAGE-NAME (CL-USER when nil
+or gone), as (values SYMBOL nil); or (values nil ERROR-PLIST) when TEXT
+names no existing symbol or an unknown package.  Nothing is interned."
+  (let ((package (if package-name
+                     (find-named-package package-name)
+                     (find-package "COMMON-LISP-USER"))))
+    (unless package
+      (return-from resolve-symbol
+        (values nil (name-error "PACKAGE-ERROR"
+                                (format nil "The package ~S does not exist." package-name)))))
+    (multiple-value-bind (symbol found name home) (swank::parse-symbol (string-trim " " text) package)
+      (declare (ignore name))
+      (cond (found (values symbol nil))
+            ((and (null home) (find #\: text))
+             (values nil (name-error "PACKAGE-ERROR"
+                                     (format nil "The package of ~A does not exist." text))))
+            (t
+             (values nil (name-error "CL-MCP:UNKNOWN-SYMBOL"
+                                     (format nil "No symbol ~A is accessible in ~A (nothing was interned)."
+                                             text (package-name package)))))))))
+
+(defun with-resolved-symbol (text package-name function)
+  "Call FUNCTION with the symbol TEXT names (see `resolve-symbol'), or
+return the error plist."
+  (multiple-value-bind (symbol failure) (resolve-symbol text package-name)
+    (if failure failure (funcall function symbol))))
+
+(defun file-octets (file)
+  "The bytes of FILE: Swank's positions count bytes (SBCL's FILE-POSITION),
+not characters."
+  (with-open-file (in file :element-type '(unsigned-byte 8))
+    (let ((octets (make-array (file-length in) :element-type '(unsigned-byte 8))))
+      (subseq octets 0 (read-sequence octets in)))))
+
+(defun utf-8-text (octets start end)
+  "The characters OCTETS hold from START to END."
+  (sb-ext:octets-to-string octets :external-format '(:utf-8 :replacement #\?)
+                                  :start start :end end))
+
+(defun place-at (octets offset)
+  "The 1-based line and column of the byte at OFFSET (from 0) of a file's
+OCTETS, and the first `*snippet-lines*' lines from there (at most
+`*snippet-characters*' characters): the defining form."
+  (let* ((offset (max 0 (min offset (length octets))))
+         (newline (char-code #\Newline))
+         (line (1+ (count newline octets :end offset)))
+         (line-start (let ((before (position newline octets :end offset :from-end t)))
+                       (if before (1+ before) 0)))
+         (end offset))
+    (loop repeat *snippet-lines*
+          for next = (position newline octets :start (min end (length octets)))
+          do (setf end (if next (1+ next) (length octets)))
+          while next)
+    (let ((snippet (utf-8-text octets offset end)))
+      (values line
+              (1+ (length (utf-8-text octets line-start offset)))
+              (string-right-trim '(#\Newline #\Space)
+                                 (subseq snippet 0 (min (length snippet) *snippet-characters*)))))))
+
+(defun location-plist (location &optional files)
+  "Swank's LOCATION as (:file F :line L :column C :snippet S), or (:error
+MESSAGE) when it has no file and position.  FILES, an equal hash table,
+keeps file contents across the locations of one reply."
+  (if (not (and (consp location) (eq (first location) :location)))
+      (list :error (if (and (consp location) (stringp (second location)))
+                       (second location)
+                       "no source location"))
+      (let ((file (second (assoc :file (rest location))))
+            (position (second (assoc :position (rest location)))))
+        (if (not (and file (integerp position) (probe-file file)))
+            (list :error "no source file for this definition")
+            (let* ((path (namestring (truename file)))
+                   (octets (if files
+                               (or (gethash path files) (setf (gethash path files) (file-octets path)))
+                               (file-octets path))))
+              (multiple-value-bind (line column snippet) (place-at octets (1- position))
+                (list :file path :line line :column column :snippet snippet)))))))
+
+;;; @@ find-definition, describe-symbol (their code follows this line)
+
+;;; @@ xref, compile-file (their code follows this line)
+
+;;; @@ apropos, macroexpand, inspect (their code follows this line)
 
 ;;;; Entry points: setting an image up
 ;;;

@@ -155,3 +155,25 @@ def render_evaluation(result: dict[str, Any]) -> Rendered:
     if result.get("timing"):
         sections.append(timing_line(result["timing"]))
     return Rendered("\n\n".join(s for s in sections if s is not None), is_error, structure)
+
+
+# ---------------------------------------------------------------- places (the development tools)
+
+def place_structure(place: dict[str, Any]) -> dict[str, Any]:
+    """A source place for structuredContent: `file` (absolute), `line` and
+    `column` (1-based), `snippet` (the first lines of the form there); or
+    `{"error": why}` when it has none (a definition made at the REPL)."""
+    if "file" not in place:
+        return {"error": str(place.get("error") or "no source location")}
+    return {"file": place["file"], "line": place["line"], "column": place["column"],
+            "snippet": place.get("snippet") or ""}
+
+
+def place_text(place: dict[str, Any], indent: str = "  ") -> str:
+    """`FILE:LINE:COLUMN` and the snippet below it, indented; or the reason
+    there is no place."""
+    if "file" not in place:
+        return f"{indent}(no source file: {place.get('error') or 'unknown'})"
+    lines = [f"{indent}{place['file']}:{place['line']}:{place['column']}"]
+    lines += [f"{indent}  {line}" for line in (place.get("snippet") or "").splitlines()]
+    return "\n".join(lines)
