@@ -180,6 +180,9 @@ class EmbeddedLink:
         self._lane: SwankConnection | None = None
         self._starting: asyncio.Task[SwankConnection] | None = None
         self._notice: str | None = None
+        # A notice for the call that will run in the next image (not the
+        # call whose code made this one exit).
+        self._next_image_notice: str | None = None
 
     def describe(self) -> str:
         return f"embedded SBCL (pid {self._image.pid})" if self._image else "embedded SBCL"
@@ -204,6 +207,8 @@ class EmbeddedLink:
             self._notice = (
                 f"The Lisp image had exited ({exit_text(exit_code)}) since the last call, so this "
                 "call ran in a fresh image: earlier definitions and loaded systems are gone.")
+        if self._next_image_notice is not None:
+            self._notice, self._next_image_notice = self._next_image_notice, None
         if self._starting is None or (self._starting.done() and self._starting.exception()):
             self._starting = asyncio.create_task(self._open(), name="image-start")
         try:
@@ -286,12 +291,12 @@ class EmbeddedLink:
 
     async def image_exiting(self) -> None:
         exit_code = await self._discard("the Lisp image exited (SB-EXT:EXIT)")
-        self._notice = (f"The Lisp image exited ({exit_text(exit_code)}) at the previous "
-                        "call's request, so this call ran in a fresh image.")
+        self._next_image_notice = (f"The Lisp image exited ({exit_text(exit_code)}) at the "
+                                   "previous call's request, so this call ran in a fresh image.")
 
     async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> None:
         await self._discard("session reset", lost=False)
-        self._notice = None
+        self._notice = self._next_image_notice = None
         await self._control_ready()
 
     def take_notice(self) -> str | None:

@@ -56,4 +56,8 @@ def test_an_error_while_printing_output(shared_server):
 def test_the_image_exiting(server, code):
     text, is_error = server.eval(code)
     assert is_error and text.split("\n")[0] in ("[ERROR] CL-MCP:IMAGE-LOST", "[ERROR] CL-MCP:IMAGE-EXITING")
-    assert server.eval("(+ 1 2)") == ("=> 3", False)
+    assert "[session]" not in text  # a notice is for the call that runs in the next image
+    after, is_error = server.eval("(+ 1 2)")
+    assert not is_error and after.startswith("=> 3")
+    if text.startswith("[ERROR] CL-MCP:IMAGE-EXITING"):  # the error did not say the state is gone
+        assert "[session]\nThe Lisp image exited (exit code" in after
