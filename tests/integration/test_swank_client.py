@@ -2,7 +2,9 @@
 questions from Lisp, a lost connection, and the secret."""
 
 import asyncio
+import os
 import select
+import signal
 import socket
 
 import pytest
@@ -91,7 +93,7 @@ def test_pending_requests_fail_when_the_image_dies():
     async def body(connection, image):
         pending = asyncio.ensure_future(connection.rex([Symbol("cl:sleep"), 30]))
         await asyncio.sleep(0.3)
-        image.kill_now()
+        os.kill(image.pid, signal.SIGKILL)
         with pytest.raises(SwankError, match="lost"):
             await pending
         with pytest.raises(SwankError):
