@@ -1,0 +1,177 @@
+"""xref and compile-file: the code loaded in the image, through Swank's own
+cross-references and its C-c C-k compilation (the agent's `xref-of` and
+`compile-file-of`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cl_mcp import sexp
+from cl_mcp.errors import SessionError
+from cl_mcp.render import Rendered, condition_structure, error_text, place_structure
+from cl_mcp.session import LispSession
+from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict
+
+# What each relation says about a referrer, in the result's first line.
+RELATION_VERBS = {
+    "calls": "call",
+    "references": "reference",
+    "binds": "bind",
+    "sets": "set",
+    "macroexpands": "expand the macro",
+    "specializes": "specialize on",
+}
+
+
+def _plist(value: Any) -> dict[str, Any]:
+    """A nested agent plist as a dict, keyword values by name."""
+    return {key: item.name if isinstance(item, Keyword) else item
+            for key, item in sexp.plist(value).items()}
+
+
+# ---------------------------------------------------------------- xref
+
+def reference_structure(reference: dict[str, Any]) -> dict[str, Any]:
+    """One referrer for structuredContent: its name and the place of the
+    top-level form that holds the reference (or why it has none), and the
+    line and column of the reference itself."""
+    structure = {"name": reference["name"], **place_structure(reference)}
+    if "file" in reference:
+        structure["referenceLine"] = reference["reference-line"]
+        structure["referenceColumn"] = reference["reference-column"]
+    return structure
+
+
+def reference_line(reference: dict[str, Any]) -> str:
+    """``NAME  FILE:LINE:COLUMN (reference at line L)``, or the reason it has
+    no place."""
+    if "file" not in reference:
+        return f"{reference['name']}  ({reference.get('error') or 'no source file'})"
+    at = (f" (reference at line {reference['reference-line']})"
+          if reference["reference-line"] != reference["line"] else "")
+    return f"{reference['name']}  {reference['file']}:{reference['line']}:{reference['column']}{at}"
+
+
+def render_xref(result: dict[str, Any]) -> Rendered:
+    """The referrers, one line each; none found is an answer, not an error."""
+    symbol, relation = result["symbol"], result["relation"]
+    references = [_plist(item) for item in result.get("references") or []]
+    verb = RELATION_VERBS.get(relation, relation)
+    if not references:
+        text = f"No definitions that {verb} {symbol} were found."
+    else:
+        lines = [f"Definitions that {verb} {symbol}: {len(references) + (result.get('dropped') or 0)}"]
+        lines += [reference_line(reference) for reference in references]
+        if result.get("dropped"):
+            lines.append(f"… and {result['dropped']} more, not listed")
+        text = "\n".join(lines)
+    structure: dict[str, Any] = {"symbol": symbol, "relation": relation,
+                                 "references": [reference_structure(r) for r in references]}
+    if result.get("dropped"):
+        structure["truncated"] = result["dropped"]
+    return Rendered(text, False, structure)
+
+
+def xref_error(arguments: dict[str, Any], kind: str, message: str) -> Rendered:
+    """A tool error whose structured content still fits xref's outputSchema."""
+    return Rendered(error_text(kind, message), True,
+                    {"symbol": arguments["symbol"], "relation": arguments.get("relation", "calls"),
+                     "references": [], "error": condition_structure(kind, message)})
+
+
+async def xref(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """The definitions that call, reference, bind, set, macroexpand or
+    specialize on a symbol, with their places."""
+    relation = arguments.get("relation", "calls")
+    try:
+        async with session.turn():
+            form = [Symbol("cl-mcp-agent:xref-of"), arguments["symbol"], Keyword(relation),
+                    Keyword("package"), arguments.get("package") or session.package]
+            result = result_dict(await session.call(form, session.config.eval_timeout + DEADLINE_GRACE))
+    except SessionError as error:
+        return xref_error(arguments, error.kind, error.message)
+    if result.get("status") != "ok":
+        return xref_error(arguments, result["error"]["type"], result["error"]["message"])
+    return render_xref(result)
+
+
+# ---------------------------------------------------------------- compile-file
+
+def note_structure(note: dict[str, Any]) -> dict[str, Any]:
+    """One compiler note for structuredContent: severity, message, place."""
+    return {"severity": note["severity"], "message": note["message"], **place_structure(note)}
+
+
+def note_text(note: dict[str, Any]) -> str:
+    """``SEVERITY at FILE:LINE:COLUMN``, the message, and the snippet
+    indented."""
+    severity = note["severity"].upper()
+    if "file" not in note:
+        head = f"{severity} (no source location: {note.get('error') or 'unknown'})"
+        return f"{head}\n{note['message']}"
+    snippet = "\n".join(f"  {line}" for line in (note.get("snippet") or "").splitlines())
+    head = f"{severity} at {note['file']}:{note['line']}:{note['column']}"
+    return "\n".join(part for part in (head, note["message"], snippet) if part)
+
+
+def _count(notes: list[Any], dropped: int) -> str:
+    total = len(notes) + dropped
+    return f"{total} note" + ("" if total == 1 else "s")
+
+
+def render_compile(path: str, result: dict[str, Any]) -> Rendered:
+    """``Compiled FILE: N notes`` (or the failure), the fasl, whether it was
+    loaded, then one block per note."""
+    notes = [_plist(note) for note in result.get("notes") or []]
+    dropped = result.get("dropped") or 0
+    success, loaded = result.get("success") is True, result.get("loaded") is True
+    fasl = result.get("fasl") if isinstance(result.get("fasl"), str) else None
+    error = result.get("error") if isinstance(result.get("error"), dict) else None
+    sections = []
+    if not success:
+        sections.append(error_text("CL-MCP:COMPILATION-FAILED",
+                                   f"Compiling {path} failed: {_count(notes, dropped)}"))
+    elif error:
+        reason = error["message"].splitlines()[0] if error["message"] else ""
+        sections.append(error_text(error["type"], f"Loading the compiled {path} failed: {reason}"))
+        sections.append(f"Compiled {path}: {_count(notes, dropped)}")
+    else:
+        sections.append(f"Compiled {path}: {_count(notes, dropped)}")
+    sections[-1] += f"\nfasl: {fasl or 'none'}\nloaded: {'yes' if loaded else 'no'}"
+    sections += [note_text(note) for note in notes]
+    if dropped:
+        sections.append(f"… and {dropped} more notes, not listed")
+    structure: dict[str, Any] = {"success": success, "loaded": loaded,
+                                 "notes": [note_structure(note) for note in notes]}
+    if fasl:
+        structure["fasl"] = fasl
+    if error:
+        structure["error"] = condition_structure(error["type"], error["message"])
+    if dropped:
+        structure["truncated"] = dropped
+    return Rendered("\n\n".join(sections), not success or error is not None, structure)
+
+
+def compile_error(kind: str, message: str) -> Rendered:
+    """A tool error whose structured content still fits compile-file's
+    outputSchema."""
+    return Rendered(error_text(kind, message), True,
+                    {"success": False, "loaded": False, "notes": [],
+                     "error": condition_structure(kind, message)})
+
+
+async def compile_file(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """Compile a file as SLIME's C-c C-k does and load it unless told not
+    to: every compiler note with its place."""
+    path = arguments["path"]
+    try:
+        async with session.turn():
+            form = [Symbol("cl-mcp-agent:compile-file-of"), path,
+                    Keyword("load"), bool(arguments.get("load", True))]
+            result = result_dict(await session.call(form, session.config.load_timeout + DEADLINE_GRACE))
+    except SessionError as error:
+        return compile_error(error.kind, error.message)
+    if result.get("status") == "error" and "success" not in result:
+        return compile_error(result["error"]["type"], result["error"]["message"])
+    return render_compile(path, result)

@@ -1,0 +1,132 @@
+"""compile-file: Swank's C-c C-k compilation of the fixture files, with
+every compiler note at its line, in an image cl-mcp owns and in a
+programmer's image it attaches to."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from tests.integration.attach_fixtures import SwankServer, temporary_home
+from tests.integration.conftest import McpProcess
+
+FILES = (Path(__file__).parents[1] / "fixtures" / "lisp" / "files").resolve()
+
+
+@pytest.fixture(scope="module", params=["embedded", "attached"])
+def lisp(request, tmp_path_factory):
+    """cl-mcp, embedded or attached, and a copy of the fixture files (the
+    fasls are written beside them)."""
+    swank = None
+    if request.param == "attached":
+        home = temporary_home()
+        swank = SwankServer(home)
+        process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
+    else:
+        process = McpProcess()
+    process.initialize()
+    directory = tmp_path_factory.mktemp("files")
+    for source in FILES.glob("*.lisp"):
+        shutil.copy(source, directory / source.name)
+    tools = {tool["name"]: tool for tool in process.request("tools/list")["result"]["tools"]}
+    process.output_schema = Draft202012Validator(tools["compile-file"]["outputSchema"])
+    process.files = directory.resolve()
+    try:
+        yield process
+    finally:
+        process.close()
+        if swank:
+            swank.stop()
+
+
+def compile_file(process, **arguments):
+    """The result, its structured content checked against the outputSchema."""
+    result = process.call("compile-file", **arguments)
+    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
+    assert errors == [], (result["structuredContent"], errors)
+    return result
+
+
+def test_warnings_are_reported_at_their_lines_and_do_not_stop_the_load(lisp):
+    path = str(lisp.files / "warnings.lisp")
+    result = compile_file(lisp, path=path)
+    assert not result["isError"]
+    structured = result["structuredContent"]
+    assert structured["success"] is True and structured["loaded"] is True
+    assert structured["fasl"] == str(lisp.files / "warnings.fasl") and Path(structured["fasl"]).exists()
+    notes = [(n["severity"], n["file"], n["line"], n["column"]) for n in structured["notes"]]
+    assert ("warning", path, 8, 3) in notes
+    assert ("style-warning", path, 4, 9) in notes
+    assert ("style-warning", path, 5, 5) in notes
+    assert {severity for severity, *_ in notes} <= {"warning", "style-warning", "note"}
+    unused = next(n for n in structured["notes"] if n["line"] == 4)
+    assert "UNUSED" in unused["message"] and unused["snippet"].startswith("(unused 1))")
+    full = next(n for n in structured["notes"] if n["severity"] == "warning")
+    assert '"two"' in full["message"] and full["snippet"] == '(+ 1 "two"))'
+    text = result["content"][0]["text"]
+    blocks = text.split("\n\n")
+    assert blocks[0] == (f"Compiled {path}: {len(notes)} notes\nfasl: {lisp.files / 'warnings.fasl'}\n"
+                         "loaded: yes")
+    assert f"WARNING at {path}:8:3\n{full['message']}\n  (+ 1 \"two\"))" in blocks
+    assert lisp.eval("(not (null (fboundp 'fixture-style)))") == ("=> T", False)
+
+
+def test_a_read_error_fails_the_compilation_and_nothing_is_loaded(lisp):
+    path = str(lisp.files / "read-error.lisp")
+    result = compile_file(lisp, path=path)
+    assert result["isError"]
+    structured = result["structuredContent"]
+    assert structured["success"] is False and structured["loaded"] is False
+    assert [(n["severity"], n["line"]) for n in structured["notes"]] == [("read-error", 6)]
+    text = result["content"][0]["text"]
+    assert text.startswith(f"[ERROR] CL-MCP:COMPILATION-FAILED\nCompiling {path} failed: 1 note\n")
+    assert f"READ-ERROR at {path}:6:" in text and "loaded: no" in text
+    assert lisp.eval("(fboundp 'fixture-fine)") == ("=> NIL", False)
+
+
+def test_a_clean_file_compiles_without_notes_and_loads(lisp):
+    path = str(lisp.files / "clean.lisp")
+    result = compile_file(lisp, path=path)
+    assert not result["isError"]
+    assert result["structuredContent"]["notes"] == [] and result["structuredContent"]["loaded"] is True
+    assert result["content"][0]["text"] == (f"Compiled {path}: 0 notes\nfasl: {lisp.files / 'clean.fasl'}\n"
+                                            "loaded: yes")
+    assert lisp.eval("(fixture-clean 1)") == ("=> 2", False)
+
+
+def test_load_false_only_compiles(lisp):
+    source = lisp.files / "unloaded.lisp"
+    source.write_text((FILES / "clean.lisp").read_text().replace("fixture-clean", "fixture-unloaded"))
+    result = compile_file(lisp, path=str(source), load=False)
+    assert not result["isError"]
+    assert result["structuredContent"]["success"] is True and result["structuredContent"]["loaded"] is False
+    assert (lisp.files / "unloaded.fasl").exists()
+    assert "loaded: no" in result["content"][0]["text"]
+    assert lisp.eval("(fboundp 'fixture-unloaded)") == ("=> NIL", False)
+
+
+def test_an_error_while_loading_is_an_error_of_the_call(lisp):
+    source = lisp.files / "load-fails.lisp"
+    source.write_text('(in-package #:common-lisp-user)\n\n(error "fixture load failure")\n')
+    result = compile_file(lisp, path=str(source))
+    assert result["isError"]
+    structured = result["structuredContent"]
+    assert structured["success"] is True and structured["loaded"] is False
+    assert structured["error"]["type"] == "SIMPLE-ERROR"
+    assert result["content"][0]["text"].startswith(
+        f"[ERROR] SIMPLE-ERROR\nLoading the compiled {source} failed: fixture load failure")
+    assert lisp.eval("(+ 1 2)") == ("=> 3", False)  # nothing waits in a debugger
+
+
+def test_a_relative_or_missing_path_is_a_clear_error(lisp):
+    result = compile_file(lisp, path="clean.lisp")
+    assert result["isError"]
+    assert result["content"][0]["text"].startswith("[ERROR] CL-MCP:INVALID-PATH\n")
+    missing = str(lisp.files / "missing.lisp")
+    result = compile_file(lisp, path=missing)
+    assert result["isError"]
+    assert result["content"][0]["text"] == (f"[ERROR] CL-MCP:FILE-NOT-FOUND\nNo file {missing} exists "
+                                            "(or it is a directory).")

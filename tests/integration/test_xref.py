@@ -1,0 +1,134 @@
+"""xref: Swank's cross-references over the fixture system, in an image
+cl-mcp owns and in a programmer's image it attaches to.  The lines asserted
+are the fixture's (tests/fixtures/lisp/cl-mcp-fixture/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from tests.integration.attach_fixtures import SwankServer, temporary_home
+from tests.integration.conftest import McpProcess
+
+FIXTURE = (Path(__file__).parents[1] / "fixtures" / "lisp" / "cl-mcp-fixture").resolve()
+SHAPES = str(FIXTURE / "shapes.lisp")
+CALLERS = str(FIXTURE / "callers.lisp")
+
+
+@pytest.fixture(scope="module", params=["embedded", "attached"])
+def lisp(request):
+    """cl-mcp with the fixture system loaded and one caller of GREET
+    defined through evaluate-lisp, embedded or attached."""
+    swank = None
+    if request.param == "attached":
+        home = temporary_home()
+        swank = SwankServer(home)
+        process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
+    else:
+        process = McpProcess()
+    process.initialize()
+    try:
+        text, is_error = process.eval(f'(asdf:load-asd "{FIXTURE}/cl-mcp-fixture.asd")')
+        assert not is_error, text
+        loaded = process.call("load-system", system="cl-mcp-fixture")
+        assert not loaded["isError"], loaded
+        text, is_error = process.eval('(defun repl-greeter () (cl-mcp-fixture:greet "you"))')
+        assert (text, is_error) == ("=> REPL-GREETER", False)
+        tools = {tool["name"]: tool for tool in process.request("tools/list")["result"]["tools"]}
+        process.output_schema = Draft202012Validator(tools["xref"]["outputSchema"])
+        yield process
+    finally:
+        process.close()
+        if swank:
+            swank.stop()
+
+
+def xref(process, **arguments):
+    """The result, its structured content checked against the outputSchema."""
+    result = process.call("xref", **arguments)
+    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
+    assert errors == [], (result["structuredContent"], errors)
+    return result
+
+
+def places(result):
+    """(name, file, line, referenceLine) of each referrer with a file."""
+    return sorted((r["name"], r["file"], r["line"], r["referenceLine"])
+                  for r in result["structuredContent"]["references"] if "file" in r)
+
+
+def test_callers_from_files_and_from_evaluate_lisp(lisp):
+    result = xref(lisp, symbol="cl-mcp-fixture:greet")
+    assert not result["isError"]
+    assert places(result) == [("CL-MCP-FIXTURE::LOUD-WELCOME", CALLERS, 7, 8),
+                              ("CL-MCP-FIXTURE::WELCOME-EVERYONE", CALLERS, 3, 5)]
+    structured = result["structuredContent"]
+    assert structured["symbol"] == "CL-MCP-FIXTURE:GREET" and structured["relation"] == "calls"
+    welcome = next(r for r in structured["references"] if r["name"].endswith("WELCOME-EVERYONE"))
+    assert welcome["column"] == 1 and welcome["referenceColumn"] == 3
+    assert welcome["snippet"].startswith('(defun welcome-everyone (names)\n  "Greet every one of NAMES."')
+    # Defined through evaluate-lisp: known to SBCL's xref, but without a file.
+    repl = [r for r in structured["references"] if "file" not in r]
+    assert [r["name"] for r in repl] == ["REPL-GREETER"]
+    assert "evaluate-lisp" in repl[0]["error"] and "line" not in repl[0]
+    lines = result["content"][0]["text"].splitlines()
+    assert lines[0] == "Definitions that call CL-MCP-FIXTURE:GREET: 3"
+    assert f"CL-MCP-FIXTURE::LOUD-WELCOME  {CALLERS}:7:1 (reference at line 8)" in lines
+    assert f"CL-MCP-FIXTURE::WELCOME-EVERYONE  {CALLERS}:3:1 (reference at line 5)" in lines
+    assert any(line.startswith("REPL-GREETER  (no source file (defined without one") for line in lines)
+
+
+def test_symbol_read_in_the_given_package(lisp):
+    result = xref(lisp, symbol="greet", package="cl-mcp-fixture")
+    # Names are printed as they are read in that package.
+    assert [name for name, *_ in places(result)] == ["LOUD-WELCOME", "WELCOME-EVERYONE"]
+    assert result["structuredContent"]["symbol"] == "CL-MCP-FIXTURE:GREET"
+
+
+@pytest.mark.parametrize("symbol, relation, expected", [
+    ("cl-mcp-fixture:with-doubled", "macroexpands", [("CL-MCP-FIXTURE::DOUBLED-AREA", CALLERS, 10, 11)]),
+    ("cl-mcp-fixture:*greeting*", "sets", [("CL-MCP-FIXTURE::RESET-GREETING", CALLERS, 14, 15)]),
+    ("cl-mcp-fixture:*greeting*", "references", [("CL-MCP-FIXTURE::GREETING-LENGTH", CALLERS, 17, 18),
+                                                 ("CL-MCP-FIXTURE:GREET", SHAPES, 6, 8)]),
+    ("cl-mcp-fixture:*greeting*", "binds", [("CL-MCP-FIXTURE::WITH-GREETING", CALLERS, 20, 21)]),
+])
+def test_each_relation(lisp, symbol, relation, expected):
+    result = xref(lisp, symbol=symbol, relation=relation)
+    assert not result["isError"] and result["structuredContent"]["relation"] == relation
+    assert places(result) == expected
+
+
+def test_methods_specialized_on_a_class(lisp):
+    result = xref(lisp, symbol="cl-mcp-fixture:circle", relation="specializes")
+    found = places(result)
+    assert ("(DEFMETHOD CL-MCP-FIXTURE:AREA)", SHAPES, 28, 28) in found
+    area = next(r for r in result["structuredContent"]["references"] if "AREA" in r["name"])
+    assert area["snippet"].startswith("(defmethod area ((shape circle))")
+    assert "Definitions that specialize on CL-MCP-FIXTURE:CIRCLE:" in result["content"][0]["text"]
+
+
+def test_none_found_is_not_an_error(lisp):
+    result = xref(lisp, symbol="cl-mcp-fixture::doubled-area")
+    assert not result["isError"]
+    assert result["content"][0]["text"] == "No definitions that call CL-MCP-FIXTURE::DOUBLED-AREA were found."
+    assert result["structuredContent"]["references"] == []
+
+
+def test_unknown_symbol_or_package_is_an_error_and_interns_nothing(lisp):
+    result = xref(lisp, symbol="no-such-function-xyz")
+    assert result["isError"]
+    assert result["content"][0]["text"].startswith("[ERROR] CL-MCP:UNKNOWN-SYMBOL\n")
+    assert lisp.eval('(find-symbol "NO-SUCH-FUNCTION-XYZ" "CL-USER")') == ("=> NIL\n=> NIL", False)
+    result = xref(lisp, symbol="no-such-package-xyz:greet")
+    assert result["isError"] and result["content"][0]["text"].startswith("[ERROR] PACKAGE-ERROR\n")
+    result = xref(lisp, symbol="greet", package="no-such-package-xyz")
+    assert result["isError"] and "no-such-package-xyz" in result["content"][0]["text"]
+
+
+def test_a_relation_swank_does_not_implement_is_a_clear_error(lisp):
+    # The tool's schema only lets Swank's relations through; the agent
+    # still turns Swank's :not-implemented into an error that says so.
+    text, is_error = lisp.eval('(getf (getf (cl-mcp-agent:xref-of "car" :frobs) :error) :type)')
+    assert (text, is_error) == ('=> "CL-MCP:NOT-IMPLEMENTED"', False)
