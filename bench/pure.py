@@ -1,6 +1,7 @@
 """Micro-benchmarks of the pure layers, each alternative measured in the
 same run: the s-expression reader's fast path against the general reader,
-on the replies cl-mcp reads.
+on the replies cl-mcp reads; cl-mcp's compiled schema checks against
+fastjsonschema, on the checks it runs per message and at start-up.
 
     .venv/bin/python bench/pure.py [--quick]    (bench/run.py adds its rows to docs/performance.md)
 
@@ -13,14 +14,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import fastjsonschema
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from cl_mcp import sexp  # noqa: E402
+from cl_mcp.contracts import Schema, params_schema, shared_type, tool_definitions, tool_schema  # noqa: E402
 
 Row = tuple[str, str, str, str]  # what, ours, the alternative, the ratio
 
@@ -82,8 +88,96 @@ def reader_rows(rounds: int) -> list[Row]:
     return rows
 
 
+def fastjsonschema_check(schema: dict[str, Any]) -> Callable[[Any], bool]:
+    """fastjsonschema's verdict as a predicate.  use_default=False: by
+    default it writes schema defaults into the instance."""
+    validate = fastjsonschema.compile(schema, use_default=False)
+
+    def is_valid(instance: Any) -> bool:
+        try:
+            validate(instance)
+        except fastjsonschema.JsonSchemaValueException:
+            return False
+        return True
+    return is_valid
+
+
+def per_message_checks() -> list[tuple[str, Schema, Any, bool]]:
+    """The checks a tools/call of evaluate-lisp passes, each with a valid
+    instance and an invalid one."""
+    request = shared_type("JsonRpcRequest")
+    call = params_schema("tools-call-params")
+    evaluate = tool_schema(next(tool["inputSchema"] for tool in tool_definitions()
+                                if tool["name"] == "evaluate-lisp"))
+    arguments = {"code": "(+ 1 2)"}
+    return [
+        ("JsonRpcRequest", request, {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                                     "params": {"name": "evaluate-lisp", "arguments": arguments}}, True),
+        ("JsonRpcRequest", request, {"jsonrpc": "2.0", "id": True, "method": "tools/call"}, False),
+        ("tools-call-params", call, {"name": "evaluate-lisp", "arguments": arguments}, True),
+        ("tools-call-params", call, {"name": "evaluate-lisp", "arguments": []}, False),
+        ("evaluate-lisp arguments", evaluate, arguments, True),
+        ("evaluate-lisp arguments", evaluate, {**arguments, "timeout": 0}, False),
+    ]
+
+
+def schema_rows(rounds: int) -> list[Row]:
+    rows = []
+    for what, schema, instance, valid in per_message_checks():
+        theirs = fastjsonschema_check(schema.schema)
+        assert schema.is_valid(instance) is theirs(instance) is valid, (what, instance)
+        ours, other = alternating(schema.is_valid, theirs, instance, rounds, 1000)
+        rows.append((f"schema check, {what}, {'valid' if valid else 'invalid'}", us(ours),
+                     f"fastjsonschema {us(other)}", f"{ours / other:.2f}×"))
+    return rows
+
+
+# The checks cl-mcp builds before it answers initialize: every tool's
+# arguments, JsonRpcRequest and initialize-params.  Timed in a fresh
+# process that has imported what cl-mcp has by then, from the checker's
+# import on.
+_STARTUP = """
+import json, sys, time
+from importlib import resources
+import cl_mcp.cli
+
+def load(name):
+    return json.loads(resources.files("cl_mcp.schemas").joinpath(name).read_text("utf-8"))
+
+shared = load("shared-types.json")
+schemas = [tool["inputSchema"] for tool in load("tools.json")] + [
+    {"$ref": "#/definitions/JsonRpcRequest", "definitions": shared["definitions"]},
+    load("initialize-params.json")]
+started = time.perf_counter()
+if sys.argv[1] == "fastjsonschema":
+    import fastjsonschema
+    checks = [fastjsonschema.compile(schema, use_default=False) for schema in schemas]
+else:
+    from cl_mcp.schema_check import compile_schema
+    checks = [compile_schema(schema) for schema in schemas]
+print(time.perf_counter() - started)
+"""
+
+
+def startup_seconds(checker: str) -> float:
+    result = subprocess.run([sys.executable, "-c", _STARTUP, checker], cwd=ROOT, check=True,
+                            capture_output=True, text=True)
+    return float(result.stdout)
+
+
+def startup_row(rounds: int) -> Row:
+    ours, theirs = [], []
+    for _ in range(rounds):
+        ours.append(startup_seconds("schema_check"))
+        theirs.append(startup_seconds("fastjsonschema"))
+    mine, other = statistics.median(ours), statistics.median(theirs)
+    return ("schema checks built at start-up (import and compile)", f"{mine * 1e3:.1f} ms",
+            f"fastjsonschema {other * 1e3:.1f} ms", f"{mine / other:.2f}×")
+
+
 def rows(quick: bool = False) -> list[Row]:
-    return reader_rows(rounds=7 if quick else 31)
+    rounds = 7 if quick else 31
+    return [*reader_rows(rounds), *schema_rows(rounds), startup_row(3 if quick else 11)]
 
 
 def main() -> None:
