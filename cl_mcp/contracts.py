@@ -61,7 +61,7 @@ class Schema:
 
 @cache
 def shared_type(name: str) -> Schema:
-    """A definition of contracts/shared-types.md (JSON Schema draft 7)."""
+    """A shared type of the user's contract (shared-types.json, JSON Schema draft 7)."""
     document = load_schema("shared-types.json")
     return Schema({"$ref": f"#/definitions/{name}", "definitions": document["definitions"]}, "draft7")
 
@@ -79,7 +79,7 @@ def tool_schema(input_schema: dict[str, Any]) -> Schema:
 
 @cache
 def tool_definitions() -> list[dict[str, Any]]:
-    """The tools of contracts/tools-list.md and cl-mcp's own, as advertised.
+    """Every tool cl-mcp offers (the four of the user's contract and cl-mcp's own), as advertised.
     An outputSchema given as a file name is that file's schema (several
     tools share evaluation-result.json)."""
     tools = load_schema("tools.json")

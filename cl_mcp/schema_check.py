@@ -55,13 +55,13 @@ def compile_schema(schema: Any, root: Any = None) -> Check:
     """A predicate that is true exactly when an instance is valid."""
     compiler = _Compiler(schema if root is None else root)
     entry = compiler.function(schema)
-    namespace: dict[str, Any] = {"_json_equal": _json_equal, "_MISSING": _MISSING,
+    namespace: dict[str, Any] = {"_json_equal": _json_equal, "_ABSENT": _ABSENT,
                                  **compiler.constants}
     exec("\n\n".join(compiler.sources), namespace)  # noqa: S102 - our own generated code
     return namespace[entry]  # type: ignore[no-any-return]
 
 
-_MISSING = object()
+_ABSENT = object()  # a property the instance does not have
 
 
 class _Compiler:
@@ -143,8 +143,8 @@ class _Compiler:
             for name, sub in argument.items():
                 inner = self.statements(sub, item := self._name("p"), depth + 2)
                 if inner:
-                    lines += [f"{pad}    {item} = {var}.get({name!r}, _MISSING)",
-                              f"{pad}    if {item} is not _MISSING:", *inner]
+                    lines += [f"{pad}    {item} = {var}.get({name!r}, _ABSENT)",
+                              f"{pad}    if {item} is not _ABSENT:", *inner]
             return lines if len(lines) > 1 else []
         if keyword == "additionalProperties":
             known = self.constant(frozenset(schema.get("properties", {})))

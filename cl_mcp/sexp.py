@@ -156,7 +156,7 @@ class _Uncommon(Exception):
 # Keywords and symbols recur in every reply and are immutable: read each once.
 _ATOM_CACHE: dict[str, SExp] = {"t": True, "T": True}  # never nil: a list is mutable
 _ATOM_CACHE_SIZE = 4096
-_MISSING = object()
+_NOT_CACHED = object()  # a token not read before
 
 
 def _loads_plain(text: str) -> SExp:
@@ -204,8 +204,8 @@ def _loads_plain(text: str) -> SExp:
                     raise _Uncommon
                 value, items = items, stack.pop()
             else:
-                value = _ATOM_CACHE.get(token, _MISSING)
-                if value is _MISSING:
+                value = _ATOM_CACHE.get(token, _NOT_CACHED)
+                if value is _NOT_CACHED:
                     if token == ".":
                         raise _Uncommon
                     value = _atom(token)
