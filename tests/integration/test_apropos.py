@@ -1,0 +1,112 @@
+"""apropos: Swank's symbol search over the fixture system, in an image
+cl-mcp owns and in a programmer's image it attaches to
+(tests/fixtures/lisp/cl-mcp-fixture/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from tests.integration.attach_fixtures import SwankServer, temporary_home
+from tests.integration.conftest import McpProcess
+
+FIXTURE = (Path(__file__).parents[1] / "fixtures" / "lisp" / "cl-mcp-fixture").resolve()
+
+
+@pytest.fixture(scope="module", params=["embedded", "attached"])
+def lisp(request):
+    """cl-mcp with the fixture system loaded and one function of the
+    session's own in CL-USER, embedded or attached."""
+    swank = None
+    if request.param == "attached":
+        home = temporary_home()
+        swank = SwankServer(home)
+        process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
+    else:
+        process = McpProcess()
+    process.initialize()
+    try:
+        text, is_error = process.eval(f'(asdf:load-asd "{FIXTURE}/cl-mcp-fixture.asd")')
+        assert not is_error, text
+        loaded = process.call("load-system", system="cl-mcp-fixture")
+        assert not loaded["isError"], loaded
+        assert process.eval("(defun greet-from-the-repl (who) who)") == ("=> GREET-FROM-THE-REPL", False)
+        tools = {tool["name"]: tool for tool in process.request("tools/list")["result"]["tools"]}
+        process.output_schema = Draft202012Validator(tools["apropos"]["outputSchema"])
+        yield process
+    finally:
+        process.close()
+        if swank:
+            swank.stop()
+
+
+def apropos(process, **arguments):
+    """The result, its structured content checked against the outputSchema."""
+    result = process.call("apropos", **arguments)
+    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
+    assert errors == [], (result["structuredContent"], errors)
+    return result
+
+
+def names(result):
+    return [(s["package"], s["name"]) for s in result["structuredContent"]["symbols"]]
+
+
+def test_a_macro_with_its_kind_and_lambda_list(lisp):
+    result = apropos(lisp, pattern="With-Doubled")
+    assert not result["isError"]
+    found = [s for s in result["structuredContent"]["symbols"] if s["package"] == "CL-MCP-FIXTURE"]
+    assert found == [{"name": "WITH-DOUBLED", "package": "CL-MCP-FIXTURE", "external": True,
+                      "kinds": ["macro"], "arglist": "((VAR VALUE) &BODY BODY)"}]
+    assert "CL-MCP-FIXTURE:WITH-DOUBLED  macro  ((VAR VALUE) &BODY BODY)" in result["content"][0]["text"].splitlines()
+
+
+def test_the_sessions_symbols_come_first_then_external_ones(lisp):
+    result = apropos(lisp, pattern="greet")
+    found = names(result)
+    assert found[0] == ("COMMON-LISP-USER", "GREET-FROM-THE-REPL")
+    # Exported before internal, then by name.
+    fixture = [name for package, name in found if package == "CL-MCP-FIXTURE"]
+    assert fixture == ["*GREETING*", "GREET", "GREETING-LENGTH", "RESET-GREETING", "WITH-GREETING"]
+    lines = result["content"][0]["text"].splitlines()
+    assert lines[0] == "COMMON-LISP-USER::GREET-FROM-THE-REPL  function  (WHO)"
+    assert "CL-MCP-FIXTURE:*GREETING*  variable" in lines
+    assert "CL-MCP-FIXTURE::RESET-GREETING  function  ()" in lines
+    assert result["structuredContent"]["truncated"] is False
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    ({"pattern": "greet", "package": "cl-mcp-fixture", "external-only": True},
+     [("*GREETING*", ["variable"]), ("GREET", ["function"])]),
+    ({"pattern": "greet", "package": "cl-mcp-fixture", "type": "variables"}, [("*GREETING*", ["variable"])]),
+    ({"pattern": "area", "package": "cl-mcp-fixture"}, [("AREA", ["generic function"]),
+                                                        ("DOUBLED-AREA", ["function"])]),
+    ({"pattern": "e", "package": "cl-mcp-fixture", "type": "classes"},
+     [("CIRCLE", ["class"]), ("FIXTURE-ERROR", ["condition"]), ("SHAPE", ["class"]), ("SQUARE", ["class"])]),
+    ({"pattern": "doubled", "package": "cl-mcp-fixture", "type": "macros"}, [("WITH-DOUBLED", ["macro"])]),
+])
+def test_package_external_only_and_type(lisp, arguments, expected):
+    result = apropos(lisp, **arguments)
+    assert [(s["name"], s["kinds"]) for s in result["structuredContent"]["symbols"]] == expected
+    assert result["structuredContent"]["total"] == len(expected)
+
+
+def test_capped_with_the_total(lisp):
+    result = apropos(lisp, pattern="a")
+    structured = result["structuredContent"]
+    assert structured["truncated"] is True and len(structured["symbols"]) == 200
+    assert structured["total"] > 1000
+    last = result["content"][0]["text"].splitlines()[-1]
+    assert last == f"… {structured['total'] - 200} more (narrow the pattern or pass package / type)"
+
+
+def test_unknown_package_is_an_error_and_nothing_is_interned(lisp):
+    result = apropos(lisp, pattern="greet", package="no-such-package-qq")
+    assert result["isError"]
+    assert result["content"][0]["text"] == '[ERROR] PACKAGE-ERROR\nThe package "no-such-package-qq" does not exist.'
+    result = apropos(lisp, pattern="zqxnothingcalledthis")
+    assert not result["isError"] and result["structuredContent"]["symbols"] == []
+    assert result["content"][0]["text"] == 'No symbol whose name contains "zqxnothingcalledthis" names anything.'
+    assert lisp.eval('(find-symbol "ZQXNOTHINGCALLEDTHIS" "CL-USER")') == ("=> NIL\n=> NIL", False)
