@@ -80,6 +80,19 @@
 ;;;   swank::*pre-reply-hook*         runs `prune-swank-mailboxes'
 ;;;   swank::*configure-emacs-indentation*   nil in an embedded image
 ;;;   swank::parse-symbol             a name looked up, never interned
+;;;   swank::xref-doit                `xref-of': the who-* cross-references
+;;;   swank::collect-notes            `compile-file-of': compiler notes, as
+;;;                                   C-c C-k gathers them
+;;;   swank::compilation-result-notes, compilation-result-faslfile
+;;;                                   what `collect-notes' returns
+;;;   swank::fasl-pathname            where SLIME puts a file's fasl
+;;;   swank::apropos-symbols          `apropos-of': the symbols a pattern
+;;;                                   matches, as M-x slime-apropos finds them
+;;;   swank::make-istate, swank::*istate*   `inspector-content' binds a state
+;;;                                   of its own for the contribs that read it
+;;;   swank::*inspector-printer-bindings*   the inspector's printer settings
+;;;   swank::content-range            the inspector's content, lazy or not,
+;;;                                   as a list
 ;;;   swank/sbcl::*mailboxes*, *mailbox-lock*, mailbox.thread   (by name)
 ;;;                                   Swank's per-thread mailboxes, pruned
 ;;;
@@ -145,6 +158,13 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
   ;; The session's definitions and systems.
   (:export #:list-definitions
            #:load-system)
+  ;; Development tools: apropos, macroexpansion and the inspector.
+  (:export #:apropos-of
+           #:macroexpand-of
+           #:inspect-of)
+  ;; Development tools: cross-references and compiling a file.
+  (:export #:xref-of
+           #:compile-file-of)
   ;; Setting an image up: one cl-mcp owns (embedded), or one it shares
   ;; with the programmer (attached).
   (:export #:serve-cl-mcp
@@ -2187,7 +2207,605 @@ keeps file contents across the locations of one reply."
 
 ;;; @@ xref, compile-file (their code follows this line)
 
+;;;; Entry points: xref, compile-file
+;;;
+;;; Both go through Swank: `swank::xref-doit' (the who-* functions of the
+;;; backend, on SB-INTROSPECT) and `swank::collect-notes' around the
+;;; backend's `swank-compile-file', as SLIME's C-c C-k does.  Their output
+;;; and Swank's own warnings go to a capped stream that is dropped, so
+;;; nothing reaches the programmer's REPL in an image cl-mcp shares.
+
+(defparameter *xref-relations* '(:calls :references :binds :sets :macroexpands :specializes)
+  "The relations `xref-of' asks Swank about.")
+
+(defparameter *reference-limit* 500
+  "Referring definitions reported by `xref-of', at most.")
+
+(defparameter *open-parenthesis-octet* (char-code #\()
+  "The byte of an open parenthesis in UTF-8.")
+
+(defun top-level-form-start (octets offset)
+  "The offset of the line at or before OFFSET in OCTETS that starts with an
+open parenthesis: the top-level form holding OFFSET, by the convention
+Emacs's beginning-of-defun keeps.  OFFSET itself when there is none."
+  (let ((newline (char-code #\Newline)))
+    (loop for end = (min offset (length octets)) then (1- start)
+          for start = (let ((before (and (> end 0)
+                                         (position newline octets :end end :from-end t))))
+                        (if before (1+ before) 0))
+          when (and (< start (length octets))
+                    (= (aref octets start) *open-parenthesis-octet*))
+            return start
+          when (zerop start)
+            return offset)))
+
+(defun reference-plist (name location files)
+  "A referrer NAME at Swank's LOCATION, the place of the reference inside
+it, as (:name N :file F :line L :column C :snippet S :reference-line RL
+:reference-column RC): the place is the top-level form that holds the
+reference.  Without a source file: (:name N :error MESSAGE)."
+  (let ((at (location-plist location files)))
+    (if (getf at :error)
+        (list :name name
+              :error (if (search "DEFINITION-SOURCE" (getf at :error))
+                         "no source file (defined without one, e.g. through evaluate-lisp)"
+                         (getf at :error)))
+        (let* ((file (getf at :file))
+               (octets (gethash file files))
+               (reference (1- (second (assoc :position (rest location)))))
+               (start (top-level-form-start octets reference)))
+          (append (list :name name)
+                  (location-plist `(:location (:file ,file) (:position ,(1+ start))) files)
+                  (list :reference-line (getf at :line)
+                        :reference-column (getf at :column)))))))
+
+(defun xref-of (text relation &key package)
+  "The definitions that stand in RELATION (one of `*xref-relations*') to
+the symbol TEXT names, read in PACKAGE: a plist :status :ok, :symbol,
+:relation, :references (see `reference-plist'), and :dropped, the number
+of referrers past `*reference-limit*'.  An unknown symbol or package, or a
+relation this Swank does not implement, is a :status :error plist."
+  (with-resolved-symbol text package
+    (lambda (symbol)
+      (let* ((sink (make-capped-output-stream 0))
+             (found (block asking
+                      (flet ((fail (condition)
+                               (return-from asking
+                                 (list :status :error :error (describe-error condition nil)))))
+                        (handler-bind ((warning #'muffle-warning))
+                          (with-standard-streams (sink sink)
+                            (with-debugger-calling (#'fail)
+                              (swank::xref-doit relation symbol)))))))
+             (files (make-hash-table :test 'equal))
+             (*package* (or (find-named-package package) (find-package "COMMON-LISP-USER"))))
+        (cond
+          ((and (consp found) (eq (first found) :status)) found)
+          ((not (listp found))
+            (name-error "CL-MCP:NOT-IMPLEMENTED"
+                        (format nil "Swank does not implement the ~(~A~) cross-reference in this Lisp."
+                                relation)))
+          (t
+            (list :status :ok
+                  :symbol (symbol-designator symbol)
+                  :relation relation
+                  :references (loop for (name location) in found
+                                    repeat *reference-limit*
+                                    collect (reference-plist
+                                             (safe-print name (lambda (name)
+                                                                (let ((*print-pretty* nil))
+                                                                  (prin1-to-string name))))
+                                             location files))
+                  :dropped (max 0 (- (length found) *reference-limit*)))))))))
+
+(defparameter *note-severities*
+  '((:error . :error) (:read-error . :read-error) (:warning . :warning)
+    (:style-warning . :style-warning) (:note . :note)
+    (:early-deprecation-warning . :style-warning)
+    (:late-deprecation-warning . :warning)
+    (:final-deprecation-warning . :warning))
+  "Swank's note severities and the ones cl-mcp reports.  Redefinitions
+are left out: loading a file again redefines everything in it.")
+
+(defparameter *note-limit* 200
+  "Compiler notes reported for one compilation, at most.")
+
+(defparameter *note-message-limit* 2000
+  "Characters of one compiler note's message, at most.")
+
+(defun note-plist (note files)
+  "One of Swank's compiler NOTES as (:severity S :message M :file F :line L
+:column C :snippet S), or (:severity S :message M :error WHY) without a
+place; nil for a note cl-mcp leaves out (see `*note-severities*')."
+  (let ((severity (cdr (assoc (getf note :severity) *note-severities*))))
+    (when severity
+      (list* :severity severity
+             :message (cap-string (getf note :message) *note-message-limit*)
+             (location-plist (getf note :location) files)))))
+
+(defun note-order (plist)
+  "Where a note's place comes in its file, for sorting; notes without a
+place come last."
+  (if (getf plist :line)
+      (+ (* (getf plist :line) 100000) (getf plist :column))
+      most-positive-fixnum))
+
+(defun note-plists (notes)
+  "Swank's compiler NOTES as `note-plist's in the order of their places,
+duplicates and left-out ones dropped, at most `*note-limit*'; the number
+dropped for the limit second."
+  (let* ((files (make-hash-table :test 'equal))
+         (plists (stable-sort
+                  (remove-duplicates (remove nil (mapcar (lambda (note) (note-plist note files)) notes))
+                                     :test #'equal :from-end t)
+                  #'< :key #'note-order)))
+    (values (subseq plists 0 (min (length plists) *note-limit*))
+            (max 0 (- (length plists) *note-limit*)))))
+
+(defun failing-severity-p (plist)
+  "True for a note that means the compilation failed."
+  (member (getf plist :severity) '(:error :read-error)))
+
+(defun source-file-problem (path)
+  "Nil when PATH (a string) names an existing file by an absolute path,
+else the :status :error plist saying why not."
+  (let ((pathname (ignore-errors (pathname path))))
+    (cond ((not (and pathname (eq (first (pathname-directory pathname)) :absolute)))
+           (name-error "CL-MCP:INVALID-PATH"
+                       (format nil "The path ~S is not absolute: give the file's absolute path." path)))
+          ((not (and (probe-file pathname) (pathname-name (probe-file pathname))))
+           (name-error "CL-MCP:FILE-NOT-FOUND" (format nil "No file ~A exists (or it is a directory)." path))))))
+
+(defun compile-file-of (path &key (load t) (max-output 20000))
+  "Compile the file at PATH (absolute) as SLIME's C-c C-k does, and load the
+fasl when LOAD and the compilation did not fail (warnings do not stop it;
+errors do).  Return a plist: :status (:ok, or :error when compilation
+failed or the load signalled an error), :success, :fasl, :loaded, :notes
+(see `note-plist'), :dropped (notes past `*note-limit*'), and :error (the
+load's error, or why PATH cannot be compiled).  The compiler's output goes
+to a capped stream (MAX-OUTPUT characters) and is dropped."
+  (let ((problem (source-file-problem path)))
+    (when problem
+      (return-from compile-file-of problem)))
+  (let* ((pathname (probe-file path))
+         (stdout (make-capped-output-stream max-output))
+         (loaded nil)
+         (failure nil)
+         (result
+           (block compiling
+             (flet ((fail (condition)
+                      (setf failure (describe-error condition nil))
+                      (return-from compiling nil)))
+               (with-standard-streams (stdout stdout)
+                 (with-debugger-calling (#'fail)
+                   (let ((*package* (find-package "COMMON-LISP-USER")))
+                     (swank::collect-notes
+                      (lambda ()
+                        (multiple-value-bind (fasl warnings-p failure-p)
+                            (swank/backend:swank-compile-file
+                             pathname (swank::fasl-pathname pathname '()) nil
+                             (or (swank/backend:guess-external-format pathname) :default))
+                          (declare (ignore warnings-p failure-p))
+                          (values t nil fasl)))))))))))
+    (multiple-value-bind (notes dropped) (note-plists (and result (swank::compilation-result-notes result)))
+      (let* ((fasl (and result (swank::compilation-result-faslfile result)))
+             (success (and fasl (not failure) (notany #'failing-severity-p notes) t)))
+        (when (and success load)
+          (let ((load-result
+                  (block loading
+                    (flet ((fail (condition)
+                             (setf failure (describe-error condition nil))
+                             (return-from loading nil)))
+                      (with-standard-streams (stdout stdout)
+                        (with-debugger-calling (#'fail)
+                          (swank::collect-notes
+                           (lambda ()
+                             (swank/backend:with-compilation-hooks ()
+                               (load fasl))
+                             (values t t nil)))))))))
+            (setf loaded (and load-result (not failure) t))
+            (when load-result
+              (multiple-value-bind (more more-dropped)
+                  (note-plists (swank::compilation-result-notes load-result))
+                (setf notes (append notes more)
+                      dropped (+ dropped more-dropped))))))
+        (list* :status (if (and success (not failure)) :ok :error)
+               :success success
+               :fasl fasl
+               :loaded loaded
+               :notes notes
+               :dropped dropped
+               (and failure (list :error failure)))))))
+
 ;;; @@ apropos, macroexpand, inspect (their code follows this line)
+
+;;;; Entry points: apropos, macroexpand, inspect
+;;;
+;;; All three go through Swank: `swank::apropos-symbols' finds the symbols
+;;; and `swank/backend:describe-symbol-for-emacs' says what each names, as
+;;; M-x slime-apropos does; `swank/backend:macroexpand-all' is SBCL's
+;;; walker; `swank/backend:emacs-inspect' gives an object's parts as SLIME's
+;;; inspector shows them.  The inspector's objects are kept in a table of
+;;; this agent's, not in Swank's `*istate*', which belongs to the
+;;; connection and would be the programmer's own in an image cl-mcp shares.
+
+(defparameter *apropos-limit* 200
+  "Symbols listed by `apropos-of', at most; the total is still counted.")
+
+(defparameter *apropos-kinds*
+  '(:function :generic-function :macro :special-operator :variable :type :setf)
+  "The keys of `swank/backend:describe-symbol-for-emacs', in the order
+their kinds are listed.")
+
+(defparameter *apropos-type-kinds*
+  '(("functions" "function" "generic function")
+    ("macros" "macro" "special operator")
+    ("variables" "variable" "constant")
+    ("classes" "class" "structure" "condition"))
+  "The kinds of symbol each TYPE of `apropos-of' keeps.")
+
+(defun symbol-kinds (symbol)
+  "What SYMBOL names, as strings (\"function\", \"generic function\",
+\"macro\", \"special operator\", \"variable\", \"constant\", \"class\",
+\"structure\", \"condition\", \"type\", \"setf expander\"), from Swank's
+description of it; nil when it names nothing."
+  (let ((description (swank/backend:describe-symbol-for-emacs symbol)))
+    (loop for key in *apropos-kinds*
+          when (getf description key)
+            collect (case key
+                      (:generic-function "generic function")
+                      (:special-operator "special operator")
+                      (:variable (if (constantp symbol) "constant" "variable"))
+                      (:type (let ((class (find-class symbol nil)))
+                               (if class (class-kind class) "type")))
+                      (:setf "setf expander")
+                      (t (string-downcase (symbol-name key)))))))
+
+(defun external-symbol-p (symbol)
+  "True when SYMBOL is external in its home package."
+  (let ((home (symbol-package symbol)))
+    (and home (eq (nth-value 1 (find-symbol (symbol-name symbol) home)) :external))))
+
+(defun apropos-entry (symbol kinds)
+  "The plist `apropos-of' reports for SYMBOL: :name, :package, :external,
+:kinds, and :arglist for functions and macros."
+  (list* :name (symbol-name symbol)
+         :package (let ((home (symbol-package symbol))) (if home (package-name home) ""))
+         :external (external-symbol-p symbol)
+         :kinds kinds
+         (when (and (fboundp symbol) (not (special-operator-p symbol)))
+           (list :arglist (lambda-list-text (or (macro-function symbol) (fdefinition symbol)))))))
+
+(defun apropos-before-p (a b)
+  "True when the `apropos-of' entry A, (RANK SYMBOL KINDS), comes before B:
+by rank, then by name, then by package name."
+  (destructuring-bind (rank-a symbol-a &rest more-a) a
+    (declare (ignore more-a))
+    (destructuring-bind (rank-b symbol-b &rest more-b) b
+      (declare (ignore more-b))
+      (flet ((package-text (symbol)
+               (let ((home (symbol-package symbol))) (if home (package-name home) ""))))
+        (let ((name-a (symbol-name symbol-a)) (name-b (symbol-name symbol-b)))
+          (cond ((/= rank-a rank-b) (< rank-a rank-b))
+                ((string/= name-a name-b) (and (string< name-a name-b) t))
+                (t (and (string< (package-text symbol-a) (package-text symbol-b)) t))))))))
+
+(defun apropos-of (pattern &key package external-only (type "all"))
+  "The symbols whose names contain PATTERN (case-insensitively, as SLIME's
+apropos) and name something of TYPE (\"all\", \"functions\", \"macros\",
+\"variables\" or \"classes\"), in PACKAGE only when given (else in every
+package but KEYWORD), and only external ones when EXTERNAL-ONLY.  Return
+:status :ok, :pattern, :total (how many matched), and :symbols, the first
+`*apropos-limit*' of them as `apropos-entry' plists: the session's own
+symbols (CL-USER's and those of the packages it created) first, then
+external ones, then by name and package.  An unknown PACKAGE is a :status
+:error plist."
+  (let ((target (and package (find-named-package package))))
+    (when (and package (null target))
+      (return-from apropos-of
+        (name-error "PACKAGE-ERROR" (format nil "The package ~S does not exist." package))))
+    (let* ((wanted (rest (assoc type *apropos-type-kinds* :test #'string-equal)))
+           (session (session-packages))
+           (seen (make-hash-table :test #'eq))
+           (found '()))
+      (dolist (symbol (swank::apropos-symbols pattern external-only nil target))
+        (unless (gethash symbol seen)
+          (setf (gethash symbol seen) t)
+          (let ((kinds (symbol-kinds symbol)))
+            (when (and kinds (or (null wanted) (intersection kinds wanted :test #'string=)))
+              (push (list (+ (if (member (symbol-package symbol) session) 0 2)
+                             (if (external-symbol-p symbol) 0 1))
+                          symbol kinds)
+                    found)))))
+      (let ((sorted (sort (coerce found 'vector) #'apropos-before-p)))
+        (list :status :ok
+              :pattern pattern
+              :total (length sorted)
+              :symbols (loop for (nil symbol kinds) across sorted
+                             repeat *apropos-limit*
+                             collect (apropos-entry symbol kinds)))))))
+
+(defparameter *expansion-limit* 100000
+  "Characters of a macroexpansion reported, at most.")
+
+(defun read-one-form (text)
+  "The one form TEXT holds, read in *PACKAGE*, as (values FORM nil); or
+(values nil ERROR-PLIST) when it does not read, holds no form, or holds
+more than one."
+  (let ((stream (make-string-input-stream text))
+        (eof (make-symbol "EOF")))
+    (handler-case
+        (let ((form (read-next-form stream eof)))
+          (cond ((eq form eof)
+                 (values nil (name-error "END-OF-FILE" "There is no form to expand.")))
+                ((not (eq (read-next-form stream eof) eof))
+                 (values nil (name-error "CL-MCP:MORE-THAN-ONE-FORM"
+                                         "Give one form to expand; more followed the first.")))
+                (t (values form nil))))
+      (serious-condition (c)
+        (values nil (list :status :error :error (describe-error c nil :reading t)))))))
+
+(defun call-guarded (thunk timeout)
+  "Call THUNK with its output dropped, warnings muffled and the debugger
+kept out, for at most TIMEOUT seconds; return (:ok VALUE) with its first
+value, or (:error ERROR-PLIST) for a condition that ended it."
+  (let ((sink (make-capped-output-stream 0)))
+    (block guarded
+      (flet ((fail (condition)
+               (return-from guarded
+                 (list :error (describe-error condition nil :timeout timeout)))))
+        (handler-bind ((warning #'muffle-warning)
+                       (serious-condition #'fail))
+          (with-standard-streams (sink sink)
+            (with-debugger-calling (#'fail)
+              (sb-ext:with-timeout timeout
+                (list :ok (funcall thunk))))))))))
+
+(defun macroexpand-of (text &key package all (timeout 30))
+  "Read the one form of TEXT in PACKAGE (CL-USER when nil) and expand it:
+once with MACROEXPAND-1, or fully with SBCL's walker when ALL.  Return
+:status :ok, :expansion (pretty-printed with *PACKAGE* bound, so symbols
+accessible there print unqualified; at most `*expansion-limit*'
+characters) and :expanded (MACROEXPAND-1's second value; for ALL, whether
+anything changed).  A form that does not read, an unknown package or an
+error while expanding (or a TIMEOUT seconds deadline) is a :status :error
+plist."
+  (let ((target (if package (find-named-package package) (find-package "COMMON-LISP-USER"))))
+    (unless target
+      (return-from macroexpand-of
+        (name-error "PACKAGE-ERROR" (format nil "The package ~S does not exist." package))))
+    (let ((*package* target))
+      (multiple-value-bind (form failure) (read-one-form text)
+        (when failure
+          (return-from macroexpand-of failure))
+        (destructuring-bind (status result)
+            (call-guarded
+             (lambda ()
+               (multiple-value-bind (expansion expanded)
+                   (if all
+                       (let ((expansion (swank/backend:macroexpand-all form)))
+                         (values expansion (not (equal expansion form))))
+                       (macroexpand-1 form))
+                 (let ((stream (make-capped-output-stream *expansion-limit*)))
+                   (let ((*print-pretty* t)
+                         (*print-right-margin* 100)
+                         (*print-escape* t)
+                         (*print-readably* nil)
+                         (*print-circle* nil)
+                         (*print-length* nil)
+                         (*print-level* nil)
+                         (*print-lines* nil))
+                     (prin1 expansion stream))
+                   (list (if (plusp (dropped stream))
+                             (format nil "~A~%… [~D more characters truncated]"
+                                     (stream-text stream) (dropped stream))
+                             (stream-text stream))
+                         (and expanded t)))))
+             timeout)
+          (if (eq status :error)
+              (list :status :error :error result)
+              (list :status :ok :expansion (first result) :expanded (second result) :all (and all t))))))))
+
+(defparameter *inspect-handle-limit* 10000
+  "Inspected objects kept for their handles: the newest this many.")
+
+(defparameter *inspect-page* 50
+  "Parts of an object reported by one `inspect-of'.")
+
+(defparameter *inspect-content-limit* 100000
+  "Elements of Swank's inspector content read for one object, at most:
+a longer (lazy) content is cut there.")
+
+(defvar *inspect-lock* (sb-thread:make-mutex :name "cl-mcp inspected objects")
+  "Guards `*inspected*' and `*next-inspect-handle*'.")
+
+(defvar *inspected* (make-array *inspect-handle-limit* :initial-element nil)
+  "The inspected objects, as (HANDLE . OBJECT) at HANDLE modulo its size:
+a handle older than the newest `*inspect-handle-limit*' has been
+overwritten.")
+
+(defvar *next-inspect-handle* 1
+  "The handle the next inspected object gets.")
+
+(defun remember-object (object)
+  "A new handle for OBJECT."
+  (sb-thread:with-mutex (*inspect-lock*)
+    (let ((handle (shiftf *next-inspect-handle* (1+ *next-inspect-handle*))))
+      (setf (aref *inspected* (mod handle (length *inspected*))) (cons handle object))
+      handle)))
+
+(defun recall-object (handle)
+  "The object HANDLE stands for, and true; or nil and nil once it has been
+dropped (or never was)."
+  (sb-thread:with-mutex (*inspect-lock*)
+    (let ((entry (and (integerp handle) (plusp handle)
+                      (aref *inspected* (mod handle (length *inspected*))))))
+      (if (and entry (eql (car entry) handle))
+          (values (cdr entry) t)
+          (values nil nil)))))
+
+(defun forget-inspected ()
+  "Drop every inspected object and its handle (reset-session)."
+  (sb-thread:with-mutex (*inspect-lock*)
+    (fill *inspected* nil)))
+
+(defun part-text (object)
+  "OBJECT printed on one line of at most 200 characters."
+  (with-result-printing ()
+    (let ((*print-pretty* nil) (*print-length* 20) (*print-level* 4))
+      (one-line (safe-print object #'prin1-to-string) 200))))
+
+(defun inspector-content (object)
+  "Swank's inspector content for OBJECT (`swank/backend:emacs-inspect'
+under the inspector's printer settings), at most
+`*inspect-content-limit*' elements of it, and true when it was cut there.
+Swank's `*istate*' is bound to a state of our own, for the contribs that
+look at it: the connection's inspector is left as it was."
+  (let ((swank::*istate* (swank::make-istate :object object))
+        (bindings swank::*inspector-printer-bindings*))
+    (progv (mapcar #'car bindings) (mapcar #'cdr bindings)
+      (let ((range (swank::content-range (swank/backend:emacs-inspect object)
+                                         0 (1+ *inspect-content-limit*))))
+        (if (> (length range) *inspect-content-limit*)
+            (values (subseq range 0 *inspect-content-limit*) t)
+            (values range nil))))))
+
+(defun content-lines (content)
+  "CONTENT split into lines, each a list of strings and (:value OBJECT
+TEXT) entries; actions (buttons) are left out."
+  (let ((lines '()) (line '()))
+    (flet ((end-line () (push (nreverse line) lines) (setf line '())))
+      (dolist (item content)
+        (cond ((stringp item)
+               (loop for start = 0 then (1+ newline)
+                     for newline = (position #\Newline item :start start)
+                     do (push (subseq item start newline) line)
+                     while newline do (end-line)))
+              ((atom item))
+              ((eq (first item) :newline) (end-line))
+              ((eq (first item) :value)
+               (push (list :value (second item) (third item)) line))
+              ((eq (first item) :label)
+               (push (format nil "~{~A~}" (rest item)) line))
+              ((eq (first item) :line)
+               (push (princ-to-string (second item)) line)
+               (push ": " line)
+               (push (list :value (third item) nil) line)
+               (end-line))))
+      (when line (end-line)))
+    (nreverse lines)))
+
+(defun segment-text (segment)
+  "A line's segment as text."
+  (if (stringp segment)
+      segment
+      (or (third segment) (part-text (second segment)))))
+
+(defun line-part (line)
+  "A content LINE as (LABEL VALUE-TEXT OBJECT HAS-VALUE): its last value,
+and the text before it as the label (trailing \":\" or \"=\" dropped); a
+line without values is all label.  Nil for an empty line."
+  (let ((last (position-if #'consp line :from-end t))
+        (blank '(#\Space #\Tab)))
+    (if (null last)
+        (let ((text (string-trim blank (format nil "~{~A~}" line))))
+          (and (plusp (length text)) (list text "" nil nil)))
+        (let ((label (string-right-trim
+                      blank
+                      (string-right-trim
+                       ":="
+                       (string-trim blank
+                                    (format nil "~{~A~}" (mapcar #'segment-text (subseq line 0 last))))))))
+          (list label (segment-text (nth last line)) (second (nth last line)) t)))))
+
+(defun object-parts (object)
+  "OBJECT as SLIME's inspector shows it: a description (the text lines
+before its first value) and its parts, each (LABEL VALUE-TEXT OBJECT
+HAS-VALUE); true third when Swank's content was cut."
+  (multiple-value-bind (content cut) (inspector-content object)
+    (let* ((parts (remove nil (mapcar #'line-part (content-lines content))))
+           (first-value (or (position-if #'fourth parts) (length parts))))
+      (values (format nil "~{~A~^ ~}" (mapcar #'first (subseq parts 0 first-value)))
+              (nthcdr first-value parts)
+              cut))))
+
+(defun inspect-report (object handle start)
+  "The :status :ok plist of `inspect-of' for OBJECT under HANDLE, its parts
+from START."
+  (multiple-value-bind (description parts cut) (object-parts object)
+    (let ((class-name (class-name (class-of object))))
+      (list :status :ok
+            :handle handle
+            :class (if (symbolp class-name) (symbol-designator class-name) (part-text class-name))
+            :printed (with-result-printing ()
+                       (let ((*print-pretty* nil))
+                         (one-line (safe-print object #'prin1-to-string) 1000)))
+            :description description
+            :parts (loop for (label text part has-value) in (nthcdr start parts)
+                         repeat *inspect-page*
+                         collect (list* :label label :value text
+                                        (and has-value (list :handle (remember-object part)))))
+            :start start
+            :total (length parts)
+            :cut cut))))
+
+(defun evaluate-for-inspection (code package timeout)
+  "The first value of the last form of CODE, read and evaluated in
+PACKAGE, as (values OBJECT nil); or (values nil ERROR-PLIST).  Output is
+dropped; an error or the TIMEOUT seconds deadline ends it; in an image
+cl-mcp shares, what it creates is the session's (see `soft-reset')."
+  (let ((*package* package)
+        (forms nil))
+    (handler-case (setf forms (rest (read-all-forms code)))
+      (serious-condition (c)
+        (return-from evaluate-for-inspection
+          (values nil (list :status :error :error (describe-error c nil :reading t))))))
+    (flet ((run ()
+             (call-guarded (lambda ()
+                             (let ((value nil))
+                               (dolist (form forms value)
+                                 (setf value (eval form)))))
+                           timeout)))
+      (destructuring-bind (status result)
+          (if *track-session* (call-tracking-session #'run) (run))
+        (if (eq status :ok)
+            (values result nil)
+            (values nil (list :status :error :error result)))))))
+
+(defun inspect-of (&key code handle part (start 0) package (timeout 30))
+  "Inspect the value of CODE (read and evaluated in PACKAGE, CL-USER when
+nil), or the object inspected earlier under HANDLE, or its PART-th part
+(counting from 0, as listed).  Return :status :ok, :handle (the object's),
+:class, :printed, :description, :parts from START (at most
+`*inspect-page*', each :label, :value and, when it has an object, :handle),
+:start, :total and :cut (Swank's content was cut at
+`*inspect-content-limit*'); or a :status :error plist."
+  (let ((object nil) (own-handle nil))
+    (cond (code
+           (let ((target (if package (find-named-package package) (find-package "COMMON-LISP-USER"))))
+             (unless target
+               (return-from inspect-of
+                 (name-error "PACKAGE-ERROR" (format nil "The package ~S does not exist." package))))
+             (multiple-value-bind (value failure) (evaluate-for-inspection code target timeout)
+               (when failure
+                 (return-from inspect-of failure))
+               (setf object value))))
+          (t
+           (multiple-value-bind (value found) (recall-object handle)
+             (unless found
+               (return-from inspect-of
+                 (name-error "CL-MCP:UNKNOWN-HANDLE"
+                             (format nil "No inspected object has handle ~A: handles last until reset-session, for the newest ~:D objects."
+                                     handle *inspect-handle-limit*))))
+             (setf object value)
+             (if part
+                 (let ((entry (nth part (nth-value 1 (object-parts object)))))
+                   (unless (and entry (fourth entry))
+                     (return-from inspect-of
+                       (name-error "CL-MCP:NO-SUCH-PART"
+                                   (format nil "Object ~A has no part ~A with a value to inspect." handle part))))
+                   (setf object (third entry)))
+                 (setf own-handle handle)))))
+    (inspect-report object (or own-handle (remember-object object)) (max 0 start))))
 
 ;;;; Entry points: setting an image up
 ;;;
@@ -2278,8 +2896,10 @@ it to the newest connection, which would otherwise be cl-mcp's).  Return t."
 (defun soft-reset ()
   "Remove what cl-mcp's evaluations created in a shared image (their CL-USER
 definitions and their packages) and abort the evaluations waiting at an
-error.  Everything else in the image is left as it was.  Return t."
+error, and drop the objects the inspect tool keeps for their handles.
+Everything else in the image is left as it was.  Return t."
   (abort-all)
+  (forget-inspected)
   (let ((user (find-package "COMMON-LISP-USER"))
         (symbols (sb-thread:with-mutex (*registry-lock*) (shiftf *session-symbols* '())))
         (packages (sb-thread:with-mutex (*registry-lock*)

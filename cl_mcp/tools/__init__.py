@@ -27,6 +27,8 @@ class ToolSpec:
 def build_tools() -> dict[str, ToolSpec]:
     """Every tool, by name, with its argument validator compiled once."""
     from cl_mcp.tools import definitions, evaluate, restarts, systems
+    from cl_mcp.tools import code
+    from cl_mcp.tools import browse, inspector
 
     handlers: dict[str, Handler] = {
         "evaluate-lisp": evaluate.evaluate_lisp,
@@ -36,6 +38,11 @@ def build_tools() -> dict[str, ToolSpec]:
         "invoke-restart": restarts.invoke_restart,
         "backtrace": restarts.backtrace,
         "eval-in-frame": restarts.eval_in_frame,
+        "xref": code.xref,
+        "compile-file": code.compile_file,
+        "apropos": browse.apropos,
+        "macroexpand": browse.macroexpand,
+        "inspect": inspector.inspect,
     }
     tools = {}
     for definition in tool_definitions():
