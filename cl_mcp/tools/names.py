@@ -1,0 +1,231 @@
+"""find-definition and describe-symbol: where a name is defined and what it
+names, through Swank's find-definitions and describe-symbol-for-emacs and
+SB-MOP (the agent's `find-definition-of` and `describe-symbol-of`).
+Definitions made through evaluate-lisp have no file: the agent keeps their
+source text, and find-definition returns it with the evaluation's number."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cl_mcp import sexp
+from cl_mcp.errors import SessionError
+from cl_mcp.render import Rendered, condition_structure, error_text, place_structure, place_text
+from cl_mcp.session import LispSession
+from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict
+
+
+def _plist(value: Any) -> dict[str, Any]:
+    """A nested agent plist as a dict, keyword values by name."""
+    return {key: item.name if isinstance(item, Keyword) else item
+            for key, item in sexp.plist(value).items()}
+
+
+def _strings(value: Any) -> list[str]:
+    """A Lisp list of strings (NIL arrives as an empty list)."""
+    return [item for item in value or [] if isinstance(item, str)]
+
+
+async def _ask(session: LispSession, function: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """Call the agent's FUNCTION on the symbol, read in the given package or
+    the session's; raises SessionError when the image is lost."""
+    form = [Symbol(function), arguments["symbol"],
+            Keyword("package"), arguments.get("package") or session.package]
+    async with session.turn():
+        return result_dict(await session.call(form, session.config.eval_timeout + DEADLINE_GRACE))
+
+
+# ---------------------------------------------------------------- find-definition
+
+def definition_structure(definition: dict[str, Any]) -> dict[str, Any]:
+    """One definition for structuredContent: type and name (a method's
+    qualifiers and specializers), then its place, or the evaluation that
+    made it and its source, or why it has neither."""
+    structure: dict[str, Any] = {"type": definition["type"], "name": definition["name"]}
+    if definition["type"] == "method":
+        structure["qualifiers"] = _strings(definition.get("qualifiers"))
+        structure["specializers"] = _strings(definition.get("specializers"))
+    if "evaluation" in definition:
+        structure["evaluation"] = definition["evaluation"]
+        structure["source"] = definition["source"]
+    else:
+        structure.update(place_structure(definition))
+    return structure
+
+
+def definition_title(definition: dict[str, Any]) -> str:
+    """``TYPE NAME``; a method's qualifiers and specializers follow its name:
+    ``method AREA :AROUND (CIRCLE)``."""
+    title = f"{definition['type']} {definition['name']}"
+    if definition["type"] == "method":
+        qualifiers = _strings(definition.get("qualifiers"))
+        specializers = _strings(definition.get("specializers"))
+        title += "".join(f" {q}" for q in qualifiers) + f" ({' '.join(specializers)})"
+    return title
+
+
+def definition_text(definition: dict[str, Any]) -> str:
+    """The title line, then the place (or the evaluation and its source)."""
+    title = definition_title(definition)
+    if "evaluation" in definition:
+        source = "\n".join(f"    {line}" for line in definition["source"].splitlines())
+        return f"{title}\n  defined by evaluation {definition['evaluation']}:\n{source}"
+    return f"{title}\n{place_text(definition)}"
+
+
+def render_definitions(result: dict[str, Any]) -> Rendered:
+    """Every definition, newest evaluate-lisp ones first; none is an answer,
+    not an error."""
+    symbol = result["symbol"]
+    definitions = [_plist(item) for item in result.get("definitions") or []]
+    dropped = result.get("dropped") or 0
+    if not definitions:
+        text = f"No definitions of {symbol} were found."
+    else:
+        count = len(definitions) + dropped
+        sections = [f"Definitions of {symbol}: {count}"]
+        sections += [definition_text(definition) for definition in definitions]
+        if dropped:
+            sections.append(f"… and {dropped} more, not listed")
+        text = "\n\n".join(sections)
+    structure: dict[str, Any] = {"symbol": symbol,
+                                 "definitions": [definition_structure(d) for d in definitions]}
+    if dropped:
+        structure["truncated"] = dropped
+    return Rendered(text, False, structure)
+
+
+def find_definition_error(arguments: dict[str, Any], kind: str, message: str) -> Rendered:
+    """A tool error whose structured content still fits find-definition's
+    outputSchema."""
+    return Rendered(error_text(kind, message), True,
+                    {"symbol": arguments["symbol"], "definitions": [],
+                     "error": condition_structure(kind, message)})
+
+
+async def find_definition(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """Every definition of a name: its type and place, or the source an
+    evaluate-lisp call gave it."""
+    try:
+        result = await _ask(session, "cl-mcp-agent:find-definition-of", arguments)
+    except SessionError as error:
+        return find_definition_error(arguments, error.kind, error.message)
+    if result.get("status") != "ok":
+        return find_definition_error(arguments, result["error"]["type"], result["error"]["message"])
+    return render_definitions(result)
+
+
+# ---------------------------------------------------------------- describe-symbol
+
+# The sections of the text, in order, and the kinds each one covers.
+SECTION_KINDS = (
+    ("function", ("function", "generic function", "macro", "special operator")),
+    ("variable", ("variable", "constant")),
+    ("class", ("class", "structure", "condition")),
+    ("type", ("type",)),
+    ("setf expander", ("setf expander",)),
+    ("package", ("package",)),
+)
+
+# The documentation string each section shows.
+SECTION_DOCUMENTATION = {"function": ("function", "compiler-macro"), "variable": ("variable",),
+                         "class": ("type",), "type": ("type",), "setf expander": ("setf",),
+                         "package": ("package",)}
+
+
+def describe_structure(result: dict[str, Any]) -> dict[str, Any]:
+    """The agent's description as describe-symbol's structuredContent."""
+    structure: dict[str, Any] = {
+        "symbol": result["symbol"],
+        "package": result["package"],
+        "external": result.get("external") is True,
+        "kinds": _strings(result.get("kinds")),
+        "description": result["description"],
+        "documentation": {kind: text for kind, text in result.get("documentation") or []},
+    }
+    if isinstance(result.get("arglist"), str):
+        structure["arglist"] = result["arglist"]
+    if isinstance(result.get("value"), str):
+        structure["value"] = result["value"]
+    if result.get("class"):
+        described = _plist(result["class"])
+        structure["class"] = {
+            "superclasses": _strings(described.get("superclasses")),
+            "slots": [{"name": slot["name"], "initargs": _strings(slot.get("initargs")),
+                       "readers": _strings(slot.get("readers"))}
+                      for slot in map(_plist, described.get("slots") or [])]}
+    if "method-count" in result:
+        structure["methods"] = [{"qualifiers": _strings(method.get("qualifiers")),
+                                 "specializers": _strings(method.get("specializers"))}
+                                for method in map(_plist, result.get("methods") or [])]
+        structure["methodCount"] = result["method-count"]
+    if result.get("location"):
+        location = _plist(result["location"])
+        structure["location"] = {"type": location["type"], **place_structure(location)}
+    return structure
+
+
+def method_line(method: dict[str, Any]) -> str:
+    """``:AROUND (CIRCLE T)``."""
+    return "".join(f"{q} " for q in method["qualifiers"]) + f"({' '.join(method['specializers'])})"
+
+
+def describe_text(structure: dict[str, Any]) -> str:
+    """A header ``NAME (home package, external|internal)``, one section per
+    kind of thing the name is, and the first definition's place."""
+    home = structure["package"] or "no home package"
+    sections = [f"{structure['symbol']} ({home}, {'external' if structure['external'] else 'internal'})"]
+    kinds, documentation = structure["kinds"], structure["documentation"]
+    if not kinds:
+        sections.append("It names no function, variable, class, type or package.")
+    for title, covered in SECTION_KINDS:
+        named = [kind for kind in kinds if kind in covered]
+        if not named:
+            continue
+        lines = [f"[{title}]", ", ".join(named)]
+        if title == "function" and "arglist" in structure:
+            lines.append(f"arglist: {structure['arglist']}")
+        if title == "variable" and "value" in structure:
+            lines.append(f"value: {structure['value']}")
+        if title == "class" and "class" in structure:
+            described = structure["class"]
+            lines.append(f"superclasses: {' '.join(described['superclasses']) or 'none'}")
+            for slot in described["slots"]:
+                details = [f"initargs {' '.join(slot['initargs'])}" if slot["initargs"] else "",
+                           f"readers {' '.join(slot['readers'])}" if slot["readers"] else ""]
+                lines.append(f"slot {slot['name']}" + "".join(f"; {d}" for d in details if d))
+        for kind in SECTION_DOCUMENTATION[title]:
+            if kind in documentation:
+                lines.append(documentation[kind])
+        if title == "function" and "methods" in structure:
+            shown, total = structure["methods"], structure["methodCount"]
+            lines.append(f"methods ({total}):")
+            lines += [f"  {method_line(method)}" for method in shown]
+            if total > len(shown):
+                lines.append(f"  … and {total - len(shown)} more, not listed")
+        sections.append("\n".join(lines))
+    if "location" in structure:
+        location = structure["location"]
+        sections.append(f"[location]\n{location['type']}\n{place_text(location)}")
+    return "\n\n".join(sections)
+
+
+def describe_error(arguments: dict[str, Any], kind: str, message: str) -> Rendered:
+    """A tool error whose structured content still fits describe-symbol's
+    outputSchema."""
+    return Rendered(error_text(kind, message), True,
+                    {"symbol": arguments["symbol"], "error": condition_structure(kind, message)})
+
+
+async def describe_symbol(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """What a name is: its kinds, arglist, documentation, value, class,
+    methods, home package and first definition's place."""
+    try:
+        result = await _ask(session, "cl-mcp-agent:describe-symbol-of", arguments)
+    except SessionError as error:
+        return describe_error(arguments, error.kind, error.message)
+    if result.get("status") != "ok":
+        return describe_error(arguments, result["error"]["type"], result["error"]["message"])
+    structure = describe_structure(result)
+    return Rendered(describe_text(structure), False, structure)
