@@ -29,6 +29,7 @@ def build_tools() -> dict[str, ToolSpec]:
     from cl_mcp.tools import definitions, evaluate, restarts, systems
     from cl_mcp.tools import code
     from cl_mcp.tools import browse, inspector
+    from cl_mcp.tools import names
 
     handlers: dict[str, Handler] = {
         "evaluate-lisp": evaluate.evaluate_lisp,
@@ -43,6 +44,8 @@ def build_tools() -> dict[str, ToolSpec]:
         "apropos": browse.apropos,
         "macroexpand": browse.macroexpand,
         "inspect": inspector.inspect,
+        "find-definition": names.find_definition,
+        "describe-symbol": names.describe_symbol,
     }
     tools = {}
     for definition in tool_definitions():
