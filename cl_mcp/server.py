@@ -77,7 +77,9 @@ INSTRUCTIONS = (
     "definitions persist between calls. An error lists its restarts and the "
     "evaluation waits there: invoke-restart continues it, backtrace and "
     "eval-in-frame inspect it. list-definitions shows what the session defined, "
-    "load-system loads ASDF systems, reset-session starts over."
+    "load-system loads ASDF systems, reset-session starts over. To work on code as "
+    "SLIME does: find-definition, xref, describe-symbol, apropos, macroexpand, "
+    "inspect, and compile-file (compiler notes with their file, line and column)."
 )
 
 Send = Callable[[Any], None]
