@@ -8,46 +8,27 @@ import shutil
 from pathlib import Path
 
 import pytest
-from jsonschema import Draft202012Validator
 
-from tests.integration.attach_fixtures import SwankServer, temporary_home
-from tests.integration.conftest import McpProcess
+from tests.integration.devtools import FIXTURES, MODES, check_results_of, checked_call, cl_mcp_in
 
-FILES = (Path(__file__).parents[1] / "fixtures" / "lisp" / "files").resolve()
+FILES = FIXTURES / "files"
 
 
-@pytest.fixture(scope="module", params=["embedded", "attached"])
+@pytest.fixture(scope="module", params=MODES)
 def lisp(request, tmp_path_factory):
     """cl-mcp, embedded or attached, and a copy of the fixture files (the
     fasls are written beside them)."""
-    swank = None
-    if request.param == "attached":
-        home = temporary_home()
-        swank = SwankServer(home)
-        process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
-    else:
-        process = McpProcess()
-    process.initialize()
-    directory = tmp_path_factory.mktemp("files")
-    for source in FILES.glob("*.lisp"):
-        shutil.copy(source, directory / source.name)
-    tools = {tool["name"]: tool for tool in process.request("tools/list")["result"]["tools"]}
-    process.output_schema = Draft202012Validator(tools["compile-file"]["outputSchema"])
-    process.files = directory.resolve()
-    try:
+    with cl_mcp_in(request.param) as process:
+        directory = tmp_path_factory.mktemp("files")
+        for source in FILES.glob("*.lisp"):
+            shutil.copy(source, directory / source.name)
+        process.files = directory.resolve()
+        check_results_of(process, "compile-file")
         yield process
-    finally:
-        process.close()
-        if swank:
-            swank.stop()
 
 
 def compile_file(process, **arguments):
-    """The result, its structured content checked against the outputSchema."""
-    result = process.call("compile-file", **arguments)
-    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
-    assert errors == [], (result["structuredContent"], errors)
-    return result
+    return checked_call(process, "compile-file", **arguments)
 
 
 def test_warnings_are_reported_at_their_lines_and_do_not_stop_the_load(lisp):

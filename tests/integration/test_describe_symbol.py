@@ -4,52 +4,28 @@ image cl-mcp owns and in a programmer's image it attaches to."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from jsonschema import Draft202012Validator
 
-from tests.integration.attach_fixtures import SwankServer, temporary_home
-from tests.integration.conftest import McpProcess
+from tests.integration.devtools import FIXTURE, MODES, check_results_of, checked_call, cl_mcp_in, load_fixture
 
-FIXTURE = (Path(__file__).parents[1] / "fixtures" / "lisp" / "cl-mcp-fixture").resolve()
 SHAPES = str(FIXTURE / "shapes.lisp")
 PACKAGE = str(FIXTURE / "package.lisp")
 
 
-@pytest.fixture(scope="module", params=["embedded", "attached"])
+@pytest.fixture(scope="module", params=MODES)
 def lisp(request):
     """cl-mcp with the fixture system loaded through evaluate-lisp, embedded
     or attached."""
-    swank = None
-    if request.param == "attached":
-        home = temporary_home()
-        swank = SwankServer(home)
-        process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
-    else:
-        process = McpProcess()
-    process.initialize()
-    try:
-        for code in (f'(asdf:load-asd "{FIXTURE}/cl-mcp-fixture.asd")',
-                     '(asdf:load-system "cl-mcp-fixture")',
-                     '(intern "CL-MCP-FIXTURE" "CL-USER")'):
-            text, is_error = process.eval(code)
-            assert not is_error, text
-        tools = {tool["name"]: tool for tool in process.request("tools/list")["result"]["tools"]}
-        process.output_schema = Draft202012Validator(tools["describe-symbol"]["outputSchema"])
+    with cl_mcp_in(request.param) as process:
+        load_fixture(process)
+        text, is_error = process.eval('(intern "CL-MCP-FIXTURE" "CL-USER")')
+        assert not is_error, text
+        check_results_of(process, "describe-symbol")
         yield process
-    finally:
-        process.close()
-        if swank:
-            swank.stop()
-
 
 def describe(process, **arguments):
-    """The result, its structured content checked against the outputSchema."""
-    result = process.call("describe-symbol", **arguments)
-    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
-    assert errors == [], (result["structuredContent"], errors)
-    return result
+    return checked_call(process, "describe-symbol", **arguments)
 
 
 def place(structured):

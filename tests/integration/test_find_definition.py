@@ -6,15 +6,11 @@ cl-mcp owns and in a programmer's image it attaches to."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from jsonschema import Draft202012Validator
 
-from tests.integration.attach_fixtures import SwankServer, temporary_home
-from tests.integration.conftest import McpProcess
+from tests.integration.devtools import FIXTURE, MODES, check_results_of, checked_call, cl_mcp_in, load_fixture
 
-FIXTURE = (Path(__file__).parents[1] / "fixtures" / "lisp" / "cl-mcp-fixture").resolve()
 SHAPES = str(FIXTURE / "shapes.lisp")
 PACKAGE = str(FIXTURE / "package.lisp")
 
@@ -24,16 +20,7 @@ REPL_PROGN = ("(progn (defvar *repl-count* 1)\n"
               "         (call-next-method)))")
 
 
-def start(mode: str) -> tuple[McpProcess, SwankServer | None]:
-    """cl-mcp embedded, or attached to a programmer's Swank server."""
-    if mode == "attached":
-        home = temporary_home()
-        swank = SwankServer(home)
-        return McpProcess("--connect", str(swank.port), env={"HOME": str(home)}), swank
-    return McpProcess(), None
-
-
-def evaluation_counter(process: McpProcess) -> int:
+def evaluation_counter(process) -> int:
     """The number of the evaluation that reads the counter, less one: the
     number of the evaluation before it."""
     text, is_error = process.eval("cl-mcp-agent::*evaluation-counter*")
@@ -41,39 +28,26 @@ def evaluation_counter(process: McpProcess) -> int:
     return int(text.removeprefix("=> ")) - 1
 
 
-@pytest.fixture(scope="module", params=["embedded", "attached"])
+@pytest.fixture(scope="module", params=MODES)
 def lisp(request):
     """cl-mcp with the fixture system loaded through evaluate-lisp, and a
     few definitions made through evaluate-lisp (their evaluations' numbers
     in process.numbers)."""
-    process, swank = start(request.param)
-    process.initialize()
-    try:
-        for code in (f'(asdf:load-asd "{FIXTURE}/cl-mcp-fixture.asd")',
-                     '(asdf:load-system "cl-mcp-fixture")',
-                     '(intern "CL-MCP-FIXTURE" "CL-USER")'):
-            text, is_error = process.eval(code)
-            assert not is_error, text
+    with cl_mcp_in(request.param) as process:
+        load_fixture(process)
+        text, is_error = process.eval('(intern "CL-MCP-FIXTURE" "CL-USER")')
+        assert not is_error, text
         process.numbers = {}
         for name, code in (("greeter", REPL_GREETER), ("progn", f"  ; a comment\n{REPL_PROGN}\n 42")):
             text, is_error = process.eval(code)
             assert not is_error, text
             process.numbers[name] = evaluation_counter(process)
-        tools = {tool["name"]: tool for tool in process.request("tools/list")["result"]["tools"]}
-        process.output_schema = Draft202012Validator(tools["find-definition"]["outputSchema"])
+        check_results_of(process, "find-definition")
         yield process
-    finally:
-        process.close()
-        if swank:
-            swank.stop()
 
 
 def find(process, **arguments):
-    """The result, its structured content checked against the outputSchema."""
-    result = process.call("find-definition", **arguments)
-    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
-    assert errors == [], (result["structuredContent"], errors)
-    return result
+    return checked_call(process, "find-definition", **arguments)
 
 
 def places(result):
@@ -187,11 +161,9 @@ def test_unknown_symbol_or_package_is_an_error_and_interns_nothing(lisp):
     assert result["isError"] and "no-such-package-xyz" in result["content"][0]["text"]
 
 
-@pytest.mark.parametrize("mode", ["embedded", "attached"])
+@pytest.mark.parametrize("mode", MODES)
 def test_reset_session_forgets_the_kept_sources(mode):
-    process, swank = start(mode)
-    process.initialize()
-    try:
+    with cl_mcp_in(mode) as process:
         method = "(defmethod make-load-form ((object (eql :names-reset-probe)) &optional environment)\n  environment)"
         text, is_error = process.eval(method)
         assert not is_error, text
@@ -206,7 +178,3 @@ def test_reset_session_forgets_the_kept_sources(mode):
         # Attached, the method is still in the programmer's image (a soft
         # reset leaves it), but its kept source is gone.
         assert kept() == []
-    finally:
-        process.close()
-        if swank:
-            swank.stop()

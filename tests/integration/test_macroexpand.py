@@ -4,48 +4,23 @@ fully, in an image cl-mcp owns and in a programmer's image it attaches to
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from jsonschema import Draft202012Validator
 
-from tests.integration.attach_fixtures import SwankServer, temporary_home
-from tests.integration.conftest import McpProcess
-
-FIXTURE = (Path(__file__).parents[1] / "fixtures" / "lisp" / "cl-mcp-fixture").resolve()
+from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, load_fixture
 
 
-@pytest.fixture(scope="module", params=["embedded", "attached"])
+
+@pytest.fixture(scope="module", params=MODES)
 def lisp(request):
     """cl-mcp with the fixture system loaded, embedded or attached."""
-    swank = None
-    if request.param == "attached":
-        home = temporary_home()
-        swank = SwankServer(home)
-        process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
-    else:
-        process = McpProcess()
-    process.initialize()
-    try:
-        text, is_error = process.eval(f'(asdf:load-asd "{FIXTURE}/cl-mcp-fixture.asd")')
-        assert not is_error, text
-        loaded = process.call("load-system", system="cl-mcp-fixture")
-        assert not loaded["isError"], loaded
-        tools = {tool["name"]: tool for tool in process.request("tools/list")["result"]["tools"]}
-        process.output_schema = Draft202012Validator(tools["macroexpand"]["outputSchema"])
+    with cl_mcp_in(request.param) as process:
+        load_fixture(process)
+        check_results_of(process, "macroexpand")
         yield process
-    finally:
-        process.close()
-        if swank:
-            swank.stop()
-
 
 def expand(process, **arguments):
-    """The result, its structured content checked against the outputSchema."""
-    result = process.call("macroexpand", **arguments)
-    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
-    assert errors == [], (result["structuredContent"], errors)
-    return result
+    return checked_call(process, "macroexpand", **arguments)
 
 
 def test_one_step_of_the_fixtures_macro(lisp):

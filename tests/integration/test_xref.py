@@ -4,53 +4,28 @@ are the fixture's (tests/fixtures/lisp/cl-mcp-fixture/)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
-from jsonschema import Draft202012Validator
 
-from tests.integration.attach_fixtures import SwankServer, temporary_home
-from tests.integration.conftest import McpProcess
+from tests.integration.devtools import FIXTURE, MODES, check_results_of, checked_call, cl_mcp_in, load_fixture
 
-FIXTURE = (Path(__file__).parents[1] / "fixtures" / "lisp" / "cl-mcp-fixture").resolve()
 SHAPES = str(FIXTURE / "shapes.lisp")
 CALLERS = str(FIXTURE / "callers.lisp")
 
 
-@pytest.fixture(scope="module", params=["embedded", "attached"])
+@pytest.fixture(scope="module", params=MODES)
 def lisp(request):
     """cl-mcp with the fixture system loaded and one caller of GREET
     defined through evaluate-lisp, embedded or attached."""
-    swank = None
-    if request.param == "attached":
-        home = temporary_home()
-        swank = SwankServer(home)
-        process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
-    else:
-        process = McpProcess()
-    process.initialize()
-    try:
-        text, is_error = process.eval(f'(asdf:load-asd "{FIXTURE}/cl-mcp-fixture.asd")')
-        assert not is_error, text
-        loaded = process.call("load-system", system="cl-mcp-fixture")
-        assert not loaded["isError"], loaded
+    with cl_mcp_in(request.param) as process:
+        load_fixture(process)
         text, is_error = process.eval('(defun repl-greeter () (cl-mcp-fixture:greet "you"))')
         assert (text, is_error) == ("=> REPL-GREETER", False)
-        tools = {tool["name"]: tool for tool in process.request("tools/list")["result"]["tools"]}
-        process.output_schema = Draft202012Validator(tools["xref"]["outputSchema"])
+        check_results_of(process, "xref")
         yield process
-    finally:
-        process.close()
-        if swank:
-            swank.stop()
-
 
 def xref(process, **arguments):
-    """The result, its structured content checked against the outputSchema."""
-    result = process.call("xref", **arguments)
-    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
-    assert errors == [], (result["structuredContent"], errors)
-    return result
+    return checked_call(process, "xref", **arguments)
 
 
 def places(result):

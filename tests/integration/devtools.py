@@ -1,0 +1,62 @@
+"""What the development tools' tests share: a cl-mcp in either mode (its
+own image, or attached to a Swank started as from Emacs), the fixture
+system loaded (tests/fixtures/lisp/cl-mcp-fixture/), and each result's
+structured content checked against the tool's outputSchema."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from jsonschema import Draft202012Validator
+
+from tests.integration.attach_fixtures import SwankServer, temporary_home
+from tests.integration.conftest import McpProcess
+
+FIXTURES = (Path(__file__).parents[1] / "fixtures" / "lisp").resolve()
+FIXTURE = FIXTURES / "cl-mcp-fixture"
+MODES = ["embedded", "attached"]
+
+
+@contextmanager
+def cl_mcp_in(mode: str) -> Iterator[McpProcess]:
+    """An initialized cl-mcp: embedded, or attached to a programmer's Swank."""
+    swank = None
+    if mode == "attached":
+        home = temporary_home()
+        swank = SwankServer(home)
+        process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
+    else:
+        process = McpProcess()
+    process.mode = mode
+    try:
+        process.initialize()
+        yield process
+    finally:
+        process.close()
+        if swank:
+            swank.stop()
+
+
+def load_fixture(process: McpProcess) -> None:
+    """Load the fixture system into PROCESS's image through load-system (so
+    its packages count as a library's, not the session's own)."""
+    text, is_error = process.eval(f'(asdf:load-asd "{FIXTURE}/cl-mcp-fixture.asd")')
+    assert not is_error, text
+    loaded = process.call("load-system", system="cl-mcp-fixture")
+    assert not loaded["isError"], loaded
+
+
+def check_results_of(process: McpProcess, tool: str) -> None:
+    """Have `checked_call` validate TOOL's structured content."""
+    tools = {each["name"]: each for each in process.request("tools/list")["result"]["tools"]}
+    process.output_schema = Draft202012Validator(tools[tool]["outputSchema"])
+
+
+def checked_call(process: McpProcess, tool: str, **arguments) -> dict:
+    """The result of TOOL, its structured content checked against the outputSchema."""
+    result = process.call(tool, **arguments)
+    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
+    assert errors == [], (result["structuredContent"], errors)
+    return result
