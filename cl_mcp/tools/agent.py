@@ -1,12 +1,13 @@
 """What every tool needs to call the image-side agent: its answers as
-dicts, numbers the Lisp reader reads fast, and how long past its own
-deadline a call may take to come back."""
+dicts, numbers the Lisp reader reads fast, how long past its own deadline a
+call may take to come back, and one call with its failures in one shape."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from cl_mcp import sexp
+from cl_mcp.errors import SessionError
 from cl_mcp.sexp import Keyword, SExp
 from cl_mcp.session import LispSession
 
@@ -45,3 +46,23 @@ def follow_package(session: LispSession, result: dict[str, Any], explicit: bool)
     if isinstance(result.get("package"), str) and (not explicit or result.get("package-changed")):
         session.package = result["package"]
 
+
+
+# What went wrong with an agent call: the error's type and message.
+Failure = tuple[str, str]
+
+
+async def ask_agent(session: LispSession, form: SExp,
+                    deadline: float) -> tuple[dict[str, Any], None] | tuple[None, Failure]:
+    """Run FORM in the session's turn: (its plist as a dict, None), or
+    (None, (TYPE, MESSAGE)) when the session could not run it or the agent
+    answered :status :error.  For the tools whose every failure is one kind
+    of tool error."""
+    try:
+        async with session.turn():
+            result = result_dict(await session.call(form, deadline))
+    except SessionError as error:
+        return None, (error.kind, error.message)
+    if result.get("status") != "ok":
+        return None, (result["error"]["type"], result["error"]["message"])
+    return result, None

@@ -7,11 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp import sexp
-from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_text
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, lisp_seconds, result_dict
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds
 
 
 def _plist(value: Any) -> dict[str, Any]:
@@ -74,13 +73,9 @@ async def apropos(session: LispSession, arguments: dict[str, Any]) -> Rendered:
         form += [Keyword("external-only"), Symbol("t")]
     if arguments.get("type"):
         form += [Keyword("type"), arguments["type"]]
-    try:
-        async with session.turn():
-            result = result_dict(await session.call(form, session.config.eval_timeout + DEADLINE_GRACE))
-    except SessionError as error:
-        return apropos_error(arguments, error.kind, error.message)
-    if result.get("status") != "ok":
-        return apropos_error(arguments, result["error"]["type"], result["error"]["message"])
+    result, failure = await ask_agent(session, form, session.config.eval_timeout + DEADLINE_GRACE)
+    if failure is not None:
+        return apropos_error(arguments, *failure)
     return render_apropos(result)
 
 
@@ -104,13 +99,9 @@ async def macroexpand(session: LispSession, arguments: dict[str, Any]) -> Render
                        Keyword("timeout"), lisp_seconds(timeout)]
     if arguments.get("all"):
         form += [Keyword("all"), Symbol("t")]
-    try:
-        async with session.turn():
-            result = result_dict(await session.call(form, timeout + DEADLINE_GRACE))
-    except SessionError as error:
-        return macroexpand_error(arguments, error.kind, error.message)
-    if result.get("status") != "ok":
-        return macroexpand_error(arguments, result["error"]["type"], result["error"]["message"])
+    result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE)
+    if failure is not None:
+        return macroexpand_error(arguments, *failure)
     expanded = _flag(result.get("expanded"))
     text = result["expansion"] + ("" if expanded else f"\n{NOT_EXPANDED}")
     return Rendered(text, False, {"form": arguments["form"], "expansion": result["expansion"],

@@ -11,7 +11,7 @@ from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_text, place_structure
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, result_dict
 
 # What each relation says about a referrer, in the result's first line.
 RELATION_VERBS = {
@@ -84,15 +84,11 @@ async def xref(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """The definitions that call, reference, bind, set, macroexpand or
     specialize on a symbol, with their places."""
     relation = arguments.get("relation", "calls")
-    try:
-        async with session.turn():
-            form = [Symbol("cl-mcp-agent:xref-of"), arguments["symbol"], Keyword(relation),
-                    Keyword("package"), arguments.get("package") or session.package]
-            result = result_dict(await session.call(form, session.config.eval_timeout + DEADLINE_GRACE))
-    except SessionError as error:
-        return xref_error(arguments, error.kind, error.message)
-    if result.get("status") != "ok":
-        return xref_error(arguments, result["error"]["type"], result["error"]["message"])
+    form = [Symbol("cl-mcp-agent:xref-of"), arguments["symbol"], Keyword(relation),
+            Keyword("package"), arguments.get("package") or session.package]
+    result, failure = await ask_agent(session, form, session.config.eval_timeout + DEADLINE_GRACE)
+    if failure is not None:
+        return xref_error(arguments, *failure)
     return render_xref(result)
 
 

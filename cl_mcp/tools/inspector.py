@@ -7,11 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp import sexp
-from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_text
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, lisp_seconds, result_dict, whole
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, whole
 
 
 def inspect_error(arguments: dict[str, Any], kind: str, message: str) -> Rendered:
@@ -80,11 +79,7 @@ async def inspect(session: LispSession, arguments: dict[str, Any]) -> Rendered:
             form += [Keyword("part"), whole(part)]
     if arguments.get("start"):
         form += [Keyword("start"), whole(arguments["start"])]
-    try:
-        async with session.turn():
-            result = result_dict(await session.call(form, timeout + DEADLINE_GRACE))
-    except SessionError as error:
-        return inspect_error(arguments, error.kind, error.message)
-    if result.get("status") != "ok":
-        return inspect_error(arguments, result["error"]["type"], result["error"]["message"])
+    result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE)
+    if failure is not None:
+        return inspect_error(arguments, *failure)
     return render_inspect(result)

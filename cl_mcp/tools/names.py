@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp import sexp
-from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_text, place_structure, place_text
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent
 
 
 def _plist(value: Any) -> dict[str, Any]:
@@ -27,13 +26,11 @@ def _strings(value: Any) -> list[str]:
     return [item for item in value or [] if isinstance(item, str)]
 
 
-async def _ask(session: LispSession, function: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Call the agent's FUNCTION on the symbol, read in the given package or
-    the session's; raises SessionError when the image is lost."""
-    form = [Symbol(function), arguments["symbol"],
+def _about_symbol(session: LispSession, function: str, arguments: dict[str, Any]) -> list[Any]:
+    """The agent's FUNCTION called on the symbol, read in the given package
+    or the session's."""
+    return [Symbol(function), arguments["symbol"],
             Keyword("package"), arguments.get("package") or session.package]
-    async with session.turn():
-        return result_dict(await session.call(form, session.config.eval_timeout + DEADLINE_GRACE))
 
 
 # ---------------------------------------------------------------- find-definition
@@ -107,12 +104,10 @@ def find_definition_error(arguments: dict[str, Any], kind: str, message: str) ->
 async def find_definition(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """Every definition of a name: its type and place, or the source an
     evaluate-lisp call gave it."""
-    try:
-        result = await _ask(session, "cl-mcp-agent:find-definition-of", arguments)
-    except SessionError as error:
-        return find_definition_error(arguments, error.kind, error.message)
-    if result.get("status") != "ok":
-        return find_definition_error(arguments, result["error"]["type"], result["error"]["message"])
+    result, failure = await ask_agent(session, _about_symbol(session, "cl-mcp-agent:find-definition-of", arguments),
+                                      session.config.eval_timeout + DEADLINE_GRACE)
+    if failure is not None:
+        return find_definition_error(arguments, *failure)
     return render_definitions(result)
 
 
@@ -221,11 +216,9 @@ def describe_error(arguments: dict[str, Any], kind: str, message: str) -> Render
 async def describe_symbol(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """What a name is: its kinds, arglist, documentation, value, class,
     methods, home package and first definition's place."""
-    try:
-        result = await _ask(session, "cl-mcp-agent:describe-symbol-of", arguments)
-    except SessionError as error:
-        return describe_error(arguments, error.kind, error.message)
-    if result.get("status") != "ok":
-        return describe_error(arguments, result["error"]["type"], result["error"]["message"])
+    result, failure = await ask_agent(session, _about_symbol(session, "cl-mcp-agent:describe-symbol-of", arguments),
+                                      session.config.eval_timeout + DEADLINE_GRACE)
+    if failure is not None:
+        return describe_error(arguments, *failure)
     structure = describe_structure(result)
     return Rendered(describe_text(structure), False, structure)
