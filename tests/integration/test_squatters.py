@@ -18,6 +18,7 @@ from cl_mcp.sexp import Symbol
 from cl_mcp.swank.client import SwankConnection
 from cl_mcp.swank.wire import encode_frame
 from tests.integration.conftest import listening_ports
+from tests.integration.test_swank_client import run, with_connection
 
 NOBODY = 65534
 
@@ -76,10 +77,6 @@ def wrong_secret_squatter(family: int, address) -> socket.socket:
 requires_root = pytest.mark.skipif(os.geteuid() != 0, reason="another user's process needs root to start")
 
 
-def run(coroutine):
-    return asyncio.run(asyncio.wait_for(coroutine, 60))
-
-
 def test_squatters_on_swanks_port_neither_lock_cl_mcp_out_nor_stall_it():
     async def body():
         image = LispImage(ImageConfig())
@@ -119,19 +116,8 @@ def test_another_users_connection_to_swanks_port_is_closed_at_once():
     run(body())
 
 
-async def with_control(body):
-    image = LispImage(ImageConfig())
-    port = await image.start()
-    control = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
-    try:
-        return await body(image, control)
-    finally:
-        await control.close()
-        await image.stop()
-
-
 def test_squatters_on_the_lane_neither_lock_cl_mcp_out_nor_stall_it():
-    async def body(image, control):
+    async def body(control, image):
         name = await control.rex([Symbol("cl-mcp-agent:open-lane")])
         squatters = [silent_squatter(socket.AF_UNIX, "\0" + name),
                      wrong_secret_squatter(socket.AF_UNIX, "\0" + name)]
@@ -147,16 +133,16 @@ def test_squatters_on_the_lane_neither_lock_cl_mcp_out_nor_stall_it():
         finally:
             for squatter in squatters:
                 squatter.close()
-    run(with_control(body))
+    run(with_connection(body))
 
 
 @requires_root
 def test_another_users_connection_to_the_lane_is_closed_at_once():
-    async def body(image, control):
+    async def body(control, image):
         name = await control.rex([Symbol("cl-mcp-agent:open-lane")])
         squatter = await asyncio.to_thread(other_user_squatter, "unix", name)
         assert await asyncio.to_thread(closed_at_once, squatter)
         lane = await SwankConnection.open("\0" + name, None, secret=image.secret, ids=control.ids)
         assert await lane.rex([Symbol("cl:+"), 2, 2]) == 4
         await lane.close()
-    run(with_control(body))
+    run(with_connection(body))
