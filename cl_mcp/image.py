@@ -77,12 +77,26 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cl-mcp"
 
 
+def agent_parts(bootstrap: Path) -> list[Path]:
+    """The agent's parts, agent/*.lisp beside BOOTSTRAP, which loads them
+    in the order its `*agent-parts*' gives."""
+    return sorted((bootstrap.parent / "agent").glob("*.lisp"))
+
+
+def agent_digest(bootstrap: Path) -> str:
+    """The SHA-256 of the whole agent: BOOTSTRAP and every part, by name."""
+    digest = hashlib.sha256(bootstrap.read_bytes())
+    for part in agent_parts(bootstrap):
+        digest.update(f"\0{part.name}\0".encode())
+        digest.update(part.read_bytes())
+    return digest.hexdigest()
+
+
 def agent_fasl(bootstrap: Path, directory: Path) -> Path:
-    """Where the compiled agent is kept in DIRECTORY: keyed by the source's
-    hash, so an edited agent is recompiled (the SBCL version and `.fasl` are
-    added on the Lisp side)."""
-    digest = hashlib.sha256(bootstrap.read_bytes()).hexdigest()[:16]
-    return directory / f"agent-{digest}"
+    """The stem of the compiled agent's files in DIRECTORY: keyed by the
+    agent's hash, so an edited agent is recompiled (the part's name, the
+    SBCL version and `.fasl` are added on the Lisp side)."""
+    return directory / f"agent-{agent_digest(bootstrap)[:16]}"
 
 
 def cached_code(bootstrap: Path, directory: Path, core: Path | None) -> list[Path]:
@@ -164,7 +178,7 @@ def saved_core(sbcl: str, slime_dir: Path, bootstrap: Path) -> Path:
     name is a hash of the agent's text and of the path, size and mtime of
     the SBCL binary and of every Swank source, so a new agent, an upgraded
     SBCL or another Swank gets a core of its own."""
-    digest = hashlib.sha256(bootstrap.read_bytes())
+    digest = hashlib.sha256(agent_digest(bootstrap).encode())
     for path in [Path(sbcl).resolve(), *sorted(slime_dir.glob("*.lisp")),
                  *sorted(slime_dir.glob("swank/*.lisp"))]:
         info = path.stat()
@@ -200,24 +214,13 @@ def remove_stale_caches(fasl: Path, core: Path | None) -> None:
                 pass
 
 
-def _load_compiled_form(bootstrap: Path, directory: Path) -> str:
-    """Compile the agent into DIRECTORY (made and checked by Python) once
-    per version (one compilation unit, so its forward references are fine),
-    then load the fasl.  It is compiled to a name of its own and renamed, so
-    two images starting at once never load a half-written file; it is made
-    writable by its owner only, whatever the umask, or the next start would
-    refuse it."""
-    source = _lisp_string(str(bootstrap))
+def _load_agent_forms(bootstrap: Path, directory: Path) -> list[str]:
+    """Load the agent's entry file, then its parts, each compiled once per
+    version into DIRECTORY (made and checked by Python)."""
+    parts = _lisp_string(f"{bootstrap.parent / 'agent'}/")
     stem = _lisp_string(str(agent_fasl(bootstrap, directory)))
-    return (
-        f"(let* ((fasl (format nil \"~A-~A.fasl\" {stem} (lisp-implementation-version)))"
-        "        (temp (format nil \"~A.~D.tmp\" fasl (sb-posix:getpid))))"
-        "  (unless (probe-file fasl)"
-        f"    (compile-file {source} :output-file temp)"
-        "    (sb-posix:chmod temp #o600)"
-        "    (rename-file temp fasl))"
-        "  (load fasl))"
-    )
+    return [f"(load {_lisp_string(str(bootstrap))})",
+            f"(cl-mcp-agent::load-parts {parts} {stem})"]
 
 
 def loading_forms(slime_dir: Path, bootstrap: Path, fasl_dir: Path) -> list[str]:
@@ -227,7 +230,7 @@ def loading_forms(slime_dir: Path, bootstrap: Path, fasl_dir: Path) -> list[str]
         "(require :asdf)",
         f"(load {_lisp_string(str(slime_dir / 'swank-loader.lisp'))})",
         "(swank-loader:init :setup nil :quiet t)",
-        _load_compiled_form(bootstrap, fasl_dir),
+        *_load_agent_forms(bootstrap, fasl_dir),
     ]
 
 

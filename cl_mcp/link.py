@@ -15,15 +15,15 @@ when that drops.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
+import re
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
 
 from cl_mcp import idle_poll, sexp
 from cl_mcp.errors import ImageError, SessionError, SwankError
-from cl_mcp.image import ImageConfig, LispImage, find_bootstrap
+from cl_mcp.image import ImageConfig, LispImage, agent_digest, agent_parts, find_bootstrap
 from cl_mcp.sexp import SExp, Symbol
 from cl_mcp.swank.client import SwankConnection
 
@@ -52,7 +52,8 @@ LOAD_AGENT = """
         (*package* (find-package "COMMON-LISP-USER")))
     (handler-bind ((warning #'muffle-warning))
       (with-compilation-unit ()
-        (load (make-string-input-stream @SOURCE@)))))
+        (load (make-string-input-stream @BOOTSTRAP@))
+        (funcall (find-symbol "LOAD-PART-TEXTS" "CL-MCP-AGENT") '@PARTS@))))
   (setf (symbol-value (find-symbol "*LOADED-DIGEST*" "CL-MCP-AGENT")) @DIGEST@)
   t)
 """
@@ -409,13 +410,15 @@ class AttachedLink:
 
     async def _prepare(self, connection: SwankConnection) -> None:
         """Load the agent (once per version) and set up this connection."""
-        source = find_bootstrap().read_text("utf-8")
-        digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
+        bootstrap = find_bootstrap()
+        digest = agent_digest(bootstrap)
         # Loaded once per version: attaching again changes nothing.
         if await connection.rex(_eval_text(LOADED_DIGEST_FORM)) != digest:
-            # The source goes in last, so nothing in it is taken for a slot.
-            code = LOAD_AGENT.replace("@DIGEST@", sexp.dumps(digest)).replace(
-                "@SOURCE@", sexp.dumps(source))
+            parts = [[part.stem, part.read_text("utf-8")] for part in agent_parts(bootstrap)]
+            # One pass, so nothing in the texts is taken for a slot.
+            slots = {"DIGEST": sexp.dumps(digest), "PARTS": sexp.dumps(parts),
+                     "BOOTSTRAP": sexp.dumps(bootstrap.read_text("utf-8"))}
+            code = re.sub(r"@([A-Z]+)@", lambda match: slots[match[1]], LOAD_AGENT)
             await connection.rex(_eval_text(code))
             log.info("loaded the cl-mcp agent into %s", self.describe())
         await connection.rex([Symbol("cl-mcp-agent:prepare-attached-connection")])

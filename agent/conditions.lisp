@@ -1,0 +1,261 @@
+;;;; agent/conditions.lisp --- naming conditions, backtraces and reading code
+;;;;
+;;;; How an error is told to the model: the condition's class and message,
+;;;; the frames between the signal and the evaluation's boundary, and reading
+;;;; the submitted code one form at a time.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define (calls that go back and forth say so).
+
+(in-package #:cl-mcp-agent)
+
+;;;; Naming conditions and describing errors
+
+(defun internal-package-p (package)
+  "True for SBCL's own packages and this agent's, whose condition classes
+are details of how a condition was signalled."
+  (and package
+       (let ((name (package-name package)))
+         (or (string= name "CL-MCP-AGENT")
+             (and (> (length name) 3) (string= "SB-" name :end2 3))))))
+
+(defun public-type-name (condition &optional (kind 'condition))
+  "A type name for CONDITION that a user can act on: its own class, or for
+internal classes the nearest superclass of type KIND from outside SBCL (so
+SB-INT:SIMPLE-STYLE-WARNING shows as STYLE-WARNING)."
+  (let ((class (class-of condition)))
+    (symbol-designator
+     (or (loop for super in (sb-mop:class-precedence-list class)
+               for name = (class-name super)
+               when (and (not (internal-package-p (symbol-package name)))
+                         (subtypep name kind))
+                 return name)
+         (class-name class)))))
+
+(defun detail-class-name-p (name)
+  "True for the names of classes that are details of an implementation:
+this agent's, and SBCL's internal (unexported) ones."
+  (let ((package (symbol-package name)))
+    (or (eq package (find-package "CL-MCP-AGENT"))
+        (and (internal-package-p package)
+             (not (eq (nth-value 1 (find-symbol (symbol-name name) package)) :external))))))
+
+(defun condition-type-name (condition)
+  "The condition's class name, package-qualified outside CL.  For a class
+that is an implementation detail (SB-KERNEL::RETRY-UNDEFINED-FUNCTION), its
+nearest superclass that is not (UNDEFINED-FUNCTION)."
+  (symbol-designator
+   (or (loop for class in (sb-mop:class-precedence-list (class-of condition))
+             for name = (class-name class)
+             unless (detail-class-name-p name) return name)
+       (type-of condition))))
+
+(defun reader-error-type (condition)
+  "Reader problems are reported by their standard type."
+  (cond ((typep condition 'end-of-file) "END-OF-FILE")
+        ((typep condition 'reader-error) "READER-ERROR")
+        (t (condition-type-name condition))))
+
+(defun error-message (condition timeout)
+  "The text that explains CONDITION.  A few of SBCL's reports are replaced
+by plainer ones that say what happened to the evaluation."
+  (typecase condition
+    (sb-ext:timeout
+     (format nil "Evaluation exceeded its deadline of ~A and was interrupted."
+             (seconds-text timeout)))
+    (undefined-function
+     (format nil "The function ~A is undefined."
+             (function-name-text (cell-error-name condition))))
+    (t (condition-message condition))))
+
+(defun describe-error (condition backtrace &key reading timeout)
+  "The :error plist for CONDITION."
+  (list :type (if reading
+                  (reader-error-type condition)
+                  (condition-type-name condition))
+        :message (error-message condition timeout)
+        :backtrace backtrace))
+
+(defun command-error (type message)
+  "A report of an error that is no condition of the user's code: TYPE (a
+string such as \"CL-MCP:NO-SUCH-FRAME\") and MESSAGE, with no backtrace."
+  (list :status :error :error (list :type type :message message :backtrace nil)
+        :stdout "" :stderr "" :warnings '()))
+
+(defparameter *warning-limit* 50
+  "Warnings reported per stretch; each message is cut to 1,000 characters.")
+
+(defun warning-entries (warnings error)
+  "WARNINGS as (TYPE MESSAGE) lists, in the order signalled, leaving out the
+compiler's note that a function is undefined when calling it is the ERROR.
+At most `*warning-limit*', so that a reply stays within a Swank frame."
+  (loop for w in (reverse warnings)
+        unless (and (typep error 'undefined-function)
+                    (typep w 'simple-condition)
+                    (member (cell-error-name error)
+                            (simple-condition-format-arguments w) :test #'equal))
+          collect (list (public-type-name w 'warning)
+                        (cap-string (condition-message w) 1000))
+            into entries
+        finally (return (subseq entries 0 (min (length entries) *warning-limit*)))))
+
+;;;; Backtraces
+;;;
+;;; A backtrace shows the frames between the one that signalled and the
+;;; evaluation's boundary, `%eval-form', leaving out the condition system,
+;;; SBCL's evaluator and this agent.
+
+(defun %eval-form (form)
+  "Evaluate FORM.  A named frame that marks where a backtrace ends (debug 3
+keeps the frame: no tail call)."
+  (declare (optimize (debug 3)))
+  (eval form))
+(declaim (notinline %eval-form))
+
+(defparameter *backtrace-frame-limit* 20
+  "Frames shown for an error.")
+
+(defparameter *frame-line-limit* 300
+  "Characters shown per backtrace frame.")
+
+(defparameter *signalling-frames*
+  (existing-symbols
+   '(("COMMON-LISP" "INVOKE-DEBUGGER") ("SB-KERNEL" "%SIGNAL") ("SB-KERNEL" "INTERNAL-ERROR")
+     ("SB-IMPL" "RUN-EXPIRED-TIMER") ("SB-IMPL" "RUN-EXPIRED-TIMERS")
+     ("SB-THREAD" "RUN-INTERRUPTION") ("SB-SYS" "INVOKE-INTERRUPTION")
+     ("SB-UNIX" "SIGALRM-HANDLER") ("SB-UNIX" "RUN-HANDLER")))
+  "Functions of the condition system and the timer machinery.  Frames up to
+the last of these near the top of the stack are how the condition was
+signalled, not where.")
+
+(defparameter *evaluator-frames*
+  (existing-symbols
+   '(("SB-INT" "SIMPLE-EVAL-IN-LEXENV") ("SB-IMPL" "SIMPLE-EVAL-PROGN-BODY")
+     ("SB-IMPL" "%SIMPLE-EVAL") ("SB-IMPL" "EVAL-IN-LEXENV")))
+  "SBCL's evaluator: present in every backtrace, never informative.")
+
+(defun frame-name (frame)
+  "The name of FRAME's function, or nil when SBCL cannot tell."
+  (ignore-errors (sb-debug::frame-call frame)))
+
+(defun frame-line (frame)
+  "FRAME printed as (FUNCTION ARGS...) on one bounded line."
+  (let ((text (handler-case
+                  (with-output-to-string (out)
+                    (let ((*print-length* 10) (*print-level* 3)
+                          (*print-pretty* nil) (*print-circle* t)
+                          (*print-readably* nil)
+                          (*package* (find-package "COMMON-LISP-USER")))
+                      (sb-debug::print-frame-call frame out)))
+                (serious-condition () "#<unprintable frame>"))))
+    (if (> (length text) *frame-line-limit*)
+        (concatenate 'string (subseq text 0 *frame-line-limit*) " ...")
+        text)))
+
+(defun agent-name-p (name)
+  "True when the function NAME (a symbol, or a list such as (FLET F :IN G)
+or (:METHOD M (CLASS))) mentions a symbol of this agent."
+  (let ((agent (find-package "CL-MCP-AGENT")))
+    (labels ((walk (x)
+               (typecase x
+                 (symbol (eq (symbol-package x) agent))
+                 (cons (or (walk (car x)) (walk (cdr x)))))))
+      (walk name))))
+
+(defun internal-frame-p (name)
+  "True for frames the user never wrote: the evaluator and its wrapper,
+this agent's own functions, and frames SBCL cannot name."
+  (or (member name *evaluator-frames* :test #'equal)
+      (equal name '(lambda ()))
+      (and (stringp name) (string/= name "undefined function"))
+      (agent-name-p name)))
+
+(defparameter *frame-walk-limit* 200
+  "Frames examined for one error.")
+
+(defun error-frames ()
+  "The frames between the point a condition was signalled and the
+evaluation boundary, user-relevant ones only, as frame objects.  Called
+from inside the handler, before anything unwinds, so the frames stay valid
+while the evaluation waits there."
+  (let ((frames '()))
+    (block walk
+      (sb-debug::map-backtrace
+       (lambda (frame)
+         (let ((name (frame-name frame)))
+           (when (eq name '%eval-form) (return-from walk))
+           (push (cons name frame) frames)))
+       :count *frame-walk-limit*))
+    (setf frames (nreverse frames))
+    ;; Drop the signalling machinery (and this agent's handler) above the
+    ;; frame that signalled.
+    (let ((last (position-if (lambda (entry)
+                               (or (member (car entry) *signalling-frames* :test #'equal)
+                                   (agent-name-p (car entry))))
+                             frames :end (min 40 (length frames)) :from-end t)))
+      (when last (setf frames (nthcdr (1+ last) frames))))
+    (loop for (name . frame) in frames
+          unless (internal-frame-p name) collect frame)))
+
+(defun undefined-function-line (frame condition)
+  "SBCL shows a call to an undefined function as a frame named
+\"undefined function\"; show the name that was called instead."
+  (let ((line (frame-line frame))
+        (name (function-name-text (cell-error-name condition))))
+    (concatenate 'string "(" name
+                 (subseq line (length "(\"undefined function\"")))))
+
+(defun frame-lines (frames condition count)
+  "The first COUNT of FRAMES as one-line strings."
+  (loop for frame in frames
+        repeat count
+        collect (if (and (typep condition 'undefined-function)
+                         (equal (frame-name frame) "undefined function"))
+                    (undefined-function-line frame condition)
+                    (frame-line frame))))
+
+(defun frame-locals (frame)
+  "FRAME's local variables as (NAME VALUE) strings, where the compiler kept
+them."
+  (let ((location (sb-di:frame-code-location frame))
+        (locals '()))
+    (handler-case
+        (sb-di:do-debug-fun-vars (var (sb-di:frame-debug-fun frame))
+          (when (and (sb-di:debug-var-symbol var)
+                     (eq (sb-di:debug-var-validity var location) :valid))
+            (push (list (symbol-designator (sb-di:debug-var-symbol var))
+                        (one-line (with-result-printing ()
+                                    (let ((*print-pretty* nil))
+                                      (safe-print (sb-di:debug-var-value var frame)
+                                                  #'prin1-to-string)))
+                                  200))
+                  locals)))
+      (serious-condition () nil))
+    (nreverse locals)))
+
+;;;; Reading code
+
+(defun find-package-designator (name)
+  "The package named NAME (exactly, or upcased), or nil."
+  (or (find-package name) (find-package (string-upcase name))))
+
+(define-condition incomplete-form (end-of-file)
+  ()
+  (:report "Incomplete form: the code ends before the form is complete (a missing \")\" or an unterminated string?).")
+  (:documentation "The code ended inside a form."))
+
+(defun read-next-form (stream eof)
+  "Read one form from STREAM, or EOF at its end.  An incomplete form
+signals `incomplete-form' rather than a bare END-OF-FILE on a string
+stream."
+  (handler-case (read stream nil eof)
+    (end-of-file () (error 'incomplete-form :stream stream))))
+
+(defun read-all-forms (code)
+  "The forms of CODE as one PROGN (read with the evaluation's *PACKAGE*)."
+  (let ((stream (make-string-input-stream code))
+        (eof (make-symbol "EOF")))
+    (cons 'progn (loop for form = (read-next-form stream eof)
+                       until (eq form eof)
+                       collect form))))

@@ -1,0 +1,539 @@
+;;;; agent/evaluate.lisp --- the evaluation's thread, waiting at an error, and its entry points
+;;;;
+;;;; Read and evaluate the code, report how it went, and wait at an error
+;;;; with the restarts intact for the commands later requests bring.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define (calls that go back and forth say so).
+
+(in-package #:cl-mcp-agent)
+
+;;;; The evaluation's thread
+;;;
+;;; Read and evaluate the code, and report how it went.  An error sends the
+;;; thread to `stop-at-error' (next section), which reports it and may keep
+;;; the thread waiting there.
+
+(defun timing-since (real run gc bytes)
+  "The (REAL-MS RUN-MS GC-MS BYTES) elapsed since the given readings."
+  (flet ((ms (ticks) (round (* 1000 ticks) internal-time-units-per-second)))
+    (list (ms (- (get-internal-real-time) real))
+          (ms (- (get-internal-run-time) run))
+          (ms (- sb-ext:*gc-run-time* gc))
+          (- (sb-ext:get-bytes-consed) bytes))))
+
+(defun stretch-report (evaluation status &rest more)
+  "The plist describing the stretch that just ended.  Empty output, no
+warnings and an unchanged package are left out: the reply is printed and
+read on every call."
+  (let* ((stdout (evaluation-stdout evaluation))
+         (stderr (evaluation-stderr evaluation))
+         (warnings (warning-entries (evaluation-warnings evaluation)
+                                    (evaluation-condition evaluation)))
+         (report (list* :status status :package (package-name *package*) more)))
+    (flet ((add (key value) (setf report (list* key value report))))
+      (when (plusp (kept stdout)) (add :stdout (stream-text stdout)))
+      (when (plusp (dropped stdout)) (add :stdout-dropped (dropped stdout)))
+      (when (plusp (kept stderr)) (add :stderr (stream-text stderr)))
+      (when (plusp (dropped stderr)) (add :stderr-dropped (dropped stderr)))
+      (when warnings (add :warnings warnings))
+      (unless (eq *package* (evaluation-package evaluation)) (add :package-changed t))
+      (when (evaluation-capture-time evaluation)
+        (add :timing (apply #'timing-since (evaluation-readings evaluation)))))
+    report))
+
+(defun image-exiting-p ()
+  "True once SB-EXT:EXIT has begun to shut the image down."
+  (let ((flag (find-symbol "*EXIT-IN-PROGRESS*" "SB-SYS")))
+    (and flag (boundp flag) (symbol-value flag) t)))
+
+(defparameter *control-stack-exhausted*
+  (first (existing-symbols '(("SB-KERNEL" "CONTROL-STACK-EXHAUSTED"))))
+  "SBCL's condition class for a control stack overflow.")
+
+(defun control-stack-exhausted-p (condition)
+  "True when CONDITION is a control stack overflow."
+  (and *control-stack-exhausted* (typep condition *control-stack-exhausted*)))
+
+(defun park-thread ()
+  "Keep this thread alive, idle, for the rest of the image's life.
+
+Why: SBCL 2.2.9 reuses the memory of an exited thread for the next one.
+After a stack overflow the guard page's bookkeeping in that memory is
+stale, and the next thread to overflow there kills the whole image
+(\"control_stack_guard_page_protected not NIL\").  A thread that never
+exits is never reused; it costs its stack and nothing else."
+  (setf (sb-thread:thread-name sb-thread:*current-thread*)
+        "cl-mcp evaluation (parked after a stack overflow)")
+  (loop (sleep 3600)))
+
+(defun %read-and-evaluate (evaluation)
+  "The loop of `read-and-evaluate'."
+  (let ((stream (make-string-input-stream (evaluation-code evaluation)))
+        (eof (make-symbol "EOF"))
+        (values '()))
+    (loop
+      (let* ((start (file-position stream))
+             (form (handler-case (read-next-form stream eof)
+                     (serious-condition (c)
+                       (return (list :reader-error (describe-error c nil :reading t)))))))
+        (when (eq form eof)
+          (return (list :ok values)))
+        (setf values (multiple-value-list (%eval-form form)))
+        ;; A definition's source is kept for find-definition (see
+        ;; `note-repl-definitions', in agent/names.lisp).
+        (when (consp form)
+          (note-repl-definitions form evaluation (evaluation-code evaluation)
+                                 start (file-position stream)))))))
+
+(defun read-and-evaluate (evaluation)
+  "Read the forms of the code one after another and evaluate each; return
+(:ok VALUES-OF-THE-LAST) or (:reader-error ERROR-PLIST)."
+  (if *track-session*
+      (call-tracking-session (lambda () (%read-and-evaluate evaluation)))
+      (%read-and-evaluate evaluation)))
+
+(defun %run-evaluation (evaluation)
+  "Evaluate EVALUATION's code with its output captured, its ABORT restart
+set up and every error sent to `stop-at-error'; post the report of a run
+that ends without waiting at an error."
+  (setf (evaluation-stdout evaluation) (make-capped-output-stream (evaluation-max-output evaluation))
+        (evaluation-stderr evaluation) (make-capped-output-stream (evaluation-max-output evaluation)))
+  (let ((*package* (evaluation-package evaluation))
+        ;; Printing a circular structure must end: without this, PRINT of a
+        ;; circular list fills the heap in the pretty printer's buffer.
+        (*print-circle* t))
+    (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
+      (let ((outcome
+              (catch evaluation
+                (restart-bind ((abort (lambda (&optional reported)
+                                        (throw evaluation (list :aborted reported)))
+                                 :report-function
+                                 (lambda (stream) (write-string "Abort this evaluation." stream))))
+                  (setf (evaluation-abort-restart evaluation) (find-restart 'abort))
+                  (flet ((stop (condition) (stop-at-error evaluation condition)))
+                    (handler-bind ((warning
+                                     (lambda (w)
+                                       (push w (evaluation-warnings evaluation))
+                                       (muffle-warning w)))
+                                   (serious-condition #'stop))
+                      (with-debugger-calling (#'stop)
+                        (start-stretch evaluation (evaluation-timeout evaluation))
+                        ;; The deadline ends while the handlers still stand, so
+                        ;; an interrupt that lands as the code finishes is
+                        ;; either a timeout like any other or nothing.
+                        (unwind-protect (let ((*inside-evaluation* t))
+                                          (read-and-evaluate evaluation))
+                          (stop-deadline evaluation)))))))))
+        (stop-deadline evaluation)
+        (forget-evaluation evaluation)
+        (setf (evaluation-abort-restart evaluation) nil)
+        (destructuring-bind (status &optional detail) outcome
+          (ecase status
+            (:ok (post-report evaluation
+                              (stretch-report evaluation :ok
+                                              :values (print-values detail (evaluation-max-output evaluation)))))
+            (:reader-error (post-report evaluation (stretch-report evaluation :error :error detail)))
+            (:aborted
+             (unless detail
+               (post-report evaluation
+                            (stretch-report evaluation :aborted
+                                            :error (list :type "CL-MCP:ABORTED"
+                                                         :message "The evaluation was aborted."
+                                                         :backtrace nil)))))))))))
+
+(defun run-evaluation (evaluation)
+  "The body of an evaluation's thread: read and evaluate the code, and post
+the final report (unless it was posted already, at an error).  Whatever
+happens, the caller hears back: a failure of this agent itself is reported
+as CL-MCP:INTERNAL-ERROR rather than leaving the caller waiting."
+  (let ((done nil))
+    (unwind-protect
+         (handler-case
+             (progn (%run-evaluation evaluation)
+                    (setf done t))
+           (serious-condition (c)
+             (post-report evaluation (command-error "CL-MCP:INTERNAL-ERROR"
+                                                    (condition-message c)))
+             (setf done t)))
+      (forget-evaluation evaluation)
+      (stop-deadline evaluation)
+      (unless done
+        (post-report evaluation
+                     (if (image-exiting-p)
+                         (command-error "CL-MCP:IMAGE-EXITING"
+                                        "The image is exiting (SB-EXT:EXIT was called).")
+                         (command-error "CL-MCP:ABORTED" "The evaluation's thread was ended."))))
+      (when (and (evaluation-continuation evaluation)
+                 (or (not done) (evaluation-overflowed evaluation)))
+        ;; This thread is being ended, or is about to park: it will not
+        ;; return to its request.
+        (answer-directly evaluation (take-report-now evaluation)))
+      ;; A caller that could not be answered from inside (not cl-mcp) must
+      ;; get its reply the normal way, so its thread cannot be parked.
+      (when (and (evaluation-overflowed evaluation) (evaluation-may-wait evaluation))
+        (park-thread)))))
+
+;;;; Waiting at an error
+;;;
+;;; `stop-at-error' runs inside the handler, where the condition was
+;;; signalled, before anything unwinds; an evaluation that may wait then
+;;; stays in `command-loop', carrying out the commands that come through
+;;; its mailbox, until one of them leaves the error.
+
+(defun evaluation-restarts-for (evaluation condition)
+  "The restarts for CONDITION from the user's code up to this evaluation's
+own ABORT; the thread's restarts beyond it are not the user's business."
+  (let* ((restarts (compute-restarts condition))
+         (ours (position (evaluation-abort-restart evaluation) restarts)))
+    (if ours (subseq restarts 0 (1+ ours)) restarts)))
+
+(defun restart-entries (restarts)
+  "RESTARTS as (NAME DESCRIPTION) lists."
+  (loop for restart in restarts
+        collect (list (let ((name (restart-name restart)))
+                        (if name (symbol-name name) "(unnamed)"))
+                      (one-line (safe-print restart #'princ-to-string) 200))))
+
+(defun find-restart-designator (evaluation designator)
+  "The restart DESIGNATOR names: an index into the listed restarts, or a
+restart name (case-insensitive)."
+  (let ((restarts (evaluation-restarts evaluation)))
+    (etypecase designator
+      (integer (nth designator restarts))
+      (string (find-if (lambda (r)
+                         (and (restart-name r)
+                              (string-equal (symbol-name (restart-name r)) designator)))
+                       restarts)))))
+
+(defun evaluate-value-codes (codes)
+  "The values of the forms in CODES, or nil and an error report."
+  (handler-case
+      (values (loop for code in codes
+                    collect (eval (let ((*read-eval* t)) (read-from-string code))))
+              nil)
+    (serious-condition (c)
+      (values nil (command-error (condition-type-name c)
+                                 (format nil "Could not compute a restart value: ~A"
+                                         (condition-message c)))))))
+
+(defun resume (evaluation designator value-codes timeout)
+  "Invoke the restart DESIGNATOR with the values of VALUE-CODES (strings of
+Lisp code, evaluated here).  A failure is reported and the evaluation keeps
+waiting."
+  (let ((restart (find-restart-designator evaluation designator)))
+    (unless restart
+      (return-from resume
+        (post-report evaluation (command-error "CL-MCP:NO-SUCH-RESTART"
+                                               (format nil "No restart ~S is available; ~
+                                                            the evaluation still waits."
+                                                       designator)))))
+    (multiple-value-bind (values failure) (evaluate-value-codes value-codes)
+      (when failure
+        (return-from resume (post-report evaluation failure)))
+      (let ((condition (evaluation-condition evaluation)))
+        (forget-evaluation evaluation)
+        (setf (evaluation-condition evaluation) nil
+              (evaluation-waiting evaluation) nil)
+        (start-stretch evaluation timeout)
+        (flet ((keep-waiting (message)
+                 (stop-deadline evaluation)
+                 (setf (evaluation-condition evaluation) condition
+                       (evaluation-waiting evaluation) t)
+                 (register-suspended evaluation)
+                 (post-report evaluation (command-error "CL-MCP:RESTART-FAILED" message))))
+          ;; A restart that transfers control never comes back here.  One
+          ;; that refuses the values does so before control leaves.
+          (handler-case (apply #'invoke-restart restart values)
+            (program-error (c)
+              (return-from resume
+                (keep-waiting (format nil "Restart ~A did not accept ~D value~:P (~A); ~
+                                           the evaluation still waits."
+                                      (restart-name restart) (length values)
+                                      (condition-message c))))))
+          (keep-waiting (format nil "Restart ~A returned without leaving the error; ~
+                                     the evaluation still waits."
+                                (restart-name restart))))))))
+
+(defun frames-report (evaluation &optional (count *backtrace-frame-limit*))
+  "Frames of the waiting evaluation with their local variables."
+  (list :status :ok
+        :frames (loop for frame in (evaluation-frames evaluation)
+                      for line in (frame-lines (evaluation-frames evaluation)
+                                               (evaluation-condition evaluation)
+                                               count)
+                      collect (list line (frame-locals frame)))))
+
+(defun call-with-deadline-throw (timeout thunk record-warning)
+  "Call THUNK; return (:ok VALUES), (:error CONDITION) or (:timeout).  Used
+for work done while an evaluation waits at an error, where no condition may
+be left to the debugger and the deadline unwinds instead of signalling."
+  (catch 'deadline-passed
+    (let* ((live t)   ; the timer's interrupt may land after the unschedule
+           (timer (and timeout (plusp timeout)
+                       (sb-ext:make-timer (lambda ()
+                                            (when live (throw 'deadline-passed (list :timeout))))
+                                          :name "cl-mcp frame deadline"
+                                          :thread sb-thread:*current-thread*))))
+      (when timer (sb-ext:schedule-timer timer timeout))
+      (unwind-protect
+           (block call
+             (flet ((fail (condition) (return-from call (list :error condition))))
+               (handler-bind ((warning (lambda (w)
+                                         (funcall record-warning w)
+                                         (muffle-warning w)))
+                              (serious-condition #'fail))
+                 (with-debugger-calling (#'fail)
+                   (list :ok (multiple-value-list (funcall thunk)))))))
+        (setf live nil)
+        (when timer (sb-ext:unschedule-timer timer))))))
+
+(defun frame-eval-report (evaluation index code &optional timeout)
+  "Evaluate the forms of CODE in frame INDEX of the waiting evaluation, with
+that frame's local variables in scope, for at most TIMEOUT seconds."
+  (let ((frame (nth index (evaluation-frames evaluation))))
+    (unless frame
+      (return-from frame-eval-report
+        (command-error "CL-MCP:NO-SUCH-FRAME" (format nil "There is no frame ~D." index))))
+    (start-stretch evaluation nil)
+    (let ((outcome (call-with-deadline-throw
+                    timeout
+                    (lambda ()
+                      (let ((form (handler-case (read-all-forms code)
+                                    (serious-condition (c)
+                                      (return-from frame-eval-report
+                                        (stretch-report evaluation :error
+                                                        :error (describe-error c nil :reading t)))))))
+                        (sb-di:eval-in-frame frame form)))
+                    (lambda (w) (push w (evaluation-warnings evaluation))))))
+      (ecase (first outcome)
+        (:ok (stretch-report evaluation :ok
+                             :values (print-values (second outcome)
+                                                   (evaluation-max-output evaluation))))
+        (:error (stretch-report evaluation :error :error (describe-error (second outcome) nil)))
+        (:timeout (stretch-report evaluation :error
+                                  :error (list :type "SB-EXT:TIMEOUT"
+                                               :message (format nil "Evaluation in the frame exceeded ~
+                                                                     its deadline of ~A; the evaluation ~
+                                                                     still waits."
+                                                                (seconds-text timeout))
+                                               :backtrace nil)))))))
+
+(defun command-loop (evaluation)
+  "Wait at the error for commands until one continues or aborts the
+evaluation, or until `*suspend-seconds*' pass."
+  (setf (evaluation-waiting evaluation) t)
+  (loop
+    (let ((command (await-command evaluation *suspend-seconds*)))
+      ;; SBCL binds its hook to nil while a hook runs, and this loop may run
+      ;; inside one (after BREAK): bind it again for the commands.
+      (with-debugger-calling ((lambda (condition) (stop-at-error evaluation condition)))
+        (unless command
+          (forget-evaluation evaluation)
+          ;; A caller that found it just before it was forgotten still hears back.
+          (when (await-command evaluation 0)
+            (post-report evaluation (no-suspended-report (evaluation-id evaluation))))
+          (invoke-restart (evaluation-abort-restart evaluation) t))
+        (catch 'command-failed
+          (destructuring-bind (kind &rest arguments) command
+            (ecase kind
+              (:restart (apply #'resume evaluation arguments))
+              (:backtrace (post-report evaluation (apply #'frames-report evaluation arguments)))
+              (:eval-in-frame (post-report evaluation (apply #'frame-eval-report evaluation arguments)))
+              (:abort (forget-evaluation evaluation)
+                      (invoke-restart (evaluation-abort-restart evaluation) nil)))))))))
+
+(defun stop-at-error (evaluation condition)
+  "Called where CONDITION was signalled, before anything unwinds.  Report
+the error with its backtrace and restarts; then either wait here for
+commands or, when no more evaluations may wait, abort."
+  (when (evaluation-waiting evaluation)
+    ;; A failure while carrying out a command, in this agent's own code.
+    (post-report evaluation (command-error "CL-MCP:INTERNAL-ERROR" (condition-message condition)))
+    (throw 'command-failed nil))
+  (stop-deadline evaluation)
+  (when (control-stack-exhausted-p condition)
+    (setf (evaluation-overflowed evaluation) t))
+  (let ((frames (error-frames)))
+    (setf (evaluation-condition evaluation) condition
+          (evaluation-frames evaluation) frames
+          (evaluation-restarts evaluation) (evaluation-restarts-for evaluation condition))
+    (let* ((waiting (and (evaluation-may-wait evaluation)
+                         (register-suspended evaluation)))
+           (report (stretch-report
+                    evaluation :error
+                    :error (describe-error condition
+                                           (frame-lines frames condition *backtrace-frame-limit*)
+                                           :timeout (evaluation-timeout evaluation))
+                    :restarts (restart-entries (evaluation-restarts evaluation))
+                    :evaluation (and waiting (evaluation-id evaluation)))))
+      (if waiting (deliver-report evaluation report) (post-report evaluation report))
+      (if waiting
+          (command-loop evaluation)
+          (invoke-restart (evaluation-abort-restart evaluation) t)))))
+
+;;;; Entry points: evaluations
+
+(defun cl-mcp-request ()
+  "The id of the Swank request this thread serves, when cl-mcp sent it (any
+request, in an image cl-mcp owns) and no evaluation in this thread has it
+already; else nil, and an error in the evaluation is reported without
+waiting, because nobody could send it commands."
+  (and (not *inside-evaluation*)
+       (or (not *track-session*) (member swank::*emacs-connection* *connections*))
+       (first swank::*pending-continuations*)))
+
+(defun evaluate (code &key package (explicit-package nil) (capture-time nil)
+                        (timeout nil) (max-output 1000000) (tag nil))
+  "Read and evaluate the forms of CODE one after another, in PACKAGE, and
+return a plist describing the outcome:
+
+  :status   :ok, :error, or :aborted (through its ABORT restart)
+  :values   printed values of the last form (strings)
+  :stdout, :stderr   captured output, with :stdout-dropped and
+            :stderr-dropped counting characters beyond MAX-OUTPUT
+  :warnings list of (TYPE MESSAGE)
+  :error    (:type :message :backtrace) when :status is :error
+  :restarts (NAME DESCRIPTION) lists, and :evaluation, the number of the
+            evaluation now waiting at the error (when it waits)
+  :package  name of *package* afterwards, :package-changed whether the
+            code changed it (IN-PACKAGE)
+  :timing   (REAL-MS RUN-MS GC-MS BYTES) when CAPTURE-TIME
+
+An unknown PACKAGE is an error when EXPLICIT-PACKAGE, and falls back to
+CL-USER otherwise (the session's package may have been deleted).  TIMEOUT,
+in seconds, interrupts the evaluation with SB-EXT:TIMEOUT.  TAG, any
+string or integer, names the evaluation for `cancel-evaluation' and
+`output-tail' while the caller waits.  An evaluation that waits at its
+error has sent that plist as its request's answer from inside; what this
+function returns then, :ANSWERED, reaches nobody."
+  (let ((target (find-package-designator package)))
+    (when (and (null target) explicit-package)
+      (return-from evaluate
+        (list :status :error
+              :error (list :type "PACKAGE-ERROR"
+                           :message (format nil "The package ~S does not exist." package)
+                           :backtrace nil)
+              :package "COMMON-LISP-USER")))
+    (let* ((request (cl-mcp-request))
+           (evaluation (make-evaluation :code code
+                                        :package (or target (find-package "COMMON-LISP-USER"))
+                                        :capture-time capture-time
+                                        :timeout timeout
+                                        :max-output max-output
+                                        :tag tag
+                                        :thread sb-thread:*current-thread*
+                                        :continuation request
+                                        :may-wait (and request t))))
+      (with-running (tag evaluation)
+        (run-evaluation evaluation)
+        (if (and request (null (evaluation-continuation evaluation)))
+            ;; Answered from inside already; Swank's reply to this is ignored.
+            :answered
+            (take-report-now evaluation))))))
+
+(defun invoke-restart-of (id restart &key values (timeout nil) (tag nil))
+  "Invoke RESTART (an index into the listed restarts, or a name) of the
+waiting evaluation ID (the newest when nil) with the values of VALUES, a
+list of code strings.  The evaluation runs on with a deadline of TIMEOUT
+seconds, findable under TAG as in `evaluate'; return its next report, a
+plist as `evaluate' returns (its outcome, or a new error), or an error
+report when no evaluation ID waits or the restart cannot be invoked (the
+evaluation then still waits)."
+  (with-suspended (evaluation id)
+    (setf (evaluation-tag evaluation) tag)
+    (with-running (tag evaluation)
+      (post-command evaluation (list :restart restart values timeout))
+      (await-report evaluation))))
+
+(defun backtrace-of (id &key (count *backtrace-frame-limit*))
+  "The first COUNT frames of the waiting evaluation ID (the newest when
+nil), as (:evaluation N :status :ok :frames ((LINE ((NAME VALUE) ...))
+...)), each frame a printed call with the local variables the compiler
+kept, all strings; or an error report when no evaluation ID waits."
+  (with-suspended (evaluation id)
+    (post-command evaluation (list :backtrace count))
+    (list* :evaluation (evaluation-id evaluation) (await-report evaluation))))
+
+(defun eval-in-frame-of (id frame code &key (timeout 30))
+  "Evaluate the forms of CODE (a string) in frame number FRAME (counted as
+`backtrace-of' lists them) of the waiting evaluation ID (the newest when
+nil), with that frame's local variables in scope, for at most TIMEOUT
+seconds.  Return a plist as `evaluate' returns; the evaluation keeps
+waiting whatever happens."
+  (with-suspended (evaluation id)
+    (post-command evaluation (list :eval-in-frame frame code timeout))
+    (await-report evaluation)))
+
+(defun interrupt-running (running)
+  "Ask the thread of RUNNING (an evaluation, or a load's thread) to abandon
+its work; true once asked.  An evaluation that has not yet set up its ABORT
+restart is asked again later.  The interrupt acts only while that restart
+is active, so a thread that has moved on to other work is left alone."
+  (handler-case
+      (etypecase running
+        (evaluation
+         (let ((restart (evaluation-abort-restart running)))
+           (when restart
+             (sb-thread:interrupt-thread (evaluation-thread running)
+                                         (lambda ()
+                                           (when (find-restart restart)
+                                             (invoke-restart restart nil))))
+             t)))
+        (sb-thread:thread
+         (sb-thread:interrupt-thread running
+                                     (lambda ()
+                                       (ignore-errors (throw 'load-cancelled nil))))
+         t))
+    ;; The thread finished in the meantime: nothing to cancel.
+    (sb-thread:interrupt-thread-error () t)))
+
+(defun cancel-evaluation (tag)
+  "Abort the evaluation (or the load) a caller waits on under TAG, and wait
+(up to 5 s) until that caller has its answer.  Return t if there was one,
+else nil."
+  (let ((running (find-running tag)))
+    (when running
+      (let ((interrupted nil))
+        (loop repeat 500
+              while (find-running tag)
+              do (unless interrupted
+                   (setf interrupted (interrupt-running running)))
+                 (sleep 0.01)))
+      t)))
+
+(defun output-tail (tag)
+  "The last non-empty line of output, at most 200 characters, of the
+evaluation a caller waits on under TAG; nil when there is none."
+  (let ((evaluation (find-running tag)))
+    (and (evaluation-p evaluation)
+         (evaluation-stdout evaluation)
+         (last-line (evaluation-stdout evaluation)))))
+
+(defun abort-all ()
+  "Abort every waiting evaluation; return how many there were."
+  (let ((all (sb-thread:with-mutex (*registry-lock*) (shiftf *suspended* '()))))
+    (dolist (evaluation all)
+      (post-command evaluation (list :abort)))
+    (length all)))
+
+(defun configure (&key (max-suspended *max-suspended*)
+                        (suspend-seconds *suspend-seconds*)
+                        (idle-poll-microseconds *lane-idle-poll-microseconds*)
+                        (poll-stolen-microseconds *lane-poll-stolen-microseconds*)
+                        (poll-back-off-microseconds *lane-poll-back-off-microseconds*))
+  "Set the image-wide settings of the session; return t.  MAX-SUSPENDED
+evaluations may wait at an error at once, each at most SUSPEND-SECONDS for
+its next command.  The lane looks for its next request for
+IDLE-POLL-MICROSECONDS before its thread sleeps (0: not at all, where
+cl-mcp has one CPU), and stops polling for POLL-BACK-OFF-MICROSECONDS after
+a yield that took POLL-STOLEN-MICROSECONDS (see `input-soon-p'): cl-mcp's
+own idle-poll policy, sent from its one definition.  A keyword left out
+keeps its current value."
+  (setf *max-suspended* max-suspended
+        *suspend-seconds* suspend-seconds
+        *lane-idle-poll-microseconds* idle-poll-microseconds
+        *lane-poll-stolen-microseconds* poll-stolen-microseconds
+        *lane-poll-back-off-microseconds* poll-back-off-microseconds)
+  t)

@@ -1,0 +1,510 @@
+;;;; agent/names.lisp --- names and places; find-definition and describe-symbol
+;;;;
+;;;; What the development tools share (looking names up, turning Swank's
+;;;; locations into lines), then the two tools that answer "what is this
+;;;; name, and where".
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define (calls that go back and forth say so).
+
+(in-package #:cl-mcp-agent)
+
+;;;; Development tools: names and places
+;;;
+;;; What the development tools share.  A name arrives as a string, either
+;;; package-qualified ("alexandria:flatten") or read in a package (the
+;;; session's current one by default); it is looked up, never interned, and
+;;; an unknown symbol or package is an error that says so.  A place is
+;;; where a definition or a compiler note is: Swank's `(:location (:file F)
+;;; (:position P) ...)', whose P counts bytes from 1, turned into an
+;;; absolute file, a 1-based line and column, and the first lines of the
+;;; form there.
+
+(defparameter *snippet-lines* 4
+  "Lines of a definition's source shown with its place.")
+
+(defparameter *snippet-characters* 400
+  "Characters of a definition's source shown with its place, at most.")
+
+(defun name-error (type message)
+  "The :status :error plist of a name or package that cannot be used."
+  (list :status :error :error (list :type type :message message :backtrace nil)))
+
+(defun find-named-package (package-name)
+  "The package PACKAGE-NAME names (exactly, or upcased), or nil."
+  (and package-name (find-package-designator package-name)))
+
+(defun resolve-symbol (text package-name)
+  "The existing symbol TEXT names, read in PACKAGE-NAME (CL-USER when nil
+or gone), as (values SYMBOL nil); or (values nil ERROR-PLIST) when TEXT
+names no existing symbol or an unknown package.  Nothing is interned."
+  (let ((package (if package-name
+                     (find-named-package package-name)
+                     (find-package "COMMON-LISP-USER"))))
+    (unless package
+      (return-from resolve-symbol
+        (values nil (name-error "PACKAGE-ERROR"
+                                (format nil "The package ~S does not exist." package-name)))))
+    (multiple-value-bind (symbol found name home) (swank::parse-symbol (string-trim " " text) package)
+      (declare (ignore name))
+      (cond (found (values symbol nil))
+            ((and (null home) (find #\: text))
+             (values nil (name-error "PACKAGE-ERROR"
+                                     (format nil "The package of ~A does not exist." text))))
+            (t
+             (values nil (name-error "CL-MCP:UNKNOWN-SYMBOL"
+                                     (format nil "No symbol ~A is accessible in ~A (nothing was interned)."
+                                             text (package-name package)))))))))
+
+(defun with-resolved-symbol (text package-name function)
+  "Call FUNCTION with the symbol TEXT names (see `resolve-symbol'), or
+return the error plist."
+  (multiple-value-bind (symbol failure) (resolve-symbol text package-name)
+    (if failure failure (funcall function symbol))))
+
+(defun file-octets (file)
+  "The bytes of FILE: Swank's positions count bytes (SBCL's FILE-POSITION),
+not characters."
+  (with-open-file (in file :element-type '(unsigned-byte 8))
+    (let ((octets (make-array (file-length in) :element-type '(unsigned-byte 8))))
+      (subseq octets 0 (read-sequence octets in)))))
+
+(defun utf-8-text (octets start end)
+  "The characters OCTETS hold from START to END."
+  (sb-ext:octets-to-string octets :external-format '(:utf-8 :replacement #\?)
+                                  :start start :end end))
+
+(defun place-at (octets offset)
+  "The 1-based line and column of the byte at OFFSET (from 0) of a file's
+OCTETS, and the first `*snippet-lines*' lines from there (at most
+`*snippet-characters*' characters): the defining form."
+  (let* ((offset (max 0 (min offset (length octets))))
+         (newline (char-code #\Newline))
+         (line (1+ (count newline octets :end offset)))
+         (line-start (let ((before (position newline octets :end offset :from-end t)))
+                       (if before (1+ before) 0)))
+         (end offset))
+    (loop repeat *snippet-lines*
+          for next = (position newline octets :start (min end (length octets)))
+          do (setf end (if next (1+ next) (length octets)))
+          while next)
+    (let ((snippet (utf-8-text octets offset end)))
+      (values line
+              (1+ (length (utf-8-text octets line-start offset)))
+              (string-right-trim '(#\Newline #\Space)
+                                 (subseq snippet 0 (min (length snippet) *snippet-characters*)))))))
+
+(defun location-plist (location &optional files)
+  "Swank's LOCATION as (:file F :line L :column C :snippet S), or (:error
+MESSAGE) when it has no file and position.  FILES, an equal hash table,
+keeps file contents across the locations of one reply."
+  (if (not (and (consp location) (eq (first location) :location)))
+      (list :error (if (and (consp location) (stringp (second location)))
+                       (second location)
+                       "no source location"))
+      (let ((file (second (assoc :file (rest location))))
+            (position (second (assoc :position (rest location)))))
+        (if (not (and file (integerp position) (probe-file file)))
+            (list :error "no source file for this definition")
+            (let* ((path (namestring (truename file)))
+                   (octets (if files
+                               (or (gethash path files) (setf (gethash path files) (file-octets path)))
+                               (file-octets path))))
+              (multiple-value-bind (line column snippet) (place-at octets (1- position))
+                (list :file path :line line :column column :snippet snippet)))))))
+
+;;; @@ find-definition, describe-symbol (their code follows this line)
+
+;;;; Entry points: find-definition, describe-symbol
+;;;
+;;; Both go through Swank: `swank/backend:find-definitions' (what M-. uses,
+;;; SB-INTROSPECT underneath) gives every definition of a name with its
+;;; dspec and place; `swank/backend:describe-symbol-for-emacs' (through
+;;; `symbol-kinds' of agent/browse.lisp) says what a name is, and
+;;; SB-MOP tells a class's slots and a generic function's methods.  A
+;;; definition evaluated through evaluate-lisp has no file, so the agent
+;;; keeps the source text of each one (see `note-repl-definitions', called
+;;; by `%read-and-evaluate') and find-definition returns it, labelled with
+;;; the evaluation's number.  Two helpers of agent/browse.lisp are
+;;; called from here: `symbol-kinds' and `call-guarded'.
+
+(defparameter *definition-type-words*
+  '((defvar . "variable") (defparameter . "variable") (defconstant . "constant")
+    (deftype . "type") (define-symbol-macro . "symbol-macro") (defmacro . "macro")
+    (define-compiler-macro . "compiler-macro") (defun . "function")
+    (defgeneric . "generic-function") (defmethod . "method")
+    (define-setf-expander . "setf-expander") (defsetf . "setf-expander")
+    (defstruct . "structure") (define-condition . "condition") (defclass . "class")
+    (define-method-combination . "method-combination") (defpackage . "package"))
+  "Defining operators, as Swank's dspecs name them and as a form evaluated
+through evaluate-lisp starts, and the type word each definition is given.")
+
+(defparameter *repl-definition-limit* 1000
+  "Definitions made through evaluate-lisp whose source is kept, at most; the
+oldest is dropped first.")
+
+(defparameter *repl-source-limit* 20000
+  "Characters of one such definition's source kept, at most.")
+
+(defparameter *definition-limit* 200
+  "Definitions reported by `find-definition-of', at most (PRINT-OBJECT has
+hundreds of methods).")
+
+(defparameter *method-limit* 100
+  "Methods of a generic function listed by `describe-symbol-of', at most.")
+
+(defstruct (repl-definition (:constructor make-repl-definition (type name evaluation source sequence)))
+  "One definition made through evaluate-lisp: its type word, its name (a
+symbol, a (SETF symbol) list, a package's name as a string, or for a
+method (NAME QUALIFIERS SPECIALIZERS)), the evaluation's number, and the
+source text of the top-level form that made it."
+  type name evaluation source sequence)
+
+(defvar *repl-definitions* (make-hash-table :test 'equal)
+  "The definitions made through evaluate-lisp, by (TYPE . NAME): a newer
+one of the same type and name replaces the older.  `soft-reset' clears it.")
+
+(defvar *repl-definitions-lock* (sb-thread:make-mutex :name "cl-mcp REPL definitions")
+  "Guards `*repl-definitions*' and `*repl-definition-sequence*'.")
+
+(defvar *repl-definition-sequence* 0
+  "The number of the last definition recorded: newer ones sort first.")
+
+(defun method-form-signature (arguments)
+  "The qualifiers and the specializers of a DEFMETHOD form whose name is
+followed by ARGUMENTS, as two lists (a specializer is a class name, or an
+(EQL FORM) list, T for an unspecialized parameter)."
+  (let* ((qualifiers (loop for item in arguments until (listp item) collect item))
+         (lambda-list (find-if #'listp arguments)))
+    (values qualifiers
+            (loop for parameter in lambda-list
+                  until (member parameter lambda-list-keywords)
+                  collect (if (consp parameter) (second parameter) t)))))
+
+(defun definition-forms (form)
+  "The defining forms FORM is, or holds at top level inside PROGN and
+EVAL-WHEN, each as (TYPE-WORD . FORM)."
+  (let ((operator (car form)))
+    (cond ((not (symbolp operator)) '())
+          ((eq operator 'progn)
+           (loop for inner in (rest form) when (consp inner) append (definition-forms inner)))
+          ((eq operator 'eval-when)
+           (loop for inner in (cddr form) when (consp inner) append (definition-forms inner)))
+          (t (let ((entry (assoc operator *definition-type-words* :test #'eq)))
+               (and entry (consp (rest form)) (list (cons (cdr entry) form))))))))
+
+(defun definition-form-name (form)
+  "The name a defining FORM defines, as `repl-definition' keeps it."
+  (let ((name (second form)))
+    (case (first form)
+      (defstruct (if (consp name) (first name) name))
+      (defpackage (string name))
+      (defmethod (multiple-value-bind (qualifiers specializers) (method-form-signature (cddr form))
+                   (list name qualifiers specializers)))
+      (t name))))
+
+(defun form-source (code start end)
+  "The text of CODE from START to END, without the blank lines and line
+comments in front of the form, at most `*repl-source-limit*' characters."
+  (let ((begin start))
+    (loop
+      (let ((first (position-if-not (lambda (c) (member c '(#\Space #\Tab #\Newline #\Return #\Page)))
+                                    code :start begin :end end)))
+        (cond ((null first) (return))
+              ((char= (char code first) #\;)
+               (setf begin (or (position #\Newline code :start first :end end) end)))
+              (t (setf begin first) (return)))))
+    (multiple-value-bind (source dropped)
+        (cap-string (string-right-trim '(#\Space #\Tab #\Newline #\Return #\Page) (subseq code begin end))
+                    *repl-source-limit*)
+      (if (plusp dropped)
+          (format nil "~A~%… [~D more characters not kept]" source dropped)
+          source))))
+
+(defun record-repl-definitions (definitions evaluation-id source)
+  "Keep SOURCE as the source of each of DEFINITIONS, (TYPE-WORD . FORM)
+lists made by evaluation EVALUATION-ID, dropping the oldest kept ones past
+`*repl-definition-limit*'."
+  (sb-thread:with-mutex (*repl-definitions-lock*)
+    (loop for (type . form) in definitions
+          for name = (definition-form-name form)
+          do (setf (gethash (cons type name) *repl-definitions*)
+                   (make-repl-definition type name evaluation-id source
+                                         (incf *repl-definition-sequence*))))
+    (loop while (> (hash-table-count *repl-definitions*) *repl-definition-limit*)
+          do (let ((oldest nil) (oldest-key nil))
+               (maphash (lambda (key definition)
+                          (when (or (null oldest)
+                                    (< (repl-definition-sequence definition)
+                                       (repl-definition-sequence oldest)))
+                            (setf oldest definition oldest-key key)))
+                        *repl-definitions*)
+               (remhash oldest-key *repl-definitions*)))))
+
+(defun note-repl-definitions (form evaluation code start end)
+  "Called by `%read-and-evaluate' after it evaluated FORM, a cons read from
+CODE between START and END: when FORM defines something, keep its source
+for find-definition.  Costs an ASSOC for a form that defines nothing; a
+failure here is logged and never reaches the evaluation."
+  (when (or (assoc (car form) *definition-type-words* :test #'eq)
+            (member (car form) '(progn eval-when) :test #'eq))
+    (handler-case
+        (let ((definitions (definition-forms form)))
+          (when definitions
+            (record-repl-definitions definitions (evaluation-id evaluation)
+                                     (form-source code start end))))
+      (serious-condition (c) (log-note "could not record a definition: ~A" (condition-message c))))))
+
+(defun forget-repl-definitions ()
+  "Forget the sources of every definition made through evaluate-lisp (a
+reset of the session)."
+  (sb-thread:with-mutex (*repl-definitions-lock*)
+    (clrhash *repl-definitions*)))
+
+(defun printed-name (object)
+  "OBJECT (a name, a specializer, a qualifier) printed on one line, read
+back in *PACKAGE*."
+  (safe-print object (lambda (object)
+                       (let ((*print-pretty* nil) (*print-length* 10) (*print-level* 3))
+                         (prin1-to-string object)))))
+
+(defun names-symbol-p (name symbol)
+  "True when a definition's NAME (as `repl-definition' keeps it) is one of
+SYMBOL: the symbol itself, (SETF SYMBOL), a method of it, or a package of
+SYMBOL's name."
+  (typecase name
+    (symbol (eq name symbol))
+    (string (string= name (symbol-name symbol)))
+    (cons (if (eq (first name) 'setf)
+              (eq (second name) symbol)
+              (names-symbol-p (first name) symbol)))))
+
+(defun repl-definition-plist (definition)
+  "DEFINITION as (:type :name [:qualifiers :specializers] :evaluation :source)."
+  (let ((type (repl-definition-type definition))
+        (name (repl-definition-name definition)))
+    (list* :type type
+           :name (if (string= type "method") (printed-name (first name)) (printed-name name))
+           (append (when (string= type "method")
+                     (list :qualifiers (mapcar #'printed-name (second name))
+                           :specializers (mapcar #'printed-name (third name))))
+                   (list :evaluation (repl-definition-evaluation definition)
+                         :source (repl-definition-source definition))))))
+
+(defun repl-definition-plists (symbol)
+  "The definitions of SYMBOL made through evaluate-lisp, newest first, as
+`repl-definition-plist's."
+  (let ((found '()))
+    (sb-thread:with-mutex (*repl-definitions-lock*)
+      (maphash (lambda (key definition)
+                 (declare (ignore key))
+                 (when (names-symbol-p (repl-definition-name definition) symbol)
+                   (push definition found)))
+               *repl-definitions*))
+    (mapcar #'repl-definition-plist
+            (sort found #'> :key #'repl-definition-sequence))))
+
+(defun dspec-type-word (operator)
+  "The type word of a dspec's OPERATOR (DEFUN, DEFMETHOD...): see
+`*definition-type-words*'; other operators by their own name, less DEF."
+  (or (cdr (assoc operator *definition-type-words* :test #'eq))
+      (let ((name (string-downcase (string operator))))
+        (string-left-trim "-" (if (and (> (length name) 3) (string= name "def" :end1 3))
+                                  (subseq name 3)
+                                  name)))))
+
+(defun dspec-method-signature (name rest)
+  "The qualifiers and specializers in REST of a method's dspec (DEFMETHOD
+NAME . REST): the specializers are as many as the generic function NAME
+has required parameters."
+  (let* ((function (and (fboundp name) (fdefinition name)))
+         (required (if (typep function 'generic-function)
+                       (loop for parameter in (sb-mop:generic-function-lambda-list function)
+                             until (member parameter lambda-list-keywords)
+                             count t)
+                       (count-if-not #'keywordp rest)))
+         (split (max 0 (- (length rest) required))))
+    (values (subseq rest 0 split) (subseq rest split))))
+
+(defun swank-definition-plist (dspec location files)
+  "One of Swank's definitions, DSPEC at LOCATION, as (:type :name
+[:qualifiers :specializers] . PLACE), PLACE as `location-plist' gives it."
+  (destructuring-bind (operator name &rest rest) dspec
+    (let ((type (dspec-type-word operator))
+          (place (location-plist location files)))
+      (when (getf place :error)
+        (setf place (list :error (if (search "DEFINITION-SOURCE" (getf place :error))
+                                     "no source file (defined without one, e.g. by an evaluation)"
+                                     (getf place :error)))))
+      (list* :type type
+             :name (printed-name name)
+             (append (when (string= type "method")
+                       (multiple-value-bind (qualifiers specializers) (dspec-method-signature name rest)
+                         (list :qualifiers (mapcar #'printed-name qualifiers)
+                               :specializers (mapcar #'printed-name specializers))))
+                     place)))))
+
+(defun swank-definitions (symbol)
+  "Swank's definitions of SYMBOL and of (SETF SYMBOL), as (DSPEC LOCATION)
+lists; its output is dropped, and a failure is an (:error PLIST) list."
+  (call-guarded (lambda ()
+                  (append (swank/backend:find-definitions symbol)
+                          (when (fboundp `(setf ,symbol))
+                            (swank/backend:find-definitions `(setf ,symbol)))))
+                30))
+
+(defun same-definition-p (a b)
+  "True when definition plists A and B are of the same type and name (and
+signature, for methods)."
+  (loop for key in '(:type :name :qualifiers :specializers)
+        always (equal (getf a key) (getf b key))))
+
+(defun symbol-definitions-of (symbol)
+  "Every definition of SYMBOL: those made through evaluate-lisp (newest
+first), then Swank's; one of Swank's without a source file is left out when
+evaluate-lisp's source of it is kept.  (values PLISTS DROPPED ERROR-PLIST):
+at most `*definition-limit*', the number past it, and the failure of Swank
+when it failed."
+  (let* ((repl (repl-definition-plists symbol))
+         (asked (swank-definitions symbol))
+         (files (make-hash-table :test 'equal))
+         (swank (when (eq (first asked) :ok)
+                  (loop for (dspec location) in (second asked)
+                        for plist = (swank-definition-plist dspec location files)
+                        unless (and (getf plist :error)
+                                    (find plist repl :test #'same-definition-p))
+                          collect plist)))
+         (all (append repl swank)))
+    (values (subseq all 0 (min (length all) *definition-limit*))
+            (max 0 (- (length all) *definition-limit*))
+            (and (eq (first asked) :error) (second asked)))))
+
+(defun find-definition-of (text &key package)
+  "Every definition of the symbol TEXT names, read in PACKAGE (CL-USER when
+nil): a plist :status :ok, :symbol, :definitions, each (:type T :name N
+[:qualifiers Q :specializers S] :file F :line L :column C :snippet S), or
+with :evaluation N :source S for a definition made through evaluate-lisp,
+or with :error WHY when it has no place; and :dropped, the number past
+`*definition-limit*'.  An unknown symbol or package, or a failure of
+Swank, is a :status :error plist."
+  (with-resolved-symbol text package
+    (lambda (symbol)
+      (let ((*package* (or (find-named-package package) (find-package "COMMON-LISP-USER"))))
+        (multiple-value-bind (definitions dropped failure) (symbol-definitions-of symbol)
+          (if failure
+              (list :status :error :error failure)
+              (list :status :ok
+                    :symbol (symbol-designator symbol)
+                    :definitions definitions
+                    :dropped dropped)))))))
+
+(defun documentation-entries (symbol)
+  "SYMBOL's documentation strings, as (KIND TEXT) lists: function,
+variable, type, compiler-macro, setf, and package (of SYMBOL's name)."
+  (flet ((doc (object kind) (handler-case (documentation object kind)
+                              (serious-condition () nil))))
+    (let ((package (find-package (symbol-name symbol))))
+      (loop for (kind object doc-type) in `(("function" ,symbol function)
+                                            ("variable" ,symbol variable)
+                                            ("type" ,symbol type)
+                                            ("compiler-macro" ,symbol compiler-macro)
+                                            ("setf" ,symbol setf)
+                                            ("package" ,package t))
+            for text = (and object (doc object doc-type))
+            when (stringp text) collect (list kind text)))))
+
+(defun slot-readers (class name)
+  "The readers CLASS's own definition of slot NAME has, printed (none for a
+structure's slots, whose accessors are not the MOP's)."
+  (handler-case
+      (let ((direct (find name (sb-mop:class-direct-slots class)
+                          :key #'sb-mop:slot-definition-name)))
+        (and direct (mapcar #'printed-name (sb-mop:slot-definition-readers direct))))
+    (serious-condition () '())))
+
+(defun class-slot-plists (class)
+  "The slots of CLASS as (:name N :initargs I :readers R) plists, readers
+gathered from the direct slots of every class in its precedence list."
+  (handler-case
+      (progn
+        (unless (sb-mop:class-finalized-p class) (sb-mop:finalize-inheritance class))
+        (loop for slot in (sb-mop:class-slots class)
+              for name = (sb-mop:slot-definition-name slot)
+              collect (list :name (printed-name name)
+                            :initargs (mapcar #'printed-name (sb-mop:slot-definition-initargs slot))
+                            :readers (loop for super in (sb-mop:class-precedence-list class)
+                                           append (slot-readers super name)))))
+    (serious-condition () '())))
+
+(defun specializer-name (specializer)
+  "A method's SPECIALIZER as its class's name or an (EQL OBJECT) list."
+  (typecase specializer
+    (sb-mop:eql-specializer `(eql ,(sb-mop:eql-specializer-object specializer)))
+    (class (class-name specializer))
+    (t specializer)))
+
+(defun method-plists (function)
+  "The first `*method-limit*' methods of generic FUNCTION as (:qualifiers
+Q :specializers S) plists, and how many there are in all."
+  (let ((methods (sb-mop:generic-function-methods function)))
+    (values (loop for method in methods
+                  repeat *method-limit*
+                  collect (list :qualifiers (mapcar #'printed-name (method-qualifiers method))
+                                :specializers (mapcar (lambda (s) (printed-name (specializer-name s)))
+                                                      (sb-mop:method-specializers method))))
+            (length methods))))
+
+(defun describe-symbol-of (text &key package)
+  "What the symbol TEXT names, read in PACKAGE (CL-USER when nil): a plist
+:status :ok, :symbol, :package (its home), :external, :kinds (as
+`symbol-kinds' gives them, and \"package\" when a package has its name),
+:arglist, :documentation ((KIND TEXT) ...), :value (a bound variable's,
+printed on one line), :class (:superclasses :slots), :methods and
+:method-count (of a generic function), :location (the first definition
+with a source file) and :description (one sentence).  An unknown symbol or
+package is a :status :error plist."
+  (with-resolved-symbol text package
+    (lambda (symbol)
+      (let* ((*package* (or (find-named-package package) (find-package "COMMON-LISP-USER")))
+             (kinds (append (symbol-kinds symbol)
+                            (and (find-package (symbol-name symbol)) (list "package"))))
+             (home (symbol-package symbol))
+             (class (find-class symbol nil))
+             (function (and (fboundp symbol) (not (special-operator-p symbol))
+                            (or (macro-function symbol) (fdefinition symbol))))
+             (location (find-if (lambda (plist) (getf plist :file))
+                                (nth-value 0 (symbol-definitions-of symbol))))
+             (result (list :status :ok
+                           :symbol (symbol-designator symbol)
+                           :package (if home (package-name home) "")
+                           :external (external-symbol-p symbol)
+                           :kinds kinds
+                           :documentation (documentation-entries symbol)
+                           :description
+                           (format nil "~A ~:[names nothing~;names ~:*~{~A~^, ~}~]."
+                                   (symbol-designator symbol)
+                                   (mapcar (lambda (kind) (format nil "a~:[~;n~] ~A"
+                                                                  (find (char kind 0) "aeiou") kind))
+                                           kinds)))))
+        (flet ((add (key value) (setf result (append result (list key value)))))
+          (when function (add :arglist (lambda-list-text function)))
+          (when (and (boundp symbol) (not (keywordp symbol)))
+            (add :value (one-line (with-result-printing ()
+                                    (let ((*print-pretty* nil))
+                                      (safe-print (symbol-value symbol) #'prin1-to-string)))
+                                  200)))
+          (when class
+            (add :class (list :superclasses (mapcar (lambda (super) (printed-name (class-name super)))
+                                                    (handler-case (sb-mop:class-direct-superclasses class)
+                                                      (serious-condition () '())))
+                              :slots (class-slot-plists class))))
+          (when (typep function 'generic-function)
+            (multiple-value-bind (methods count) (method-plists function)
+              (add :methods methods)
+              (add :method-count count)))
+          (when location
+            (add :location location)))
+        result))))
+
+;;; @@ xref, compile-file (their code follows this line)

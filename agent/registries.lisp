@@ -1,0 +1,398 @@
+;;;; agent/registries.lisp --- evaluations' mailboxes, registries and deadlines
+;;;;
+;;;; The state an evaluation shares with the requests that follow it: its
+;;;; mailbox, the registries of waiting and running evaluations, answering a
+;;;; request from inside, deadlines, and what a session creates in a shared
+;;;; image.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define (calls that go back and forth say so).
+
+(in-package #:cl-mcp-agent)
+
+;;;; Evaluations and their mailboxes
+;;;
+;;; An evaluation runs in the thread that read the request that asked for
+;;; it (the lane's, or a Swank worker), and usually just returns its report.
+;;; When it stops at an error it answers that request itself (a `:return'
+;;; sent from inside, see `answer-directly') and then waits there, its
+;;; restarts intact, for commands that later requests bring through the
+;;; evaluation's mailbox: invoke a restart, list frames, evaluate in a
+;;; frame, abort.  Running in that thread saves handing every evaluation to
+;;; a thread of its own and back (two thread wake-ups a call).  A waiting
+;;; evaluation costs its thread and nothing else; at most `*max-suspended*'
+;;; wait at once, each for at most `*suspend-seconds*'.
+
+(defparameter *max-suspended* 8
+  "Evaluations that may wait at an error at once; the oldest is aborted to
+make room for a new one.")
+
+(defparameter *suspend-seconds* 600
+  "How long an evaluation waits at an error for its next command before it
+aborts itself.")
+
+(defvar *inside-evaluation* nil
+  "True in the code an evaluation runs: an evaluate called from there is
+nested, and its request belongs to the outer evaluation.")
+
+(defvar *registry-lock* (sb-thread:make-mutex :name "cl-mcp evaluations")
+  "Guards the image-wide records: the counter, `*suspended*', `*running*'
+and the session record.")
+
+(defvar *evaluation-counter* 0
+  "The number of the last evaluation made in this image.")
+
+(defstruct (evaluation (:constructor %make-evaluation))
+  "One evaluation and the two mailboxes between its thread and its callers."
+  (id 0 :type fixnum)
+  code package capture-time max-output
+  (timeout nil)
+  (thread nil)
+  ;; The id of the Swank request this evaluation has yet to answer, while
+  ;; it may answer it from inside (see `answer-directly').  Only such an
+  ;; evaluation may wait at an error: nobody else would hear of it.
+  (continuation nil)
+  (may-wait nil)
+  (lock (sb-thread:make-mutex :name "cl-mcp evaluation"))
+  (ready (sb-thread:make-waitqueue))
+  (command nil)
+  (report nil)
+  (stdout nil) (stderr nil)
+  (warnings '())
+  (readings nil)
+  (deadline nil)  ; the running stretch's token in *deadlines*
+  (abort-restart nil)
+  (condition nil)
+  (waiting nil)
+  (overflowed nil)
+  (tag nil)
+  (restarts '())
+  (frames '()))
+
+(defun make-evaluation (&rest initargs)
+  "A new evaluation from INITARGS, numbered by the image-wide counter."
+  (apply #'%make-evaluation
+         :id (sb-thread:with-mutex (*registry-lock*) (incf *evaluation-counter*))
+         initargs))
+
+(defun put-slot (evaluation writer value)
+  "Store VALUE with WRITER under EVALUATION's lock and wake its waiters."
+  (sb-thread:with-mutex ((evaluation-lock evaluation))
+    (funcall writer value evaluation)
+    (sb-thread:condition-broadcast (evaluation-ready evaluation))))
+
+(defun take-slot (evaluation reader writer &optional timeout)
+  "Wait until READER's slot is set, clear it, and return its value; nil if
+TIMEOUT seconds pass first."
+  (let ((deadline (and timeout (+ (get-internal-real-time)
+                                  (* timeout internal-time-units-per-second)))))
+    (sb-thread:with-mutex ((evaluation-lock evaluation))
+      (loop
+        (let ((value (funcall reader evaluation)))
+          (when value
+            (funcall writer nil evaluation)
+            (return value)))
+        (let ((left (and deadline (/ (- deadline (get-internal-real-time))
+                                     internal-time-units-per-second))))
+          (when (and left (<= left 0)) (return nil))
+          (unless (sb-thread:condition-wait (evaluation-ready evaluation)
+                                            (evaluation-lock evaluation)
+                                            :timeout left)
+            ;; A wait that times out returns without the mutex (SBCL's
+            ;; CONDITION-WAIT): take it back before looking again.
+            (sb-thread:grab-mutex (evaluation-lock evaluation))))))))
+
+(defun post-report (evaluation report)
+  "Hand REPORT to the caller waiting on EVALUATION."
+  (put-slot evaluation #'(setf evaluation-report) report))
+
+(defun take-report-now (evaluation)
+  "EVALUATION's report if one is posted, without waiting; else nil."
+  (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0))
+
+(defun await-report (evaluation)
+  "The next report of EVALUATION.  Should its thread end without one (it
+cannot, short of being killed), say so instead of waiting forever."
+  (loop
+    (let ((report (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 1)))
+      (when report (return report))
+      (let ((thread (evaluation-thread evaluation)))
+        (when (and thread (not (sb-thread:thread-alive-p thread)))
+          (return (or (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0)
+                      (command-error "CL-MCP:ABORTED" "The evaluation's thread ended."))))))))
+
+(defun post-command (evaluation command)
+  "Hand COMMAND to EVALUATION's thread, waiting at its error."
+  (put-slot evaluation #'(setf evaluation-command) command))
+
+(defun await-command (evaluation timeout)
+  "The next command for EVALUATION, or nil after TIMEOUT seconds."
+  (take-slot evaluation #'evaluation-command #'(setf evaluation-command) timeout))
+
+;;;; The registries of waiting and running evaluations
+
+(defvar *suspended* '() "Evaluations waiting at an error, newest first.")
+
+(defun register-suspended (evaluation)
+  "Record EVALUATION as waiting; true unless waiting is switched off.  The
+oldest waiting evaluation is aborted when there are too many."
+  (when (plusp *max-suspended*)
+    (let ((evicted '()))
+      (sb-thread:with-mutex (*registry-lock*)
+        (push evaluation *suspended*)
+        (loop while (> (length *suspended*) *max-suspended*)
+              do (push (car (last *suspended*)) evicted)
+                 (setf *suspended* (butlast *suspended*))))
+      (dolist (old evicted)
+        (post-command old (list :abort)))
+      t)))
+
+(defun forget-evaluation (evaluation)
+  "EVALUATION no longer waits: take it off `*suspended*'."
+  (sb-thread:with-mutex (*registry-lock*)
+    (setf *suspended* (remove evaluation *suspended*))))
+
+(defun find-suspended (id)
+  "The waiting evaluation numbered ID, or the newest when ID is nil."
+  (sb-thread:with-mutex (*registry-lock*)
+    (if id
+        (find id *suspended* :key #'evaluation-id)
+        (first *suspended*))))
+
+(defun no-suspended-report (id)
+  "The report that no evaluation ID (or none at all, when ID is nil) waits."
+  (command-error "CL-MCP:NO-SUSPENDED-EVALUATION"
+                 (if id
+                     (format nil "No evaluation ~D is waiting at an error (it finished, ~
+                                  was aborted, or its time ran out)." id)
+                     "No evaluation is waiting at an error.")))
+
+(defmacro with-suspended ((evaluation id) &body body)
+  "Run BODY with EVALUATION bound to the waiting evaluation ID (the newest
+when nil); without one, return `no-suspended-report' instead."
+  `(let ((,evaluation (find-suspended ,id)))
+     (if ,evaluation
+         (progn ,@body)
+         (no-suspended-report ,id))))
+
+(defvar *running* '()
+  "Evaluations a caller is waiting on, by the caller's tag.")
+
+(defun forget-running (tag object)
+  "Forget that OBJECT runs under TAG (only OBJECT: another session attached
+to the same image may use the same tag)."
+  (when tag
+    (sb-thread:with-mutex (*registry-lock*)
+      (setf *running* (remove-if (lambda (entry)
+                                   (and (equal (car entry) tag) (eq (cdr entry) object)))
+                                 *running*)))))
+
+(defmacro with-running ((tag object) &body body)
+  "Run BODY with OBJECT (an evaluation whose report BODY waits for, or the
+thread of a load) findable under TAG, for `cancel-evaluation' and
+`output-tail'."
+  (let ((tag-var (gensym "TAG")) (object-var (gensym "OBJECT")))
+    `(let ((,tag-var ,tag) (,object-var ,object))
+       (when ,tag-var
+         (sb-thread:with-mutex (*registry-lock*)
+           (push (cons ,tag-var ,object-var) *running*)))
+       (unwind-protect (progn ,@body)
+         (forget-running ,tag-var ,object-var)))))
+
+(defun find-running (tag)
+  "The evaluation, or for a load the thread, a caller waits on under TAG."
+  (sb-thread:with-mutex (*registry-lock*)
+    (cdr (assoc tag *running* :test #'equal))))
+
+;;;; Answering a request from inside
+;;;
+;;; When the evaluation's thread will not return to its Swank request in time
+;;; (it waits at an error, is parked, or is being ended), it sends that
+;;; request's `:return' itself.  Swank's own `:return' for the same request
+;;; follows when the thread finally unwinds, and cl-mcp ignores it: the
+;;; request is no longer pending.
+
+(defun answer-directly (evaluation report)
+  "Answer EVALUATION's Swank request with REPORT now, from inside; true if
+there was a request left to answer."
+  ;; No interrupt (a deadline, a cancel) may land between taking the
+  ;; request and handing its answer to Swank's control thread.
+  (sb-sys:without-interrupts
+    (let ((id (evaluation-continuation evaluation)))
+      (when id
+        (forget-running (evaluation-tag evaluation) evaluation)
+        (setf swank::*pending-continuations* (remove id swank::*pending-continuations*))
+        (swank::send-to-emacs (list :return sb-thread:*current-thread* (list :ok report) id))
+        (setf (evaluation-continuation evaluation) nil)
+        (leave-lane)
+        t))))
+
+(defun deliver-report (evaluation report)
+  "REPORT to whoever waits for it: EVALUATION's own request, while it is
+unanswered, or else the caller of a command."
+  (or (answer-directly evaluation report)
+      (post-report evaluation report)))
+
+;;;; Deadlines
+;;;
+;;; One watchdog thread interrupts an evaluation whose stretch of running
+;;; outlasts its timeout; the deadline is dropped while the evaluation waits
+;;; at an error, and set again for each stretch.  Why not an SBCL timer per
+;;; stretch: scheduling and cancelling one from a fresh Swank worker thread
+;;; cost ~40 µs a call, a fifth of a whole round trip.  The watchdog looks
+;;; every `*watchdog-tick*' seconds, so deadlines are that precise.  It
+;;; dozes on a condition variable once no deadline has been seen for
+;;; `*watchdog-linger*' seconds, so a burst of calls wakes it once.  Its
+;;; interrupt goes to `stop-at-error' (agent/evaluate.lisp), which stops
+;;; the deadline in turn.
+
+(defvar *deadline-lock* (sb-thread:make-mutex :name "cl-mcp deadlines")
+  "Guards `*deadlines*' and the watchdog's state.")
+
+(defvar *deadline-set* (sb-thread:make-waitqueue)
+  "Notified when a deadline is set while the watchdog dozes.")
+
+(defvar *deadlines* '()
+  "(INTERNAL-TIME EVALUATION TOKEN) for each running stretch with a deadline.")
+
+(defvar *watchdog* nil
+  "The watchdog thread, once a deadline has started it.")
+
+(defvar *watchdog-dozing* nil
+  "True while the watchdog waits on `*deadline-set*'.")
+
+(defparameter *watchdog-tick* 0.1
+  "Seconds between the watchdog's looks at the deadlines.")
+
+(defparameter *watchdog-linger* 5
+  "Seconds without a deadline after which the watchdog dozes.")
+
+(defun stop-deadline (evaluation)
+  "Drop the deadline of EVALUATION's stretch, if it has one."
+  (let ((token (shiftf (evaluation-deadline evaluation) nil)))
+    (when token
+      (sb-thread:with-mutex (*deadline-lock*)
+        (setf *deadlines* (delete token *deadlines* :key #'third))))))
+
+(defun interrupt-at-deadline (evaluation token)
+  "Stop EVALUATION's thread at its deadline, if the stretch TOKEN stands for
+is still running when the interrupt lands.
+
+The SB-EXT:TIMEOUT is not signalled: a handler in the user's code (a retry
+loop that catches SERIOUS-CONDITION or CONDITION) would take it and run on.
+It goes straight to `stop-at-error', which reports it and either waits there,
+with a CONTINUE restart that carries on, or aborts: a throw, which no handler
+can stop and which runs every UNWIND-PROTECT cleanup on its way out.  Only
+code that blocks interrupts (WITHOUT-INTERRUPTS) never hears it."
+  (handler-case
+      (sb-thread:interrupt-thread
+       (evaluation-thread evaluation)
+       (lambda ()
+         (when (eq (evaluation-deadline evaluation) token)
+           ;; An interruption runs with interrupts disabled; waiting here at
+           ;; the error must still hear a cancel, and a continued evaluation
+           ;; its next deadline.
+           (sb-sys:with-interrupts
+             (with-simple-restart (continue "Continue the evaluation.")
+               (stop-at-error evaluation
+                              (make-condition 'sb-ext:timeout :seconds (first token))))))))
+    (sb-thread:interrupt-thread-error () nil)))
+
+(defun watchdog-loop ()
+  "The watchdog thread: interrupt each evaluation whose deadline has come,
+and doze while there are none."
+  (let ((last-seen (get-internal-real-time)))
+    (loop
+      (let ((expired '()))
+        (sb-thread:with-mutex (*deadline-lock*)
+          (let ((now (get-internal-real-time)))
+            (setf *deadlines* (delete-if (lambda (entry)
+                                           (when (<= (first entry) now)
+                                             (push entry expired)))
+                                         *deadlines*))
+            (cond ((or *deadlines* expired) (setf last-seen now))
+                  ((> (- now last-seen) (* *watchdog-linger* internal-time-units-per-second))
+                   (setf *watchdog-dozing* t)
+                   (loop until *deadlines*
+                         do (sb-thread:condition-wait *deadline-set* *deadline-lock*))
+                   (setf *watchdog-dozing* nil
+                         last-seen (get-internal-real-time))))))
+        (loop for (nil evaluation token) in expired
+              do (interrupt-at-deadline evaluation token))
+        (sleep *watchdog-tick*)))))
+
+(defun start-stretch (evaluation timeout)
+  "Begin a stretch of running: fresh output capture, readings for timing,
+and a deadline TIMEOUT seconds away."
+  (reset-capture (evaluation-stdout evaluation))
+  (reset-capture (evaluation-stderr evaluation))
+  (setf (evaluation-warnings evaluation) '()
+        (evaluation-timeout evaluation) timeout
+        (evaluation-readings evaluation)
+        (list (get-internal-real-time) (get-internal-run-time)
+              sb-ext:*gc-run-time* (sb-ext:get-bytes-consed)))
+  (when (and timeout (plusp timeout))
+    (let ((token (list timeout))
+          (due (+ (get-internal-real-time)
+                  (round (* timeout internal-time-units-per-second)))))
+      (setf (evaluation-deadline evaluation) token)
+      (sb-thread:with-mutex (*deadline-lock*)
+        (push (list due evaluation token) *deadlines*)
+        (unless (and *watchdog* (sb-thread:thread-alive-p *watchdog*))
+          (setf *watchdog* (make-agent-thread #'watchdog-loop "cl-mcp deadline watchdog")))
+        (when *watchdog-dozing*
+          (sb-thread:condition-notify *deadline-set*))))))
+
+;;;; What the session creates, in an image it shares (attach mode)
+;;;
+;;; In the programmer's image, `soft-reset' must remove what cl-mcp's
+;;; evaluations created and nothing else, so each evaluation notes the
+;;; CL-USER symbols and the packages it creates.
+
+(defvar *track-session* nil
+  "True in an attached image: remember what cl-mcp's evaluations create,
+so that a soft reset removes exactly that.")
+
+(defvar *connections* '()
+  "cl-mcp's Swank connections to an attached image.")
+
+(defvar *session-symbols* '()
+  "Symbols of CL-USER first interned by a cl-mcp evaluation.")
+
+(defvar *session-created-packages* '()
+  "Packages created by a cl-mcp evaluation.")
+
+(defun present-symbols (package)
+  "A set (an EQ hash table) of the symbols whose home is PACKAGE."
+  (let ((symbols (make-hash-table :test #'eq)))
+    (do-symbols (symbol package)
+      (when (eq (symbol-package symbol) package)
+        (setf (gethash symbol symbols) t)))
+    symbols))
+
+(defun call-tracking-session (thunk)
+  "Call THUNK, recording the CL-USER symbols and the packages it creates
+(also when it exits non-locally)."
+  (let* ((user (find-package "COMMON-LISP-USER"))
+         (symbols-before (present-symbols user))
+         (packages-before (list-all-packages)))
+    (unwind-protect (funcall thunk)
+      (sb-thread:with-mutex (*registry-lock*)
+        (do-symbols (symbol user)
+          (when (and (eq (symbol-package symbol) user)
+                     (not (gethash symbol symbols-before)))
+            (pushnew symbol *session-symbols*)))
+        (dolist (package (set-difference (list-all-packages) packages-before))
+          (pushnew package *session-created-packages*))))))
+
+(defun forget-definitions (symbol)
+  "Remove the function, macro, variable and class SYMBOL names (a constant
+stays: it cannot be unbound)."
+  (handler-case
+      (progn
+        (when (fboundp symbol) (fmakunbound symbol))
+        (when (fboundp `(setf ,symbol)) (fmakunbound `(setf ,symbol)))
+        (when (and (boundp symbol) (not (constantp symbol))) (makunbound symbol))
+        (when (find-class symbol nil) (setf (find-class symbol) nil)))
+    (error (c) (log-note "could not remove ~S: ~A" symbol c))))

@@ -1,0 +1,118 @@
+;;;; agent/setup.lisp --- setting an image up
+;;;;
+;;;; Preparing an image cl-mcp owns or shares, and resetting a session.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define (calls that go back and forth say so).
+
+(in-package #:cl-mcp-agent)
+
+;;;; Entry points: setting an image up
+;;;
+;;; Swank's SBCL backend keeps a mailbox for every thread it ever sent a
+;;; message to, in a list it never prunes and searches linearly.  Each
+;;; `:emacs-rex' on thread T spawns a worker thread with a mailbox, so every
+;;; request is slower than the one before (a round trip takes three times
+;;; as long after 10,000 requests) and no finished worker is ever garbage.
+;;; After each reply, the mailboxes of threads that have ended are dropped:
+;;; nothing can be sent to a dead thread, and a mailbox is made afresh for a
+;;; thread that needs one.
+
+(defparameter *swank-mailbox-internals*
+  (let ((names (existing-symbols '(("SWANK/SBCL" "*MAILBOXES*")
+                                   ("SWANK/SBCL" "*MAILBOX-LOCK*")
+                                   ("SWANK/SBCL" "MAILBOX.THREAD")))))
+    (when (and (= (length names) 3) (boundp (first names)) (boundp (second names))
+               (fboundp (third names)))
+      names))
+  "The list, lock and thread accessor of Swank's mailboxes, when this Swank
+has them.")
+
+(defparameter *mailbox-prune-threshold* 16
+  "Prune only when the list is this long: a short list costs nothing.")
+
+(defun prune-swank-mailboxes ()
+  "Drop the mailboxes of threads that have ended (a Swank pre-reply hook)."
+  (destructuring-bind (&optional list-symbol lock-symbol thread-of) *swank-mailbox-internals*
+    (when (and list-symbol
+               (> (length (symbol-value list-symbol)) *mailbox-prune-threshold*))
+      (ignore-errors
+       (sb-thread:with-mutex ((symbol-value lock-symbol))
+         (setf (symbol-value list-symbol)
+               (remove-if-not (lambda (mailbox)
+                                (sb-thread:thread-alive-p (funcall thread-of mailbox)))
+                              (symbol-value list-symbol))))))))
+
+(defun install-mailbox-pruning ()
+  "Have Swank run `prune-swank-mailboxes' after each reply, where this
+Swank has the mailboxes to prune."
+  (when *swank-mailbox-internals*
+    (pushnew 'prune-swank-mailboxes swank::*pre-reply-hook*)))
+
+(defun log-background-error (condition hook)
+  "The global debugger hook of an embedded image: an error in a thread the
+user started is logged to the image's stderr (cl-mcp's log) and ends that
+thread, instead of waiting for a debugger nobody will open."
+  (declare (ignore hook))
+  (ignore-errors
+   (format *error-output* "~&;; cl-mcp: unhandled ~A in thread ~A: ~A~%"
+           (type-of condition) (sb-thread:thread-name sb-thread:*current-thread*)
+           (condition-message condition))
+   (finish-output *error-output*))
+  (if (sb-thread:main-thread-p)
+      (sb-ext:exit :code 70 :abort t)
+      (sb-thread:abort-thread :allow-exit t)))
+
+(defun prepare-embedded-image (secret)
+  "Settings for an image cl-mcp owns: Swank demands SECRET (a string) from
+the one client, never opens its debugger, and background errors are
+logged.  Return t."
+  (setf (fdefinition 'swank::slime-secret) (lambda () secret))
+  (setf swank:*global-debugger* nil
+        swank::*configure-emacs-indentation* nil
+        sb-ext:*invoke-debugger-hook* #'log-background-error
+        *debugger-hook* nil)
+  (install-mailbox-pruning)
+  t)
+
+(defun prepare-attached-connection ()
+  "Settings for cl-mcp's connection to an image the programmer shares:
+remember what the session creates, and stand aside so that Swank keeps
+sending the debugger of the programmer's own threads to Emacs (Swank sends
+it to the newest connection, which would otherwise be cl-mcp's).  Return t."
+  (setf *track-session* t)
+  ;; A new session: what earlier ones created belongs to the image now.
+  (sb-thread:with-mutex (*registry-lock*)
+    (setf *session-symbols* '()
+          *session-created-packages* '()))
+  (let ((ours swank::*emacs-connection*))
+    (setf *connections* (cons ours (intersection *connections* swank::*connections*)))
+    (setf swank::*connections*
+          (append (remove ours swank::*connections*) (list ours))))
+  (set-connection-nodelay)
+  (install-mailbox-pruning)
+  t)
+
+(defun soft-reset ()
+  "Remove what cl-mcp's evaluations created in a shared image (their CL-USER
+definitions and their packages) and abort the evaluations waiting at an
+error, and drop the objects the inspect tool keeps for their handles and
+the sources of the definitions find-definition keeps.
+Everything else in the image is left as it was.  Return t."
+  (abort-all)
+  (forget-inspected)
+  (forget-repl-definitions)
+  (let ((user (find-package "COMMON-LISP-USER"))
+        (symbols (sb-thread:with-mutex (*registry-lock*) (shiftf *session-symbols* '())))
+        (packages (sb-thread:with-mutex (*registry-lock*)
+                    (shiftf *session-created-packages* '()))))
+    (dolist (package packages)
+      (when (package-name package)
+        (handler-case (delete-package package)
+          (error (c) (log-note "could not delete package ~A: ~A" (package-name package) c)))))
+    (dolist (symbol symbols)
+      (when (eq (symbol-package symbol) user)
+        (forget-definitions symbol)
+        (unintern symbol user))))
+  t)
