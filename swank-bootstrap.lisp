@@ -65,6 +65,8 @@
 ;;;   swank::xref-doit                `xref-of': the who-* cross-references
 ;;;   swank::collect-notes            `compile-file-of': compiler notes, as
 ;;;                                   C-c C-k gathers them
+;;;   swank::make-compiler-note       `load-system': a note, as
+;;;                                   `collect-notes' makes it
 ;;;   swank::compilation-result-notes, compilation-result-faslfile
 ;;;                                   what `collect-notes' returns
 ;;;   swank::fasl-pathname            where SLIME puts a file's fasl
@@ -174,9 +176,9 @@ cl-mcp after loading them, so that attaching again does not reload them.")
     "listeners"    ; listeners only cl-mcp can take; the lane (embedded)
     "registries"   ; evaluations' mailboxes, registries, deadlines
     "evaluate"     ; the evaluation's thread, waiting at an error
-    "systems"      ; the session's definitions, loading systems
+    "definitions"  ; the session's definitions
     "names"        ; names and places; find-definition, describe-symbol
-    "code"         ; xref, compile-file
+    "code"         ; xref, compile-file, load-system
     "browse"       ; apropos, macroexpand, inspect
     "setup")       ; setting an image up, resetting a session
   "The agent's parts (agent/NAME.lisp), in loading order: each uses only

@@ -1,6 +1,7 @@
-;;;; agent/code.lisp --- xref and compile-file
+;;;; agent/code.lisp --- xref, compile-file and load-system
 ;;;;
-;;;; Cross-references and compiling a file, with notes at their lines.
+;;;; Cross-references, and compiling a file or loading a system with the
+;;;; compiler's notes at their lines.
 ;;;;
 ;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
 ;;;; in swank-bootstrap.lisp; it uses only what the parts before it
@@ -130,14 +131,16 @@ place come last."
       (+ (* (getf plist :line) 100000) (getf plist :column))
       most-positive-fixnum))
 
-(defun note-plists (notes)
+(defun note-plists (notes &optional (keep (constantly t)))
   "Swank's compiler NOTES as `note-plist's in the order of their places,
-duplicates and left-out ones dropped, at most `*note-limit*'; the number
-dropped for the limit second."
+duplicates, left-out ones and those KEEP is false of dropped, at most
+`*note-limit*'; the number dropped for the limit second."
   (let* ((files (make-hash-table :test 'equal))
          (plists (stable-sort
-                  (remove-duplicates (remove nil (mapcar (lambda (note) (note-plist note files)) notes))
-                                     :test #'equal :from-end t)
+                  (remove-duplicates
+                   (remove-if-not keep (remove nil (mapcar (lambda (note) (note-plist note files))
+                                                           notes)))
+                   :test #'equal :from-end t)
                   #'< :key #'note-order)))
     (values (subseq plists 0 (min (length plists) *note-limit*))
             (max 0 (- (length plists) *note-limit*)))))
@@ -217,4 +220,126 @@ to a capped stream (MAX-OUTPUT characters) and is dropped."
                :dropped dropped
                (and failure (list :error failure)))))))
 
-;;; @@ apropos, macroexpand, inspect (their code follows this line)
+;;;; Entry point: loading systems
+
+(defun quicklisp-setup-file ()
+  "Quicklisp's setup file in the home directory, if it is there."
+  (probe-file (merge-pathnames "quicklisp/setup.lisp" (user-homedir-pathname))))
+
+(defun ensure-quicklisp ()
+  "True when Quicklisp is loaded, loading it from ~/quicklisp when present."
+  (or (find-package "QL")
+      (let ((setup (quicklisp-setup-file)))
+        (when setup
+          (load setup)
+          (find-package "QL")))))
+
+(defun system-version (name)
+  "The version of ASDF system NAME, or nil."
+  (let ((system (asdf:find-system name nil)))
+    (and system (asdf:component-version system))))
+
+(defparameter *redefinition-warning*
+  (first (existing-symbols '(("SB-KERNEL" "REDEFINITION-WARNING"))))
+  "SBCL's class of warnings about redefining a function or macro.")
+
+(defun redefinition-p (warning)
+  "True for a redefinition warning: ASDF compiles a file, then loads it into
+the same image, so every macro of a freshly compiled system is 'redefined'."
+  (and *redefinition-warning* (typep warning *redefinition-warning*)))
+
+(defun missing-system-p (condition name)
+  "True when CONDITION says that system NAME itself cannot be found (not one
+of its dependencies)."
+  (or (and (typep condition 'asdf:missing-component)
+           (not (typep condition 'asdf:missing-dependency))
+           (equal (asdf/find-component:missing-requires condition) name))
+      (string= (symbol-name (type-of condition)) "SYSTEM-NOT-FOUND")))
+
+(defun system-file-p (plist directory)
+  "True when the note PLIST has a place in a file under DIRECTORY (a
+namestring ending in /)."
+  (let ((file (getf plist :file)))
+    (and file directory (eql 0 (search directory file)))))
+
+(defun system-notes (name notes)
+  "Swank's compiler NOTES as `note-plist's, keeping those in the files of
+system NAME (under its source directory), not of its dependencies; the
+number dropped for `*note-limit*' second."
+  (let* ((system (ignore-errors (asdf:find-system name nil)))
+         (directory (and system (asdf:system-source-directory system)
+                         (namestring (truename (asdf:system-source-directory system))))))
+    (note-plists notes (lambda (plist) (system-file-p plist directory)))))
+
+(defun %load-system (name quicklisp stdout record-warning record-note)
+  "Load NAME with output to STDOUT; return (:ok) or (:error PLIST).
+Warnings other than redefinitions go to RECORD-WARNING as (TYPE MESSAGE),
+and Swank's compiler notes (as C-c C-k gathers them) to RECORD-NOTE, also
+when the load fails."
+  (block loading
+    (flet ((fail (c)
+             (return-from loading
+               (list :error
+                     (if (missing-system-p c name)
+                         (list :type (condition-type-name c)
+                               :message (format nil "System ~S not found." name)
+                               :backtrace nil)
+                         (describe-error c (frame-lines (error-frames) c
+                                                        *backtrace-frame-limit*)))))))
+      ;; Swank's compilation hooks signal each warning again, to this
+      ;; handler, and make it a note only if that returns; the warning then
+      ;; comes here a second time, and is muffled (warnings do not stop a
+      ;; load: ASDF on SBCL fails a file whose compilation warned).
+      (handler-bind ((warning
+                       (let ((last nil))
+                         (lambda (w)
+                           (cond ((eq w last) (muffle-warning w))
+                                 (t (setf last w)
+                                    (unless (redefinition-p w)
+                                      (funcall record-warning
+                                               (list (public-type-name w 'warning)
+                                                     (condition-message w)))))))))
+                     (serious-condition #'fail))
+        (with-standard-streams (stdout stdout)
+          ;; BREAK and INVOKE-DEBUGGER end the load too.
+          (with-debugger-calling (#'fail)
+            (handler-bind ((swank/backend:compiler-condition
+                             (lambda (c) (funcall record-note (swank::make-compiler-note c)))))
+              (swank/backend:with-compilation-hooks ()
+                (if quicklisp
+                    (funcall (find-symbol "QUICKLOAD" "QL") name :silent t)
+                    (asdf:load-system name))))
+            (list :ok)))))))
+
+(defun load-system (name &key (max-output 20000) (tag nil))
+  "Load the ASDF system NAME (a string), through Quicklisp when it is
+available.  Return a plist: :status (:ok, :error, or :aborted when
+cancelled under TAG), :system, :loader (\"quicklisp\" or \"asdf\"),
+:warnings as (TYPE MESSAGE) lists, :notes (see `note-plist') for the
+system's own files that were compiled, :dropped (notes past
+`*note-limit*'), and :version or :error.  Compiler chatter goes to a
+capped stream (MAX-OUTPUT characters) and is dropped.  Packages the
+system creates are libraries, not the session's own definitions."
+  (let* ((stdout (make-capped-output-stream max-output))
+         (warnings '())
+         (notes '())
+         (before (list-all-packages))
+         (quicklisp (ensure-quicklisp))
+         (outcome (with-running (tag sb-thread:*current-thread*)
+                    (or (catch 'load-cancelled
+                          (%load-system name quicklisp stdout
+                                        (lambda (w) (push w warnings))
+                                        (lambda (note) (push note notes))))
+                        (list :aborted)))))
+    (setf *baseline-packages*
+          (union *baseline-packages* (set-difference (list-all-packages) before)))
+    (multiple-value-bind (notes dropped) (system-notes name (nreverse notes))
+      (list* :status (first outcome)
+             :system name
+             :loader (if quicklisp "quicklisp" "asdf")
+             :warnings (nreverse warnings)
+             :notes notes
+             :dropped dropped
+             (case (first outcome)
+               (:ok (list :version (system-version name)))
+               (:error (list :error (second outcome))))))))

@@ -114,7 +114,6 @@ keeps file contents across the locations of one reply."
               (multiple-value-bind (line column snippet) (place-at octets (1- position))
                 (list :file path :line line :column column :snippet snippet)))))))
 
-;;; @@ find-definition, describe-symbol (their code follows this line)
 
 ;;;; Entry points: find-definition, describe-symbol
 ;;;
@@ -507,4 +506,3 @@ package is a :status :error plist."
             (add :location location)))
         result))))
 
-;;; @@ xref, compile-file (their code follows this line)

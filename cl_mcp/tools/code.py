@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp import sexp
 from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_text, place_structure
 from cl_mcp.session import LispSession
@@ -22,12 +21,6 @@ RELATION_VERBS = {
     "macroexpands": "expand the macro",
     "specializes": "specialize on",
 }
-
-
-def _plist(value: Any) -> dict[str, Any]:
-    """A nested agent plist as a dict, keyword values by name."""
-    return {key: item.name if isinstance(item, Keyword) else item
-            for key, item in sexp.plist(value).items()}
 
 
 # ---------------------------------------------------------------- xref
@@ -56,7 +49,7 @@ def reference_line(reference: dict[str, Any]) -> str:
 def render_xref(result: dict[str, Any]) -> Rendered:
     """The referrers, one line each; none found is an answer, not an error."""
     symbol, relation = result["symbol"], result["relation"]
-    references = [_plist(item) for item in result.get("references") or []]
+    references = [result_dict(item) for item in result.get("references") or []]
     verb = RELATION_VERBS.get(relation, relation)
     if not references:
         text = f"No definitions that {verb} {symbol} were found."
@@ -119,7 +112,7 @@ def _count(notes: list[Any], dropped: int) -> str:
 def render_compile(path: str, result: dict[str, Any]) -> Rendered:
     """``Compiled FILE: N notes`` (or the failure), the fasl, whether it was
     loaded, then one block per note."""
-    notes = [_plist(note) for note in result.get("notes") or []]
+    notes = [result_dict(note) for note in result.get("notes") or []]
     dropped = result.get("dropped") or 0
     success, loaded = result.get("success") is True, result.get("loaded") is True
     fasl = result.get("fasl") if isinstance(result.get("fasl"), str) else None

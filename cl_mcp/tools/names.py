@@ -8,17 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp import sexp
 from cl_mcp.render import Rendered, condition_structure, error_text, place_structure, place_text
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent
-
-
-def _plist(value: Any) -> dict[str, Any]:
-    """A nested agent plist as a dict, keyword values by name."""
-    return {key: item.name if isinstance(item, Keyword) else item
-            for key, item in sexp.plist(value).items()}
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, result_dict
 
 
 def _strings(value: Any) -> list[str]:
@@ -75,7 +68,7 @@ def render_definitions(result: dict[str, Any]) -> Rendered:
     """Every definition, newest evaluate-lisp ones first; none is an answer,
     not an error."""
     symbol = result["symbol"]
-    definitions = [_plist(item) for item in result.get("definitions") or []]
+    definitions = [result_dict(item) for item in result.get("definitions") or []]
     dropped = result.get("dropped") or 0
     if not definitions:
         text = f"No definitions of {symbol} were found."
@@ -144,19 +137,19 @@ def describe_structure(result: dict[str, Any]) -> dict[str, Any]:
     if isinstance(result.get("value"), str):
         structure["value"] = result["value"]
     if result.get("class"):
-        described = _plist(result["class"])
+        described = result_dict(result["class"])
         structure["class"] = {
             "superclasses": _strings(described.get("superclasses")),
             "slots": [{"name": slot["name"], "initargs": _strings(slot.get("initargs")),
                        "readers": _strings(slot.get("readers"))}
-                      for slot in map(_plist, described.get("slots") or [])]}
+                      for slot in map(result_dict, described.get("slots") or [])]}
     if "method-count" in result:
         structure["methods"] = [{"qualifiers": _strings(method.get("qualifiers")),
                                  "specializers": _strings(method.get("specializers"))}
-                                for method in map(_plist, result.get("methods") or [])]
+                                for method in map(result_dict, result.get("methods") or [])]
         structure["methodCount"] = result["method-count"]
     if result.get("location"):
-        location = _plist(result["location"])
+        location = result_dict(result["location"])
         structure["location"] = {"type": location["type"], **place_structure(location)}
     return structure
 

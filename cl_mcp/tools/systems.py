@@ -9,6 +9,7 @@ from cl_mcp.render import Rendered, condition_structure, error_result, error_tex
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.tools.agent import result_dict
+from cl_mcp.tools.code import note_structure, note_text
 
 RESET_TEXT = "Session reset. All definitions cleared."
 MAX_WARNINGS = 20
@@ -22,14 +23,24 @@ async def reset_session(session: LispSession, arguments: dict[str, Any]) -> Rend
     return Rendered(RESET_TEXT, False, {"reset": True, "message": RESET_TEXT})
 
 
+def _same_words(text: str) -> str:
+    return " ".join(text.split())
+
+
 def render_load(result: dict[str, Any]) -> Rendered:
     """``Loading system: NAME`` / ``Loaded: NAME (version V)``, or the error;
-    warnings summarised, compiler chatter left out."""
+    then the compiler's notes in the system's own files with their places,
+    and the other warnings summarised; compiler chatter left out."""
     name = result["system"]
     warnings = result.get("warnings") or []
+    notes = [result_dict(note) for note in result.get("notes") or []]
+    dropped = result.get("dropped") or 0
     structure: dict[str, Any] = {
         "system": name, "loaded": result.get("status") == "ok", "loader": result.get("loader", "asdf"),
-        "warnings": [condition_structure(kind, message) for kind, message in warnings]}
+        "warnings": [condition_structure(kind, message) for kind, message in warnings],
+        "notes": [note_structure(note) for note in notes]}
+    if dropped:
+        structure["truncated"] = dropped
     if result.get("status") == "aborted":
         return Rendered(f"Loading system: {name}\nThe load was cancelled.", True, structure)
     if result.get("status") == "ok":
@@ -44,10 +55,19 @@ def render_load(result: dict[str, Any]) -> Rendered:
         text = error_text(error["type"], reason)
         structure["error"] = condition_structure(error["type"], reason)
         is_error = True
-    if warnings:
-        lines = [f"{kind}: {' '.join(message.split())}" for kind, message in warnings[:MAX_WARNINGS]]
-        if len(warnings) > MAX_WARNINGS:
-            lines.append(f"… and {len(warnings) - MAX_WARNINGS} more")
+    if notes:
+        text += "\n\n[notes]\n" + "\n\n".join(note_text(note) for note in notes)
+        if dropped:
+            text += f"\n\n… and {dropped} more notes, not listed"
+    # A warning already shown as a note, with its place, is not repeated
+    # (the note's message may leave out SBCL's "See also" references).
+    shown = tuple(_same_words(note["message"]) for note in notes)
+    others = [(kind, message) for kind, message in warnings
+              if not _same_words(message).startswith(shown)]
+    if others:
+        lines = [f"{kind}: {_same_words(message)}" for kind, message in others[:MAX_WARNINGS]]
+        if len(others) > MAX_WARNINGS:
+            lines.append(f"… and {len(others) - MAX_WARNINGS} more")
         text += "\n\n[warnings]\n" + "\n".join(lines)
     return Rendered(text, is_error, structure)
 

@@ -1,0 +1,100 @@
+;;;; agent/definitions.lisp --- the session's definitions
+;;;;
+;;;; What the session's evaluations defined (list-definitions), and the
+;;;; helpers that say what a symbol names, which the development tools share.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define (calls that go back and forth say so).
+
+(in-package #:cl-mcp-agent)
+
+;;;; Entry point: the session's definitions
+
+(defvar *baseline-packages* (list-all-packages)
+  "Packages that existed when the agent was first loaded.  Packages created
+later belong to the session (see `session-packages').")
+
+(defun session-packages ()
+  "CL-USER and every package created since the agent was loaded."
+  (cons (find-package "COMMON-LISP-USER")
+        (set-difference (list-all-packages) *baseline-packages*)))
+
+(defun lambda-list-text (function-designator)
+  "The lambda list of FUNCTION-DESIGNATOR as a programmer writes it:
+parameter names without package prefixes, keywords and default values as
+written (strings quoted)."
+  (labels ((write-part (part out)
+             (typecase part
+               (keyword (format out ":~A" (symbol-name part)))
+               (symbol (write-string (symbol-name part) out))
+               (cons (write-char #\( out)
+                     (loop for (item . rest) on part
+                           do (write-part item out)
+                              (typecase rest
+                                (null)
+                                (cons (write-char #\Space out))
+                                (t (write-string " . " out) (write-part rest out))))
+                     (write-char #\) out))
+               (t (prin1 part out)))))
+    (handler-case
+        (let ((lambda-list (sb-introspect:function-lambda-list function-designator))
+              (*print-pretty* nil)
+              (*print-length* 20)
+              (*print-level* 4))
+          (if lambda-list
+              (with-output-to-string (out) (write-part lambda-list out))
+              "()"))
+      (serious-condition () "(...)"))))
+
+(defun variable-text (symbol)
+  "SYMBOL's value, printed on one line of at most 80 characters."
+  (one-line (with-result-printing ()
+              (let ((*print-pretty* nil))
+                (safe-print (symbol-value symbol) #'prin1-to-string)))
+            80))
+
+(defun class-kind (class)
+  "\"structure\", \"condition\" or \"class\": what kind of class CLASS is."
+  (typecase class
+    (structure-class "structure")
+    (sb-pcl::condition-class "condition")
+    (t "class")))
+
+(defun symbol-definitions (symbol kinds)
+  "The definitions SYMBOL names, as (KIND NAME DETAIL) lists."
+  (let ((name (symbol-designator symbol))
+        (found '()))
+    (when (and (member :functions kinds) (fboundp symbol)
+               (not (macro-function symbol)) (not (special-operator-p symbol)))
+      (push (list :function name (lambda-list-text (fdefinition symbol))) found))
+    (when (and (member :variables kinds) (boundp symbol) (not (keywordp symbol)))
+      (push (list :variable name (variable-text symbol)) found))
+    (when (and (member :macros kinds) (macro-function symbol))
+      (push (list :macro name (lambda-list-text (macro-function symbol))) found))
+    (when (member :classes kinds)
+      (let ((class (find-class symbol nil)))
+        (when class
+          (push (list :class name (class-kind class)) found))))
+    found))
+
+(defun list-definitions (&key (type "all"))
+  "The session's definitions of TYPE (\"all\", \"functions\", \"variables\",
+\"macros\" or \"classes\") as a list of (KIND NAME DETAIL), sorted by kind
+and name: KIND is :function, :variable, :macro or :class; NAME the symbol
+as written from CL-USER; DETAIL the lambda list, the printed value, or the
+kind of class."
+  (let ((kinds (if (string= type "all")
+                   '(:functions :variables :macros :classes)
+                   (list (intern (string-upcase type) :keyword))))
+        (definitions '()))
+    (dolist (package (session-packages))
+      (do-symbols (symbol package)
+        (when (eq (symbol-package symbol) package)
+          (setf definitions
+                (nconc (symbol-definitions symbol kinds) definitions)))))
+    (sort (remove-duplicates definitions :test #'equal)
+          (lambda (a b)
+            (or (string< (symbol-name (first a)) (symbol-name (first b)))
+                (and (eq (first a) (first b))
+                     (string< (second a) (second b))))))))
