@@ -159,19 +159,24 @@ else the :status :error plist saying why not."
           ((not (and (probe-file pathname) (pathname-name (probe-file pathname))))
            (name-error "CL-MCP:FILE-NOT-FOUND" (format nil "No file ~A exists (or it is a directory)." path))))))
 
-(defun compile-file-of (path &key (load t) (max-output 20000))
+(defun compile-file-of (path &key (load t) (max-output 20000) (tag nil))
   "Compile the file at PATH (absolute) as SLIME's C-c C-k does, and load the
 fasl when LOAD and the compilation did not fail (warnings do not stop it;
-errors do).  Return a plist: :status (:ok, or :error when compilation
-failed or the load signalled an error), :success, :fasl, :loaded, :notes
-(see `note-plist'), :dropped (notes past `*note-limit*'), and :error (the
-load's error, or why PATH cannot be compiled).  The compiler's output goes
-to a capped stream (MAX-OUTPUT characters) and is dropped."
-  (let ((problem (source-file-problem path)))
-    (when problem
-      (return-from compile-file-of problem)))
-  (let* ((pathname (probe-file path))
-         (stdout (make-capped-output-stream max-output))
+errors do).  Return a plist: :status (:ok; :error when compilation failed
+or the load signalled an error; :aborted when cancelled under TAG),
+:success, :fasl, :loaded, :notes (see `note-plist'), :dropped (notes past
+`*note-limit*'), and :error (the load's error, or why PATH cannot be
+compiled).  The compiler's output goes to a capped stream (MAX-OUTPUT
+characters) and is dropped."
+  (or (source-file-problem path)
+      (with-running (tag sb-thread:*current-thread*)
+        (or (catch 'load-cancelled
+              (%compile-file-of (probe-file path) load max-output))
+            (list :status :aborted :success nil :loaded nil :notes '() :dropped 0)))))
+
+(defun %compile-file-of (pathname load max-output)
+  "`compile-file-of' of the file at PATHNAME, which exists."
+  (let* ((stdout (make-capped-output-stream max-output))
          (loaded nil)
          (failure nil)
          (result

@@ -156,11 +156,14 @@ async def compile_file(session: LispSession, arguments: dict[str, Any]) -> Rende
     path = arguments["path"]
     try:
         async with session.turn():
+            tag = session.new_tag()  # cancelling the call stops the compilation
             form = [Symbol("cl-mcp-agent:compile-file-of"), path,
-                    Keyword("load"), bool(arguments.get("load", True))]
-            result = result_dict(await session.call(form, session.config.load_timeout + DEADLINE_GRACE))
+                    Keyword("load"), bool(arguments.get("load", True)), Keyword("tag"), tag]
+            result = result_dict(await session.call(form, session.config.load_timeout + DEADLINE_GRACE, tag))
     except SessionError as error:
         return compile_error(error.kind, error.message)
+    if result.get("status") == "aborted":
+        return compile_error("CL-MCP:CANCELLED", f"Compiling {path} was cancelled.")
     if result.get("status") == "error" and "success" not in result:
         return compile_error(result["error"]["type"], result["error"]["message"])
     return render_compile(path, result)

@@ -5,6 +5,7 @@ programmer's image it attaches to."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,20 @@ def test_a_relative_or_missing_path_is_a_clear_error(lisp):
     assert result["isError"]
     assert result["content"][0]["text"] == (f"[ERROR] CL-MCP:FILE-NOT-FOUND\nNo file {missing} exists "
                                             "(or it is a directory).")
+
+
+def test_cancelling_the_call_stops_the_compilation(lisp, tmp_path):
+    """notifications/cancelled stops the compilation in the image, as it
+    stops an evaluation or a load, and frees the session at once."""
+    slow = tmp_path / "slow.lisp"
+    slow.write_text("(eval-when (:compile-toplevel)\n  (sleep 3)\n"
+                    "  (defparameter cl-user::*compiled-past-the-sleep* t))\n")
+    request_id = lisp.start_request("tools/call", {"name": "compile-file",
+                                                   "arguments": {"path": str(slow)}})
+    time.sleep(0.5)
+    lisp.notify("notifications/cancelled", {"requestId": request_id, "reason": "test"})
+    started = time.monotonic()
+    assert lisp.eval("(+ 1 2)") == ("=> 3", False)
+    assert time.monotonic() - started < 2.0  # not after the compilation's 3 s
+    time.sleep(3)
+    assert lisp.eval("(boundp 'cl-user::*compiled-past-the-sleep*)") == ("=> NIL", False)
