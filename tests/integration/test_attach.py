@@ -1,11 +1,13 @@
 """Attach mode: cl-mcp joins a Swank server the programmer runs."""
 
+import shutil
 import time
 
 import pytest
 
 from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
 from tests.integration.conftest import McpProcess, cl_mcp
+from tests.integration.devtools import FIXTURES
 
 
 @pytest.fixture
@@ -190,3 +192,27 @@ def test_the_agents_evaluate_called_from_emacs_reports_without_waiting(shared):
     assert ":evaluation nil" in result
     assert emacs.debugger_windows() == 0
     assert process.eval("(+ 2 2)") == ("=> 4", False)
+
+
+def test_compiling_and_loading_through_cl_mcp_print_nothing_in_emacs(shared, tmp_path):
+    """compile-file and load-system show their notes to the model only: the
+    programmer's REPL gets none of the compiler's output or warnings."""
+    _, emacs, process = shared
+    for system in ("noisy-system", "noisy-dependency"):
+        shutil.copytree(FIXTURES / system, tmp_path / system)
+        assert not process.eval(f'(asdf:load-asd "{tmp_path / system / system}.asd")')[1]
+    loaded = process.call("load-system", system="noisy-system")
+    assert "WARNING at" in loaded["content"][0]["text"]
+    shutil.copy(FIXTURES / "files" / "warnings.lisp", tmp_path / "warnings.lisp")
+    compiled = process.call("compile-file", path=str(tmp_path / "warnings.lisp"))
+    assert "WARNING at" in compiled["content"][0]["text"]
+    # The control: a warning of the programmer's own request does show.
+    emacs.slime_eval('(cl:progn (cl:warn "the programmers warning") cl:t)')
+    deadline = time.monotonic() + 10
+    while "the programmers warning" not in emacs.repl_text():
+        assert time.monotonic() < deadline, "the control warning never reached the REPL"
+        time.sleep(0.1)
+    repl = emacs.repl_text()
+    for seen in ("UNUSED", "two", "noisy", "fixture-", "compil"):
+        assert seen.lower() not in repl.lower(), (seen, repl)
+    assert emacs.debugger_windows() == 0
