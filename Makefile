@@ -10,7 +10,7 @@ ALEXANDRIA := /usr/share/common-lisp/source/alexandria/alexandria.asd
 YASON := /usr/share/common-lisp/source/yason/yason.asd
 SLIME_EL := /usr/share/emacs/site-lisp/elpa-src/slime-*/slime.el
 
-.PHONY: run test bench profile setup lisp test-lisp bench-lisp venv clean
+.PHONY: run test bench profile setup lisp test-lisp bench-lisp venv clean interop
 
 run: lisp venv
 	@exec $(VENV)/bin/cl-mcp
@@ -25,6 +25,13 @@ profile: lisp venv
 	$(VENV)/bin/python bench/profile_lisp.py
 
 setup: test-lisp venv
+
+# The official TypeScript MCP SDK client against cl-mcp (docs/interop.md);
+# needs node and npm, and is not part of `make test`.  Attach mode:
+# make interop INTEROP_ARGS='--connect 127.0.0.1:4005'
+interop: lisp venv
+	cd interop/ts-client && npm ci --no-audit --no-fund >&2
+	node interop/ts-client/check.mjs $(VENV)/bin/cl-mcp $(INTEROP_ARGS)
 
 # apt-get install only what is absent: $(call debian,PACKAGES,CONDITION)
 define debian
