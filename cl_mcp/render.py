@@ -38,10 +38,12 @@ def condition_structure(kind: str, message: str, backtrace: Sequence[str] = ()) 
     return condition
 
 
-def error_result(kind: str, message: str) -> Rendered:
-    """A failure of cl-mcp itself (the image was lost, ...) as a tool error."""
+def error_result(kind: str, message: str, shape: dict[str, Any] | None = None) -> Rendered:
+    """A failure of cl-mcp itself (the image was lost, ...) as a tool error,
+    its structured content the tool's SHAPE (its outputSchema's required
+    fields, empty; evaluate-lisp's by default) with the error."""
     return Rendered(error_text(kind, message), True,
-                    {"success": False, "error": condition_structure(kind, message)})
+                    {**(shape or {"success": False}), "error": condition_structure(kind, message)})
 
 
 def evaluation_structure(result: dict[str, Any]) -> dict[str, Any]:

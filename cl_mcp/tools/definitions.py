@@ -44,7 +44,7 @@ async def list_definitions(session: LispSession, arguments: dict[str, Any]) -> R
         async with session.turn():
             found = await session.call(form, session.config.eval_timeout + DEADLINE_GRACE)
     except SessionError as error:
-        return error_result(error.kind, error.message)
+        return error_result(error.kind, error.message, {"definitions": []})
     entries = [(k.name if isinstance(k, Keyword) else k, name, detail)
                for k, name, detail in found]  # type: ignore[misc, union-attr]
     return Rendered(render_definitions(entries, kind), False,

@@ -39,9 +39,10 @@ async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered
             result = result_dict(
                 await session.call(form, session.config.eval_timeout + DEADLINE_GRACE))
     except SessionError as error:
-        return error_result(error.kind, error.message)
-    if result.get("status") != "ok":
-        return render_evaluation(result)
+        return error_result(error.kind, error.message, {"frames": []})
+    if result.get("status") != "ok":  # nothing waits there: the error alone
+        error = result["error"]
+        return error_result(error["type"], error["message"], {"frames": []})
     return render_frames(result)
 
 

@@ -19,7 +19,7 @@ async def reset_session(session: LispSession, arguments: dict[str, Any]) -> Rend
     try:
         await session.reset()
     except SessionError as error:
-        return error_result(error.kind, error.message)
+        return error_result(error.kind, error.message, {"reset": False})
     return Rendered(RESET_TEXT, False, {"reset": True, "message": RESET_TEXT})
 
 
@@ -79,5 +79,5 @@ async def load_system(session: LispSession, arguments: dict[str, Any]) -> Render
             form = [Symbol("cl-mcp-agent:load-system"), arguments["system"], Keyword("tag"), tag]
             result = result_dict(await session.call(form, session.config.load_timeout, tag))
     except SessionError as error:
-        return error_result(error.kind, error.message)
+        return error_result(error.kind, error.message, {"system": arguments["system"], "loaded": False})
     return render_load(result)

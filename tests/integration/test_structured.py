@@ -26,6 +26,7 @@ CALLS = [
     ("load-system", {"system": "alexandria"}),
     ("load-system", {"system": "nonexistent-system"}),
     ("reset-session", {}),
+    ("backtrace", {}),  # nothing waits: an error that still fits
 ]
 
 
@@ -115,3 +116,31 @@ def test_the_sdk_client_accepts_every_result(mode):
     out = asyncio.run(asyncio.wait_for(sdk_calls(mode), 180))
     assert [name for name, _, _ in out] == [name for name, _ in CALLS]
     assert all(structured is not None for _, _, structured in out)
+
+
+# Valid arguments for every tool: each call fails, for want of an image.
+EVERY_TOOL = {
+    "evaluate-lisp": {"code": "(+ 1 2)"}, "list-definitions": {}, "reset-session": {},
+    "load-system": {"system": "alexandria"}, "invoke-restart": {"restart": "ABORT"},
+    "backtrace": {}, "eval-in-frame": {"frame": 0, "code": "1"},
+    "xref": {"symbol": "car"}, "compile-file": {"path": "/tmp/none.lisp"},
+    "apropos": {"pattern": "car"}, "macroexpand": {"form": "(when a b)"},
+    "inspect": {"code": "1"}, "find-definition": {"symbol": "car"},
+    "describe-symbol": {"symbol": "car"},
+}
+
+
+def test_a_session_error_still_fits_every_tools_output_schema(tmp_path):
+    """Hosts' SDK clients refuse a result whose structuredContent does not
+    fit the outputSchema, error or not, and the model then sees nothing."""
+    process = McpProcess("--sbcl", str(tmp_path / "no-such-sbcl"))
+    process.initialize("2025-06-18")
+    tools = {tool["name"]: tool for tool in process.request("tools/list")["result"]["tools"]}
+    assert set(tools) == set(EVERY_TOOL)
+    for name, arguments in EVERY_TOOL.items():
+        result = process.call(name, **arguments)
+        assert result["isError"] and "IMAGE-START-FAILED" in result["content"][0]["text"], name
+        errors = list(Draft202012Validator(tools[name]["outputSchema"]).iter_errors(
+            result["structuredContent"]))
+        assert errors == [], (name, result["structuredContent"])
+    process.close()
