@@ -137,6 +137,7 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
            #:eval-in-frame-of
            #:cancel-evaluation
            #:output-tail
+           #:output-slice
            #:abort-all
            #:configure)
   ;; The session's definitions and systems.

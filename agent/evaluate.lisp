@@ -23,19 +23,51 @@
           (ms (- sb-ext:*gc-run-time* gc))
           (- (sb-ext:get-bytes-consed) bytes))))
 
+(defparameter *inline-output* 1000000
+  "Characters of each stream a report carries; cl-mcp reads the rest with
+`output-slice', so that every reply fits one Swank frame.")
+
+(defparameter *value-print-limit* 1000000
+  "Characters of an evaluation's printed values, at most; the values
+themselves stay reachable with `value'.")
+
+(defvar *last-output* nil
+  "(NUMBER STDOUT STDERR): the output buffers of the latest report, for
+`output-slice'.")
+
+(defun output-slice (number stream start end)
+  "Characters START to END of STREAM (:stdout or :stderr) of the latest
+report, when that was evaluation NUMBER's; else nil."
+  (destructuring-bind (&optional id stdout stderr) *last-output*
+    (when (eql id number)
+      (let* ((buffer (if (eq stream :stdout) stdout stderr))
+             (fill (fill-pointer buffer)))
+        (subseq buffer (min start fill) (min end fill))))))
+
+(defun inline-text (stream)
+  "What a report carries of STREAM's text: at most `*inline-output*'."
+  (let ((buffer (buffer stream)))
+    (subseq buffer 0 (min (fill-pointer buffer) *inline-output*))))
+
 (defun stretch-report (evaluation status &rest more)
-  "The plist describing the stretch that just ended.  Empty output, no
-warnings and an unchanged package are left out: the reply is printed and
-read on every call."
+  "The plist describing the stretch that just ended, numbered with the
+evaluation's number.  Empty output, no warnings and an unchanged package
+are left out: the reply is printed and read on every call.  A stream
+longer than `*inline-output*' also gives its :stdout-length (or
+:stderr-length): the rest is read with `output-slice'."
   (let* ((stdout (evaluation-stdout evaluation))
          (stderr (evaluation-stderr evaluation))
          (warnings (warning-entries (evaluation-warnings evaluation)
                                     (evaluation-condition evaluation)))
-         (report (list* :status status :package (package-name *package*) more)))
+         (report (list* :status status :number (evaluation-id evaluation)
+                        :package (package-name *package*) more)))
+    (setf *last-output* (list (evaluation-id evaluation) (buffer stdout) (buffer stderr)))
     (flet ((add (key value) (setf report (list* key value report))))
-      (when (plusp (kept stdout)) (add :stdout (stream-text stdout)))
+      (when (plusp (kept stdout)) (add :stdout (inline-text stdout)))
+      (when (> (kept stdout) *inline-output*) (add :stdout-length (kept stdout)))
       (when (plusp (dropped stdout)) (add :stdout-dropped (dropped stdout)))
-      (when (plusp (kept stderr)) (add :stderr (stream-text stderr)))
+      (when (plusp (kept stderr)) (add :stderr (inline-text stderr)))
+      (when (> (kept stderr) *inline-output*) (add :stderr-length (kept stderr)))
       (when (plusp (dropped stderr)) (add :stderr-dropped (dropped stderr)))
       (when warnings (add :warnings warnings))
       (unless (eq *package* (evaluation-package evaluation)) (add :package-changed t))
@@ -133,7 +165,7 @@ that ends without waiting at an error."
           (ecase status
             (:ok (post-report evaluation
                               (stretch-report evaluation :ok
-                                              :values (print-values detail (evaluation-max-output evaluation)))))
+                                              :values (print-values detail *value-print-limit*))))
             (:reader-error (post-report evaluation (stretch-report evaluation :error :error detail)))
             (:aborted
              (unless detail
@@ -309,8 +341,7 @@ that frame's local variables in scope, for at most TIMEOUT seconds."
                     (lambda (w) (push w (evaluation-warnings evaluation))))))
       (ecase (first outcome)
         (:ok (stretch-report evaluation :ok
-                             :values (print-values (second outcome)
-                                                   (evaluation-max-output evaluation))))
+                             :values (print-values (second outcome) *value-print-limit*)))
         (:error (stretch-report evaluation :error :error (describe-error (second outcome) nil)))
         (:timeout (stretch-report evaluation :error
                                   :error (list :type "SB-EXT:TIMEOUT"

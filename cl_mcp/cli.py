@@ -132,9 +132,18 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
                             help="seconds before an evaluation is interrupted (default: 30)"),
         parser.add_argument("--load-timeout", type=positive_float, default=300.0,
                             help="seconds load-system may take (default: 300)"),
-        parser.add_argument("--max-output", type=bounded_int(1_000, 1_000_000), default=1_000_000,
-                            help="characters kept of each of stdout, stderr and the printed values "
-                                 "of one evaluation (1000 to 1000000; default: 1000000)"),
+        parser.add_argument("--max-output", type=bounded_int(1_000, 64_000_000), default=16_000_000,
+                            help="characters the image captures of each of stdout and stderr of "
+                                 "one evaluation; the rest is counted, not kept (1000 to 64000000; "
+                                 "default: 16000000)"),
+        parser.add_argument("--max-result-chars", type=bounded_int(1_000, 10_000_000), default=20_000,
+                            help="characters one tool result may hold, text and structured content "
+                                 "each: long output keeps its start and its end, and read-output "
+                                 "reads the rest (1000 to 10000000; default: 20000)"),
+        parser.add_argument("--keep-output", type=bounded_int(0, 1_073_741_824), default=67_108_864,
+                            help="characters of the session's evaluations' output kept for "
+                                 "read-output, the oldest evaluations dropped first (default: "
+                                 "67108864, 64 MiB)"),
         parser.add_argument("--max-suspended", type=bounded_int(0, 64), default=8,
                             help="evaluations that may wait at an error at once "
                                  "(0: none wait; default: 8)"),
@@ -278,6 +287,8 @@ def serve_main(argv: list[str]) -> int:
         eval_timeout=args.eval_timeout,
         load_timeout=args.load_timeout,
         max_output=args.max_output,
+        max_result_chars=args.max_result_chars,
+        keep_output=args.keep_output,
         max_suspended=args.max_suspended,
         suspend_timeout=args.suspend_timeout,
     )

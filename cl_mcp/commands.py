@@ -17,7 +17,8 @@ from cl_mcp.client import ClientError, McpClient, JsonRpcError, ToolValidationEr
 # The server's options that take a value (see cli.build_parser); the
 # commands that start cl-mcp pass them on, wherever they stand.
 SERVER_OPTIONS = ("--connect", "--sbcl", "--slime-dir", "--eval-timeout", "--load-timeout",
-                  "--max-output", "--max-suspended", "--suspend-timeout", "--log-level")
+                  "--max-output", "--max-result-chars", "--keep-output", "--max-suspended",
+                  "--suspend-timeout", "--log-level")
 SERVER_FLAGS = ("--no-saved-core",)  # server options without a value
 
 

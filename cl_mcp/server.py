@@ -27,7 +27,7 @@ from typing import Any, Awaitable, Callable, Coroutine
 
 import orjson
 
-from cl_mcp import __version__, jsonrpc
+from cl_mcp import __version__, budget, jsonrpc
 from cl_mcp.eager import start_eagerly
 from cl_mcp.contracts import error_location, first_error, params_schema, shared_type
 from cl_mcp.errors import (
@@ -212,7 +212,7 @@ class McpServer:
     def __init__(self, session: LispSession, send: Send) -> None:
         self.session = session
         self._send = send
-        self._tools: dict[str, ToolSpec] = build_tools()
+        self._tools: dict[str, ToolSpec] = build_tools(session.config.max_result_chars)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._inflight: dict[Any, tuple[str, asyncio.Future[Any]]] = {}
         self._cancelled: set[Any] = set()
@@ -598,7 +598,7 @@ class McpServer:
         text = rendered.text
         notice = self.session.take_lost_state()
         if notice:
-            text += f"\n\n[session]\n{notice}"
+            text = budget.fit_text(f"{text}\n\n[session]\n{notice}", self.session.config.max_result_chars)
         result: dict[str, Any] = {"content": [{"type": "text", "text": text}],
                                   "isError": rendered.is_error}
         if request.version >= "2025-06-18" and rendered.structured is not None:

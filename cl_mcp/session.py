@@ -21,6 +21,7 @@ from cl_mcp import idle_poll
 from cl_mcp.errors import ProtocolError, SessionError, SwankError
 from cl_mcp.image import ImageConfig
 from cl_mcp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in_image
+from cl_mcp.outputs import OutputStore
 from cl_mcp.sexp import Keyword, SExp, Symbol
 from cl_mcp.swank.client import DEFAULT_PACKAGE, SwankConnection
 
@@ -33,7 +34,11 @@ class SessionConfig:
     connect: tuple[str, int] | None = None  # attach to this Swank instead
     eval_timeout: float = 30.0
     load_timeout: float = 300.0
-    max_output: int = 1_000_000
+    # Characters the image captures of each stream of one evaluation: each
+    # costs it 4 bytes of a 1 GB heap while the evaluation runs.
+    max_output: int = 16_000_000
+    max_result_chars: int = 20_000  # what one tool result may hold (hosts' budgets)
+    keep_output: int = 64 * 1024 * 1024  # characters of output kept for read-output
     max_suspended: int = 8
     suspend_timeout: float = 600.0
 
@@ -54,6 +59,8 @@ class LispSession:
         # The tag of the call running in the image (calls run one at a time).
         self.running_tag: int | None = None
         self._control: SwankConnection | None = None
+        # Evaluations' whole output, by their numbers in the image.
+        self.outputs = OutputStore(config.keep_output)
 
     @property
     def shared(self) -> bool:
@@ -81,6 +88,7 @@ class LispSession:
                              deadline=OPEN_TIMEOUT)
         if not self.shared:
             self.package = DEFAULT_PACKAGE  # a fresh image
+            self.outputs.clear()  # whose evaluations are numbered afresh
 
     # ------------------------------------------------------------ calling
 
@@ -141,6 +149,7 @@ class LispSession:
         async with self._turns:
             await self._link.reset(lambda form: self.call(form, self.config.eval_timeout))
             self.package = DEFAULT_PACKAGE
+            self.outputs.clear()
 
     def take_lost_state(self) -> str | None:
         """The notice that state was lost since the last call, once."""

@@ -1,7 +1,9 @@
 """The tools cl-mcp offers: each a frozen ToolSpec of data plus one handler.
 
 Definitions (name, description, inputSchema, annotations) come from
-cl_mcp/schemas/tools.json; the handlers live beside this file.
+cl_mcp/schemas/tools.json; the handlers live beside this file.  Every
+handler's result is fitted to the result budget (--max-result-chars) on its
+way out, which tools/list tells hosts that read a size hint.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from cl_mcp import budget
 from cl_mcp.contracts import Schema, tool_definitions, tool_schema
 from cl_mcp.render import Rendered
 from cl_mcp.session import LispSession
@@ -24,12 +27,32 @@ class ToolSpec:
     handler: Handler
 
 
-def build_tools() -> dict[str, ToolSpec]:
-    """Every tool, by name, with its argument validator compiled once."""
+# Where a host reads a per-tool size hint in tools/list (Claude Code).
+SIZE_HINTS = ("anthropic/maxResultSizeChars",)
+
+
+def within_budget(handler: Handler) -> Handler:
+    """HANDLER, its result's text and structured content each cut to the
+    session's --max-result-chars (the evaluation tools fit theirs with
+    read-output markers already; this catches every other result)."""
+    async def run(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+        rendered = await handler(session, arguments)
+        limit = session.config.max_result_chars
+        structured = rendered.structured
+        if structured is not None:
+            structured = budget.fit_structure(structured, limit)
+        return Rendered(budget.fit_text(rendered.text, limit), rendered.is_error, structured)
+    return run
+
+
+def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
+    """Every tool, by name, with its argument validator compiled once; with
+    MAX_RESULT_CHARS, each definition's `_meta` gives hosts that size hint."""
     from cl_mcp.tools import definitions, evaluate, restarts, systems
     from cl_mcp.tools import code
     from cl_mcp.tools import browse, inspector
     from cl_mcp.tools import names
+    from cl_mcp.tools import output
 
     handlers: dict[str, Handler] = {
         "evaluate-lisp": evaluate.evaluate_lisp,
@@ -46,9 +69,13 @@ def build_tools() -> dict[str, ToolSpec]:
         "inspect": inspector.inspect,
         "find-definition": names.find_definition,
         "describe-symbol": names.describe_symbol,
+        "read-output": output.read_output,
     }
     tools = {}
     for definition in tool_definitions():
         name = definition["name"]
-        tools[name] = ToolSpec(name, definition, tool_schema(definition["inputSchema"]), handlers[name])
+        if max_result_chars is not None:
+            definition = {**definition, "_meta": {hint: max_result_chars for hint in SIZE_HINTS}}
+        tools[name] = ToolSpec(name, definition, tool_schema(definition["inputSchema"]),
+                               within_budget(handlers[name]))
     return tools

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, error_result, render_evaluation, render_frames
+from cl_mcp.render import Rendered, error_result, render_frames
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, result_dict, whole
+from cl_mcp.tools.evaluate import keep_output, rendered_within
 
 
 async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Rendered:
@@ -24,10 +25,11 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
                     Keyword("values"), [Symbol("cl:quote"), arguments.get("values") or []],
                     Keyword("timeout"), float(timeout), Keyword("tag"), tag]
             result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
+            result["line-offsets"] = await keep_output(session, result)
             follow_package(session, result, explicit=True)
     except SessionError as error:
         return error_result(error.kind, error.message)
-    return render_evaluation(result)
+    return rendered_within(result, session.config.max_result_chars)
 
 
 async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered:
@@ -53,7 +55,8 @@ async def eval_in_frame(session: LispSession, arguments: dict[str, Any]) -> Rend
             whole(arguments["frame"]), arguments["code"], Keyword("timeout"), float(timeout)]
     try:
         async with session.turn():
+            # Its output is its own, not the waiting evaluation's: not kept.
             result = result_dict(await session.call(form, timeout + DEADLINE_GRACE))
     except SessionError as error:
         return error_result(error.kind, error.message)
-    return render_evaluation(result)
+    return rendered_within(result, session.config.max_result_chars)

@@ -199,7 +199,9 @@ def test_output_is_capped_with_a_marker():
         text, is_error = process.eval('(dotimes (i 300) (write-string "abcdefghij")) (make-string 5000 :initial-element #\\z)')
         assert not is_error
         assert "[stdout]\n" + "abcdefghij" * 100 + "\n… [2000 more characters truncated]" in text
-        assert text.endswith("\n… [4002 more characters truncated]")
+        # --max-output caps the captured streams, not the values (those
+        # only the result budget cuts, and (cl-mcp-agent:value N) reaches).
+        assert text.endswith("\n\n=> \"" + "z" * 5000 + "\"")
 
 
 # ---------------------------------------------------------------- packages

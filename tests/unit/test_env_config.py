@@ -17,6 +17,8 @@ BAD = {
     "CL_MCP_EVAL_TIMEOUT": "-3",
     "CL_MCP_LOAD_TIMEOUT": "soon",
     "CL_MCP_MAX_OUTPUT": "999",
+    "CL_MCP_MAX_RESULT_CHARS": "10",
+    "CL_MCP_KEEP_OUTPUT": "-1",
     "CL_MCP_MAX_SUSPENDED": "65",
     "CL_MCP_SUSPEND_TIMEOUT": "nan",
     "CL_MCP_LOG_LEVEL": "loud",
@@ -31,6 +33,8 @@ GOOD = {  # variable: (value, the option's attribute, what it becomes)
     "CL_MCP_EVAL_TIMEOUT": ("2.5", "eval_timeout", 2.5),
     "CL_MCP_LOAD_TIMEOUT": ("60", "load_timeout", 60.0),
     "CL_MCP_MAX_OUTPUT": ("5000", "max_output", 5000),
+    "CL_MCP_MAX_RESULT_CHARS": ("1000", "max_result_chars", 1000),
+    "CL_MCP_KEEP_OUTPUT": ("0", "keep_output", 0),
     "CL_MCP_MAX_SUSPENDED": ("0", "max_suspended", 0),
     "CL_MCP_SUSPEND_TIMEOUT": ("30", "suspend_timeout", 30.0),
     "CL_MCP_LOG_LEVEL": ("debug", "log_level", "debug"),
@@ -98,7 +102,7 @@ def run_cl_mcp(variable: str, value: str, *args: str) -> subprocess.CompletedPro
     ("CL_MCP_EVAL_TIMEOUT", "-3", (), "must be a positive number of seconds"),
     ("CL_MCP_LOG_LEVEL", "loud", (), "must be one of debug, info, warning, error"),
     ("CL_MCP_CONNECT", "garbage", ("--help",), "must be [HOST:]PORT, such as 4005 or 127.0.0.1:4005"),
-    ("CL_MCP_MAX_OUTPUT", "lots", ("eval", "(+ 1 2)"), "must be an integer from 1000 to 1000000"),
+    ("CL_MCP_MAX_OUTPUT", "lots", ("eval", "(+ 1 2)"), "must be an integer from 1000 to 64000000"),
 ])
 def test_the_console_script_reports_a_bad_variable_in_one_line(variable, value, args, message):
     out = run_cl_mcp(variable, value, *args)

@@ -1,0 +1,116 @@
+"""The complete output of the session's evaluations, kept for read-output:
+whatever a result had to leave out to fit the host's budget stays here, up
+to --keep-output characters for the whole session, the oldest evaluations
+dropped first.  Pure: no I/O."""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from dataclasses import dataclass
+
+STREAMS = ("stdout", "stderr", "values")
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """One evaluation's streams: its output and its printed values (one
+    value after another, each starting on a new line)."""
+    stdout: str
+    stderr: str
+    values: str
+
+    def size(self) -> int:
+        return len(self.stdout) + len(self.stderr) + len(self.values)
+
+    def stream(self, name: str) -> str:
+        return {"stdout": self.stdout, "stderr": self.stderr, "values": self.values}[name]
+
+
+class NotKept(LookupError):
+    """The evaluation's output is not (or no longer) kept; the message says which."""
+
+
+class OutputStore:
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._kept: OrderedDict[int, Kept] = OrderedDict()
+        self._size = 0
+        self._newest_dropped = 0  # numbers grow: one at or below this was dropped
+        self._indexed: tuple[tuple[int, str], Lines] | None = None
+
+    def keep(self, number: int, kept: Kept) -> dict[str, int]:
+        """Keep evaluation NUMBER's streams, dropping the oldest evaluations
+        past the limit (the newest is always kept).  An evaluation that goes
+        on after a restart adds its new output to what it had, and its new
+        values replace the old.  Returns, for each stream, the lines kept
+        before this output (its first line is the next)."""
+        earlier = self._kept.pop(number, None)
+        offsets = {"stdout": 0, "stderr": 0, "values": 0}
+        if earlier is not None:
+            self._size -= earlier.size()
+            offsets = {"stdout": earlier.stdout.count("\n"), "stderr": earlier.stderr.count("\n"),
+                       "values": 0}
+            kept = Kept(earlier.stdout + kept.stdout, earlier.stderr + kept.stderr, kept.values)
+        self._kept[number] = kept
+        self._size += kept.size()
+        while self._size > self.limit and len(self._kept) > 1:
+            old, dropped = self._kept.popitem(last=False)
+            self._size -= dropped.size()
+            self._newest_dropped = max(self._newest_dropped, old)
+        return offsets
+
+    def get(self, number: int) -> Kept:
+        kept = self._kept.get(number)
+        if kept is not None:
+            return kept
+        if number <= self._newest_dropped:
+            raise NotKept(f"The output of evaluation {number} is no longer kept: the session keeps "
+                          f"the newest {self.limit:,} characters of output (--keep-output), and "
+                          "drops the oldest evaluations' first.")
+        raise NotKept(f"No output of evaluation {number} is kept: no evaluation of this session's "
+                      "image has that number (a reset or a new image forgets earlier ones).")
+
+    def lines(self, number: int, stream: str) -> "Lines":
+        """Evaluation NUMBER's STREAM as `Lines`, the latest one asked for
+        kept indexed (a model reads one output in several calls)."""
+        text = self.get(number).stream(stream)
+        if self._indexed is None or self._indexed[0] != (number, stream) or self._indexed[1].text is not text:
+            self._indexed = ((number, stream), Lines(text))
+        return self._indexed[1]
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self._size = 0
+        self._newest_dropped = 0
+        self._indexed = None
+
+
+class Lines:
+    """A kept stream's text with where each of its lines starts, so that a
+    slice or a search over megabytes of output is one pass, made once."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        starts = [0]
+        find = text.find
+        position = find("\n")
+        while position >= 0:
+            starts.append(position + 1)
+            position = find("\n", position + 1)
+        if len(starts) > 1 and starts[-1] == len(text):
+            starts.pop()  # a final newline ends the last line; it starts none
+        self.starts = starts if text else []
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def line(self, number: int) -> str:
+        """Line NUMBER (1-based), without its newline."""
+        start = self.starts[number - 1]
+        end = self.starts[number] - 1 if number < len(self.starts) else len(self.text)
+        return self.text[start:end].removesuffix("\n")
+
+    def line_at(self, position: int) -> int:
+        """The number of the line holding character POSITION."""
+        return bisect.bisect_right(self.starts, position)

@@ -1,0 +1,116 @@
+"""read-output: the kept output of an earlier evaluation, by lines or by a
+regular expression, within the result budget (see cl_mcp/outputs.py).
+No call to the image: the output is kept on this side."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from cl_mcp.outputs import Lines, NotKept
+from cl_mcp.render import Rendered, condition_structure, error_text
+from cl_mcp.session import LispSession
+from cl_mcp.tools.evaluate import read_call
+
+CONTEXT = 1  # lines shown before and after a matching line
+MAX_MATCHES = 10_000  # matching lines looked at, at most
+
+
+def numbered(lines: Lines, number: int, mark: str, room: int) -> str:
+    """``   NUMBER: text`` (MARK ``:`` for a line asked for, ``-`` for
+    context); a line longer than ROOM keeps its start and says so."""
+    text = lines.line(number)
+    if len(text) > room:
+        text = f"{text[:room]}… [{len(text) - room:,} more characters on this line]"
+    return f"{number:>7}{mark} {text}"
+
+
+def read_slice(lines: Lines, offset: int, length: int | None, limit: int) -> tuple[list[str], int]:
+    """Lines from OFFSET on, LENGTH of them (or as many as fit), as long as
+    they fit in LIMIT characters; the number of the first line not shown."""
+    last = len(lines) if length is None else min(len(lines), offset + length - 1)
+    shown: list[str] = []
+    used = 0
+    for number in range(offset, last + 1):
+        line = numbered(lines, number, ":", max(200, limit // 4))
+        if used + len(line) + 1 > limit:
+            return shown, number
+        shown.append(line)
+        used += len(line) + 1
+    return shown, last + 1
+
+
+def search(lines: Lines, pattern: re.Pattern[str], limit: int) -> tuple[list[str], int, int | None]:
+    """The lines matching PATTERN (``:``) with CONTEXT lines around them
+    (``-``), groups apart separated by ``--``, as long as they fit in
+    LIMIT; the number of matching lines, and the first matching line not
+    shown (or None)."""
+    matching: list[int] = []
+    for match in pattern.finditer(lines.text):
+        number = lines.line_at(match.start())
+        if not matching or matching[-1] != number:
+            matching.append(number)
+            if len(matching) >= MAX_MATCHES:
+                break
+    wanted = sorted({each for number in matching
+                     for each in range(max(1, number - CONTEXT), min(len(lines), number + CONTEXT) + 1)})
+    is_match = set(matching)
+    shown: list[str] = []
+    used, previous = 0, 0
+    for number in wanted:
+        line = numbered(lines, number, ":" if number in is_match else "-", max(200, limit // 8))
+        gap = ["--"] if previous and number > previous + 1 else []
+        size = sum(len(each) + 1 for each in [*gap, line])
+        if used + size > limit:
+            return shown, len(matching), next((m for m in matching if m >= number), None)
+        shown += [*gap, line]
+        used += size
+        previous = number
+    return shown, len(matching), None
+
+
+def not_kept(arguments: dict[str, Any], message: str, kind: str = "CL-MCP:OUTPUT-NOT-KEPT") -> Rendered:
+    return Rendered(error_text(kind, message), True,
+                    {"evaluation": arguments["evaluation"], "stream": arguments.get("stream", "stdout"),
+                     "totalLines": 0, "lines": [], "error": condition_structure(kind, message)})
+
+
+async def read_output(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """A slice of an earlier evaluation's stdout, stderr or printed values,
+    or the lines a regular expression matches, numbered."""
+    evaluation, stream = arguments["evaluation"], arguments.get("stream", "stdout")
+    try:
+        lines = session.outputs.lines(evaluation, stream)
+    except NotKept as reason:
+        return not_kept(arguments, str(reason))
+    limit = session.config.max_result_chars - 400  # the heading and the closing line
+    pattern_text = arguments.get("pattern")
+    what = f"{stream} of evaluation {evaluation}"
+    structure: dict[str, Any] = {"evaluation": evaluation, "stream": stream, "totalLines": len(lines)}
+    if pattern_text is not None:
+        try:
+            pattern = re.compile(pattern_text, re.MULTILINE)  # ^ and $ at each line
+        except re.error as error:
+            return not_kept(arguments, f"The pattern {pattern_text!r} is not a regular expression: {error}.",
+                            "CL-MCP:INVALID-PATTERN")
+        shown, count, next_line = search(lines, pattern, limit)
+        heading = (f"[{what}: {count:,} line{'s' if count != 1 else ''} of {len(lines):,} match "
+                   f"/{pattern_text}/]")
+        closing = (f"… matches from line {next_line} on not shown: "
+                   f"{read_call(evaluation, stream, next_line, 100)}" if next_line else None)
+        structure["matches"] = count
+    else:
+        offset = arguments.get("offset", 1)
+        shown, next_line = read_slice(lines, offset, arguments.get("length"), limit)
+        if not shown and offset > len(lines):
+            heading = f"[{what}: {len(lines):,} lines; none from line {offset} on]"
+        else:
+            heading = f"[{what}: lines {offset}–{next_line - 1} of {len(lines):,}]"
+        wanted_end = len(lines) if arguments.get("length") is None else min(
+            len(lines), offset + arguments["length"] - 1)
+        closing = (f"… lines {next_line}–{wanted_end} not shown: "
+                   f"{read_call(evaluation, stream, next_line, wanted_end - next_line + 1)}"
+                   if next_line <= wanted_end else None)
+    structure["lines"] = shown
+    text = "\n".join([heading, *shown, *([closing] if closing else [])])
+    return Rendered(text, False, structure)

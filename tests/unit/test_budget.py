@@ -1,0 +1,105 @@
+"""The result budget's pure layer: cuts that keep a text's start and end
+within a budget, and structured content that stays within it too."""
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cl_mcp.budget import cut_middle, fit_parts, fit_structure, fit_text, shares
+from cl_mcp.outputs import Kept, Lines, NotKept, OutputStore
+
+
+def how(line, lines):
+    return f"read {line}+{lines}"
+
+
+def test_a_text_that_fits_is_left_alone():
+    assert cut_middle("short", 10, how) == "short"
+
+
+def test_a_cut_keeps_whole_lines_from_both_ends_and_counts_what_it_left_out():
+    text = "".join(f"line {i}\n" for i in range(1000))
+    cut = cut_middle(text, 200, how)
+    head, marker, tail = cut.partition("\n… [")
+    assert head.startswith("line 0\nline 1\n") and tail.endswith("line 999\n")
+    first_left_out = head.count("\n") + 2
+    shown = (head + "\n").count("\n") + tail.partition("]\n")[2].count("\n")
+    assert f"left out: read {first_left_out}+{1000 - shown}]" in cut
+    left_out = int(cut.split("… [")[1].split(" characters")[0].replace(",", ""))
+    assert left_out == len(text) - len(head) - 1 - len(tail.partition("]\n")[2])
+
+
+@settings(max_examples=200)
+@given(st.text(), st.integers(min_value=0, max_value=500))
+def test_a_cut_never_exceeds_its_room_plus_one_marker(text, room):
+    cut = cut_middle(text, room, how)
+    if len(text) <= room:
+        assert cut == text
+    else:
+        assert len(cut) <= room + 1 + len("… [999,999 characters in 999,999 lines left out: read 999999+999999]\n")
+
+
+def test_shares_give_short_parts_all_they_need():
+    assert shares({"a": 10, "b": 1000, "c": 1000}, 610) == {"a": 10, "b": 300, "c": 300}
+
+
+@settings(max_examples=100)
+@given(st.dictionaries(st.sampled_from(["stdout", "stderr", "v"]), st.text(min_size=0, max_size=3000)),
+       st.integers(min_value=1000, max_value=4000))
+def test_parts_fit_a_budget_to_the_character(parts, budget):
+    def size(cut):
+        return len("\n\n".join(f"[{name}]\n{text}" for name, text in cut.items()))
+    fitted = fit_parts(parts, size, budget, lambda name, line, lines: f"read {name} {line}")
+    assert size(fitted) <= budget
+    for name, text in parts.items():
+        if len(text) < 100:
+            assert fitted[name] == text
+
+
+@settings(max_examples=100)
+@given(st.text(max_size=50_000), st.integers(min_value=1000, max_value=20_000))
+def test_any_text_fits(text, budget):
+    assert len(fit_text(text, budget)) <= budget
+
+
+def test_structured_content_fits_with_its_shape_kept():
+    structure = {"success": True, "stdout": "x\n" * 30_000, "values": ["\"" + "a" * 40_000 + "\""],
+                 "symbols": [{"name": f"S{i}", "kinds": ["function"]} for i in range(5000)]}
+    fitted = fit_structure(structure, 5000)
+    assert len(json.dumps(fitted, ensure_ascii=False)) <= 5000
+    assert set(fitted) == set(structure) and isinstance(fitted["values"][0], str)
+    assert fitted["stdout"].startswith("x\n") and fitted["stdout"].endswith("x\n")
+    assert all(set(item) == {"name", "kinds"} for item in fitted["symbols"])
+
+
+def test_the_store_drops_the_oldest_evaluations_first():
+    store = OutputStore(limit=100)
+    store.keep(1, Kept("a" * 60, "", ""))
+    store.keep(2, Kept("b" * 60, "", ""))
+    assert store.get(2).stdout == "b" * 60
+    try:
+        store.get(1)
+        raise AssertionError("evaluation 1 should have been dropped")
+    except NotKept as reason:
+        assert "no longer kept" in str(reason)
+    try:
+        store.get(7)
+        raise AssertionError("evaluation 7 was never kept")
+    except NotKept as reason:
+        assert "No output of evaluation 7" in str(reason)
+
+
+def test_an_evaluation_that_goes_on_adds_to_its_output():
+    store = OutputStore(limit=1000)
+    assert store.keep(3, Kept("one\ntwo\n", "", "")) == {"stdout": 0, "stderr": 0, "values": 0}
+    assert store.keep(3, Kept("three\n", "", "=> 3")) == {"stdout": 2, "stderr": 0, "values": 0}
+    lines = store.lines(3, "stdout")
+    assert [lines.line(i) for i in range(1, len(lines) + 1)] == ["one", "two", "three"]
+    assert store.get(3).values == "=> 3"
+
+
+def test_lines_find_the_line_of_a_position():
+    lines = Lines("a\nbb\n\nccc")
+    assert len(lines) == 4 and lines.line(4) == "ccc" and lines.line(3) == ""
+    assert [lines.line_at(p) for p in (0, 1, 2, 4, 5, 6)] == [1, 1, 2, 2, 3, 4]
