@@ -40,10 +40,17 @@ def split_server_options(argv: list[str]) -> tuple[list[str], list[str]]:
     return own, server
 
 
-def own_server(server_args: list[str]) -> list[str]:
+# A terminal has no result budget: eval and repl show whole results (unless
+# told otherwise: a later option wins).
+FOR_A_TERMINAL = ("--max-result-chars", "10000000")
+
+
+def own_server(server_args: list[str], terminal: bool = False) -> list[str]:
     """The command that runs this cl-mcp as a server, with its options (its
-    log is kept to warnings unless they say otherwise)."""
-    return [sys.executable, "-m", "cl_mcp", "--log-level", "warning", *server_args]
+    log is kept to warnings unless they say otherwise); for a TERMINAL, with
+    no budget on results."""
+    return [sys.executable, "-m", "cl_mcp", "--log-level", "warning",
+            *(FOR_A_TERMINAL if terminal else ()), *server_args]
 
 
 def server_command(text: str | None, server_args: list[str]) -> list[str]:
@@ -88,7 +95,8 @@ def eval_command(argv: list[str]) -> int:
         arguments["timeout"] = args.timeout
 
     async def run() -> int:
-        async with McpClient(own_server(server_args), timeout=(args.timeout or 30) + 60) as client:
+        async with McpClient(own_server(server_args, terminal=True),
+                             timeout=(args.timeout or 30) + 60) as client:
             result = await client.call_tool("evaluate-lisp", arguments, progress=ProgressPrinter())
         print(result.text)
         return 1 if result.is_error else 0

@@ -146,7 +146,7 @@ def command_call(text: str) -> tuple[str, dict[str, object]] | None:
 
 def repl(server_args: list[str]) -> int:
     background = BackgroundLoop()
-    client = McpClient(own_server(server_args), protocol_version="2025-11-25")
+    client = McpClient(own_server(server_args, terminal=True), protocol_version="2025-11-25")
     try:
         background.run(client.start())
         print(f"cl-mcp REPL ({client.server_info.get('name')} {client.server_info.get('version')}); "

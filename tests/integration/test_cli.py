@@ -34,6 +34,14 @@ def test_eval():
     assert out.returncode == 0 and out.stdout.startswith('=> "COMMON-LISP"\n\n; Timing: ')
 
 
+def test_eval_prints_the_whole_output_a_terminal_has_no_budget():
+    out = cli("eval", '(dotimes (i 3000) (format t "line ~D of the output~%" i)) :done')
+    assert out.returncode == 0 and "left out" not in out.stdout
+    lines = out.stdout.splitlines()
+    assert lines[1:3001] == [f"line {i} of the output" for i in range(3000)]
+    assert lines[-1] == "=> :DONE"
+
+
 def test_eval_shows_progress_of_long_calls_on_stderr():
     out = cli("eval", '(format t "working~%") (finish-output) (sleep 2.5) :done')
     assert out.stdout.endswith("=> :DONE\n")
