@@ -20,6 +20,7 @@ HISTORY = Path.home() / ".cl_mcp_history"
 HELP = """Type Lisp forms; a form is evaluated once its parentheses balance.
   :restart N|NAME   continue the evaluation waiting at an error
   :bt               its backtrace
+  :output [N] [RE]  the output of evaluation N (default: the last), or its lines matching RE
   :reset            a fresh session
   :quit             leave (or Ctrl-D)"""
 
@@ -129,8 +130,9 @@ class BackgroundLoop:
         self._thread.join(5)
 
 
-def command_call(text: str) -> tuple[str, dict[str, object]] | None:
-    """The tool call an input stands for; None for :help."""
+def command_call(text: str, last: int | None = None) -> tuple[str, dict[str, object]] | None:
+    """The tool call an input stands for (LAST: the number of the last
+    evaluation); None for :help."""
     command = text.strip()
     if command == ":reset":
         return "reset-session", {}
@@ -139,6 +141,11 @@ def command_call(text: str) -> tuple[str, dict[str, object]] | None:
     if command.startswith(":restart"):
         designator = command.split(maxsplit=1)[1] if " " in command else "0"
         return "invoke-restart", {"restart": int(designator) if designator.isdigit() else designator}
+    if command == ":output" or command.startswith(":output "):
+        rest = command.removeprefix(":output").strip()
+        number, _, pattern = rest.partition(" ") if rest[:1].isdigit() else ("", "", rest)
+        arguments: dict[str, object] = {"evaluation": int(number) if number else last or 0}
+        return "read-output", {**arguments, **({"pattern": pattern.strip()} if pattern.strip() else {})}
     if command == ":help":
         return None
     return "evaluate-lisp", {"code": text}
@@ -152,6 +159,7 @@ def repl(server_args: list[str]) -> int:
         print(f"cl-mcp REPL ({client.server_info.get('name')} {client.server_info.get('version')}); "
               ":help for commands, Ctrl-D to leave.")
         package = "COMMON-LISP-USER"
+        last: int | None = None  # the number of the last evaluation, for :output
         while True:
             try:
                 text = read_form(package)
@@ -161,7 +169,7 @@ def repl(server_args: list[str]) -> int:
             if text is None or text.strip() in (":quit", ":q", ":exit"):
                 print()
                 return 0
-            call = command_call(text)
+            call = command_call(text, last)
             if call is None:
                 print(HELP)
                 continue
@@ -176,6 +184,7 @@ def repl(server_args: list[str]) -> int:
             print(result.text)
             if isinstance(result.structured_content, dict):
                 package = str(result.structured_content.get("package", package))
+                last = result.structured_content.get("number", last)
     finally:
         try:
             background.run(client.close(), timeout=10)

@@ -151,6 +151,13 @@ def test_repl_in_a_terminal(tmp_path):
     term.type(":restart ABORT\r")
     term.expect("The evaluation was aborted.")
     term.expect("DEMO> ")
+    term.type('(format t "alpha~%beta~%gamma~%")\r')
+    term.expect("gamma")
+    term.expect("DEMO> ")
+    term.type(":output ^b\r")                 # the last evaluation's lines matching ^b
+    term.expect("1 line of 3 match /^b/]")
+    term.expect("      2: beta")
+    term.expect("DEMO> ")
     time.sleep(0.3)                          # readline is reading again
     term.type("\x04")                        # Ctrl-D leaves
     assert term.wait() == 0
