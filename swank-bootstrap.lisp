@@ -140,6 +140,8 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
            #:output-slice
            #:abort-all
            #:configure)
+  ;; The values of earlier evaluations, for the user's code.
+  (:export #:value)
   ;; The session's definitions and systems.
   (:export #:list-definitions
            #:load-system)
@@ -176,6 +178,7 @@ cl-mcp after loading them, so that attaching again does not reload them.")
     "guards"       ; keeping the terminal and the debugger out; threads
     "listeners"    ; listeners only cl-mcp can take; the lane (embedded)
     "registries"   ; evaluations' mailboxes, registries, deadlines
+    "history"      ; the REPL's variables, the values kept
     "evaluate"     ; the evaluation's thread, waiting at an error
     "definitions"  ; the session's definitions
     "names"        ; names and places; find-definition, describe-symbol

@@ -111,8 +111,11 @@ exits is never reused; it costs its stack and nothing else."
                      (serious-condition (c)
                        (return (list :reader-error (describe-error c nil :reading t)))))))
         (when (eq form eof)
+          (keep-value (evaluation-id evaluation) (first values))
           (return (list :ok values)))
-        (setf values (multiple-value-list (%eval-form form)))
+        ;; Each form sets the REPL's variables, as if typed on its own (see
+        ;; agent/history.lisp; `read-and-evaluate' binds them).
+        (setf values (eval-as-typed form #'%eval-form))
         ;; A definition's source is kept for find-definition (see
         ;; `note-repl-definitions', in agent/names.lisp).
         (when (consp form)
@@ -120,11 +123,14 @@ exits is never reused; it costs its stack and nothing else."
                                  start (file-position stream)))))))
 
 (defun read-and-evaluate (evaluation)
-  "Read the forms of the code one after another and evaluate each; return
+  "Read the forms of the code one after another and evaluate each, the
+REPL's variables bound to cl-mcp's own history; return
 (:ok VALUES-OF-THE-LAST) or (:reader-error ERROR-PLIST)."
-  (if *track-session*
-      (call-tracking-session (lambda () (%read-and-evaluate evaluation)))
-      (%read-and-evaluate evaluation)))
+  (call-with-repl-variables
+   (lambda ()
+     (if *track-session*
+         (call-tracking-session (lambda () (%read-and-evaluate evaluation)))
+         (%read-and-evaluate evaluation)))))
 
 (defun %run-evaluation (evaluation)
   "Evaluate EVALUATION's code with its output captured, its ABORT restart
@@ -337,7 +343,10 @@ that frame's local variables in scope, for at most TIMEOUT seconds."
                                       (return-from frame-eval-report
                                         (stretch-report evaluation :error
                                                         :error (describe-error c nil :reading t)))))))
-                        (sb-di:eval-in-frame frame form)))
+                        ;; Each form sets the REPL's variables, as an
+                        ;; evaluation's forms do.
+                        (eval-forms-as-typed (rest form)
+                                             (lambda (each) (sb-di:eval-in-frame frame each)))))
                     (lambda (w) (push w (evaluation-warnings evaluation))))))
       (ecase (first outcome)
         (:ok (stretch-report evaluation :ok

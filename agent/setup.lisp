@@ -97,12 +97,14 @@ it to the newest connection, which would otherwise be cl-mcp's).  Return t."
 (defun soft-reset ()
   "Remove what cl-mcp's evaluations created in a shared image (their CL-USER
 definitions and their packages) and abort the evaluations waiting at an
-error, and drop the objects the inspect tool keeps for their handles and
-the sources of the definitions find-definition keeps.
+error, and drop the objects the inspect tool keeps for their handles, the
+sources of the definitions find-definition keeps, cl-mcp's own values of
+the REPL's variables (`*', `+', `/' ...) and the values `value' keeps.
 Everything else in the image is left as it was.  Return t."
   (abort-all)
   (forget-inspected)
   (forget-repl-definitions)
+  (forget-history)
   (let ((user (find-package "COMMON-LISP-USER"))
         (symbols (sb-thread:with-mutex (*registry-lock*) (shiftf *session-symbols* '())))
         (packages (sb-thread:with-mutex (*registry-lock*)
