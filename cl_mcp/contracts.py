@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cl_mcp.contracts")
 
+MAX_PROBLEMS = 10  # lines of Schema.problems
+MAX_REASON = 300  # characters of one problem's reason
+MAX_VALUE = 80  # characters of a value quoted in a reason
+
 
 def load_schema(name: str) -> Any:
     """A JSON file of cl_mcp/schemas."""
@@ -48,6 +52,28 @@ class Schema:
         if error is None:
             log.error("the fast schema check and jsonschema disagree about %.200r", instance)
         return error
+
+    def problems(self, instance: Any, limit: int = MAX_PROBLEMS) -> list[str]:
+        """Every violation of INSTANCE, one line each (`at POINTER: REASON`),
+        in the schema's order; at most LIMIT, then a line saying there are
+        more.  Empty when INSTANCE is valid.  For a tool error the model
+        reads, so it can correct every argument at once (SEP-1303).  Raises
+        RecursionError for an instance nested too deeply to walk."""
+        if self.is_valid(instance):
+            return []
+        from jsonschema.exceptions import best_match
+
+        lines: dict[str, None] = {}  # in order, without repeats
+        for error in self.validator.iter_errors(instance):
+            error = best_match([error])  # oneOf/anyOf: the branch that came closest
+            for line in _problem_lines(error):
+                lines[line] = None
+            if len(lines) > limit:
+                return [*list(lines)[:limit], "(more problems not listed)"]
+        if not lines:
+            log.error("the fast schema check and jsonschema disagree about %.200r", instance)
+            return ["at /: does not match the inputSchema"]
+        return list(lines)
 
     @property
     def validator(self) -> Any:
@@ -103,3 +129,74 @@ def error_location(error: ValidationError, prefix: str) -> dict[str, str]:
     )
     schema_path = "#/" + "/".join(str(part) for part in error.absolute_schema_path)
     return {"path": path, "schemaPath": schema_path, "detail": error.message[:500]}
+
+
+# ---------------------------------------------------------------- problems, for the model to read
+
+_TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a number",
+               "boolean": "a boolean", "object": "an object", "array": "an array", "null": "null"}
+
+
+def json_pointer(path: Any) -> str:
+    """PATH (keys and indices) as a JSON Pointer (RFC 6901), `/values/0`;
+    the whole instance as `/`, which reads better than the empty pointer."""
+    return "/" + "/".join(str(part).replace("~", "~0").replace("/", "~1") for part in path)
+
+
+def json_text(value: Any, limit: int = MAX_VALUE) -> str:
+    """VALUE as JSON (null, true, "text"), cut to about LIMIT characters."""
+    if isinstance(value, str) and len(value) > limit:
+        return json.dumps(value[:limit], ensure_ascii=False)[:-1] + "…\""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _one_line(text: str) -> str:
+    """TEXT with every character that is not printable escaped (\\uXXXX)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+
+
+def _problem_lines(error: ValidationError) -> list[str]:
+    """One violation as the lines of Schema.problems: one per missing
+    property for `required`, else one."""
+    path = list(error.absolute_path)
+    if error.validator == "required" and isinstance(error.instance, dict):
+        return [_one_line(f"at {json_pointer([*path, name])}: required, but missing")
+                for name in error.validator_value if name not in error.instance]
+    reason = _reason(error)
+    if len(reason) > MAX_REASON:
+        reason = reason[:MAX_REASON] + "…"
+    return [_one_line(f"at {json_pointer(path)}: {reason}")]
+
+
+def _reason(error: ValidationError) -> str:
+    """Why ERROR's value fails, in JSON's words (null, true; not Python's
+    None, True); jsonschema's own message for the rarer keywords."""
+    keyword, expected, value = error.validator, error.validator_value, error.instance
+    if keyword == "type":
+        names = expected if isinstance(expected, list) else [expected]
+        wanted = " or ".join(_TYPE_NAMES.get(name, str(name)) for name in names)
+        return f"expected {wanted}, got {json_text(value)}"
+    if keyword == "enum":
+        return f"{json_text(value)} is not one of {', '.join(json_text(item) for item in expected)}"
+    if keyword == "const":
+        return f"expected {json_text(expected)}, got {json_text(value)}"
+    if keyword in _BOUNDS:
+        return _BOUNDS[keyword].format(value=json_text(value), bound=json_text(expected))
+    if keyword == "minLength" and isinstance(value, str):
+        if expected == 1:
+            return "must not be empty"
+        return f"must be at least {expected} characters long, not {len(value)}"
+    if keyword == "maxLength" and isinstance(value, str):
+        return f"must be at most {expected} characters long, not {len(value)}"
+    return str(error.message)
+
+
+_BOUNDS = {
+    "minimum": "{value} is less than the minimum of {bound}",
+    "maximum": "{value} is greater than the maximum of {bound}",
+    "exclusiveMinimum": "{value} is not greater than {bound}",
+    "exclusiveMaximum": "{value} is not less than {bound}",
+}

@@ -46,6 +46,22 @@ def error_result(kind: str, message: str, shape: dict[str, Any] | None = None) -
                     {**(shape or {"success": False}), "error": condition_structure(kind, message)})
 
 
+INVALID_ARGUMENTS = "CL-MCP:INVALID-ARGUMENTS"
+
+
+def invalid_arguments(tool: str, problems: Sequence[str]) -> Rendered:
+    """Arguments that fail TOOL's inputSchema, as the tool error a model
+    reads and corrects (protocol 2025-11-25 on, SEP-1303): each problem
+    (`at POINTER: REASON`) on a line of its own.  No structuredContent:
+    the tool never ran, and an error result need not match the
+    outputSchema."""
+    if len(problems) == 1:
+        message = f"Invalid arguments for {tool}: {problems[0]}"
+    else:
+        message = "\n".join([f"Invalid arguments for {tool}:", *problems])
+    return Rendered(error_text(INVALID_ARGUMENTS, message), True)
+
+
 def evaluation_structure(result: dict[str, Any]) -> dict[str, Any]:
     """An EvaluationResult (schemas/shared-types.json), with the extra facts
     of evaluation-result.json."""

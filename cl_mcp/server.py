@@ -13,7 +13,9 @@ bounds a call is refused at once with SERVER_BUSY.
 Revisions: 2024-11-05 to 2025-11-25 open with `initialize` (the legacy
 era); 2026-07-28 requests carry their version and client capabilities in
 `params._meta` and are served statelessly (the modern era).  A field
-appears only in the revisions that define it.
+appears only in the revisions that define it.  Arguments that fail a
+tool's inputSchema are -32602 before 2025-11-25 and a tool error, which
+the model sees, from 2025-11-25 on.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from cl_mcp.errors import (
     JsonRpcError,
 )
 from cl_mcp.jsonrpc import OversizedLine
+from cl_mcp.render import Rendered, invalid_arguments
 from cl_mcp.session import LispSession
 from cl_mcp.tools import ToolSpec, build_tools
 
@@ -50,6 +53,9 @@ MODERN_VERSIONS = ("2026-07-28",)
 SUPPORTED_VERSIONS = LEGACY_VERSIONS + MODERN_VERSIONS
 LATEST_LEGACY = LEGACY_VERSIONS[-1]
 BATCH_VERSION = "2025-03-26"
+# From this revision on, arguments that fail a tool's inputSchema are a tool
+# error (isError), not -32602 (SEP-1303); 2026-07-28 keeps it.
+ARGUMENT_ERRORS_VERSION = "2025-11-25"
 
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
@@ -586,6 +592,36 @@ class McpServer:
         if spec is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {params['name']}")
         arguments = params["arguments"]
+        if request.version >= ARGUMENT_ERRORS_VERSION:
+            invalid = self._argument_problems(spec, arguments)
+            if invalid is not None:
+                return self._tool_result(request, invalid, invalid.text)
+        else:
+            self._check_arguments(spec, arguments)
+        rendered = await spec.handler(self.session, arguments)
+        text = rendered.text
+        # The notice goes with a call that ran in the image, never with one
+        # refused before it got there.
+        notice = self.session.take_lost_state()
+        if notice:
+            text = budget.fit_text(f"{text}\n\n[session]\n{notice}", self.session.config.max_result_chars)
+        return self._tool_result(request, rendered, text)
+
+    @staticmethod
+    def _argument_problems(spec: ToolSpec, arguments: dict[str, Any]) -> Rendered | None:
+        """From 2025-11-25 on: arguments that fail the inputSchema make a
+        tool error listing every problem, which hosts show the model (a
+        JSON-RPC error they do not), so it can correct the call (SEP-1303)."""
+        try:
+            problems = spec.validator.problems(arguments)
+        except RecursionError:
+            problems = ["at /: nested too deeply to check"]
+        return invalid_arguments(spec.name, problems) if problems else None
+
+    @staticmethod
+    def _check_arguments(spec: ToolSpec, arguments: dict[str, Any]) -> None:
+        """Before 2025-11-25: arguments that fail the inputSchema are a
+        protocol error, -32602, as those revisions say."""
         try:
             violation = first_error(spec.validator, arguments)
         except RecursionError:
@@ -594,11 +630,11 @@ class McpServer:
             raise JsonRpcError(
                 INVALID_PARAMS, f"Invalid arguments for tool {spec.name}: {violation.message[:200]}",
                 error_location(violation, "params.arguments"))
-        rendered = await spec.handler(self.session, arguments)
-        text = rendered.text
-        notice = self.session.take_lost_state()
-        if notice:
-            text = budget.fit_text(f"{text}\n\n[session]\n{notice}", self.session.config.max_result_chars)
+
+    @staticmethod
+    def _tool_result(request: Request, rendered: Rendered, text: str) -> dict[str, Any]:
+        """A CallToolResult: TEXT, and the structured content when the
+        revision defines it and the tool has some."""
         result: dict[str, Any] = {"content": [{"type": "text", "text": text}],
                                   "isError": rendered.is_error}
         if request.version >= "2025-06-18" and rendered.structured is not None:

@@ -45,6 +45,23 @@ safe_code = st.sampled_from([
     "(in-package :cl-user)", "(warn \"w\")", "\"é€😀\"",
 ]) | st.text(max_size=40)
 
+# Arguments that fail the tool's schema whatever else they hold (its required
+# string is something else), so the call never reaches the image: a tool
+# error that names each problem under 2025-11-25, which the fuzzed server
+# negotiated.
+REQUIRED_STRING = {"evaluate-lisp": "code", "load-system": "system", "xref": "symbol",
+                   "compile-file": "path", "apropos": "pattern", "macroexpand": "form",
+                   "find-definition": "symbol", "describe-symbol": "symbol", "eval-in-frame": "code"}
+
+
+def broken_arguments(required):
+    others = st.dictionaries(st.sampled_from(["package", "timeout", "capture-time", "relation", "type",
+                                              "all", "load", "frame", "x/y~z", "a\nb"]) | st.text(max_size=8),
+                             json_values, max_size=4)
+    return st.builds(lambda extra, bad: {**extra, required: bad}, others,
+                     json_values.filter(lambda value: not isinstance(value, str)))
+
+
 tool_calls = st.one_of(
     st.fixed_dictionaries({"name": st.just("evaluate-lisp"), "arguments": st.fixed_dictionaries(
         {"code": safe_code}, optional={"package": st.sampled_from(["CL-USER", "KEYWORD", "nope", ""]),
@@ -58,6 +75,8 @@ tool_calls = st.one_of(
         {"restart": st.integers(0, 6) | st.sampled_from(["ABORT", "CONTINUE", "x"])})}),
     st.fixed_dictionaries({"name": st.just("backtrace"), "arguments": st.just({})}),
     st.fixed_dictionaries({"name": st.sampled_from(["nope", "", "EVALUATE-LISP"]), "arguments": st.just({})}),
+    st.sampled_from(sorted(REQUIRED_STRING)).flatmap(lambda name: st.fixed_dictionaries({
+        "name": st.just(name), "arguments": broken_arguments(REQUIRED_STRING[name])})),
 )
 
 valid_requests = st.one_of(

@@ -110,18 +110,37 @@ def test_unknown_tool(shared_server):
     assert response["error"] == {"code": -32602, "message": "Unknown tool: invalid-tool-name"}
 
 
-@pytest.mark.parametrize("arguments, path", [
-    ({}, "params.arguments"),
-    ({"code": 42}, "params.arguments.code"),
-    ({"code": "1", "capture-time": "yes"}, "params.arguments.capture-time"),
-    ({"code": "1", "package": ["CL-USER"]}, "params.arguments.package"),
-    ({"code": "1", "timeout": -1}, "params.arguments.timeout"),
-])
-def test_invalid_arguments_name_the_failing_path(shared_server, arguments, path):
-    response = shared_server.request("tools/call", {"name": "evaluate-lisp", "arguments": arguments})
+INVALID_ARGUMENTS = [  # arguments, the error's path before 2025-11-25, the pointer from then on
+    ({}, "params.arguments", "/code"),
+    ({"code": 42}, "params.arguments.code", "/code"),
+    ({"code": "1", "capture-time": "yes"}, "params.arguments.capture-time", "/capture-time"),
+    ({"code": "1", "package": ["CL-USER"]}, "params.arguments.package", "/package"),
+    ({"code": "1", "timeout": -1}, "params.arguments.timeout", "/timeout"),
+]
+
+
+@pytest.fixture(scope="module")
+def server_2025_06_18():
+    process = McpProcess()
+    process.initialize("2025-06-18")
+    yield process
+    process.close()
+
+
+@pytest.mark.parametrize("arguments, path, pointer", INVALID_ARGUMENTS)
+def test_invalid_arguments_name_the_failing_path(server_2025_06_18, arguments, path, pointer):
+    """Before 2025-11-25: a protocol error (tests/integration/test_argument_errors.py has every revision)."""
+    response = server_2025_06_18.request("tools/call", {"name": "evaluate-lisp", "arguments": arguments})
     assert response["error"]["code"] == -32602
     assert response["error"]["data"]["path"] == path
     assert response["error"]["data"]["schemaPath"].startswith("#/")
+
+
+@pytest.mark.parametrize("arguments, path, pointer", INVALID_ARGUMENTS)
+def test_invalid_arguments_are_a_tool_error_from_2025_11_25(shared_server, arguments, path, pointer):
+    result = shared_server.request("tools/call", {"name": "evaluate-lisp", "arguments": arguments})["result"]
+    assert result["isError"] is True
+    assert f"Invalid arguments for evaluate-lisp: at {pointer}: " in result["content"][0]["text"]
 
 
 def test_invalid_tools_call_params(shared_server):
