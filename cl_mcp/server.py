@@ -85,7 +85,10 @@ INSTRUCTIONS = (
     "eval-in-frame inspect it. list-definitions shows what the session defined, "
     "load-system loads ASDF systems, reset-session starts over. To work on code as "
     "SLIME does: find-definition, xref, describe-symbol, apropos, macroexpand, "
-    "inspect, and compile-file (compiler notes with their file, line and column)."
+    "inspect, and compile-file (compiler notes with their file, line and column). "
+    "A long output or value shows its start and its end; the marker between them "
+    "gives the read-output call that reads the rest, and (cl-mcp-agent:value N) "
+    "is evaluation N's value."
 )
 
 Send = Callable[[Any], None]
