@@ -41,7 +41,7 @@ const SDK_VERSION = JSON.parse(
 const TOOLS = [
   "evaluate-lisp", "invoke-restart", "backtrace", "eval-in-frame", "list-definitions",
   "reset-session", "load-system", "xref", "compile-file", "apropos", "macroexpand",
-  "inspect", "find-definition", "describe-symbol",
+  "inspect", "find-definition", "describe-symbol", "read-output",
 ];
 const CIRCLE = "(make-instance 'cl-mcp-fixture:circle :radius 2 :name \"disc\")";
 const LONG = { timeout: 300_000 }; // load-system and compile-file may compile for a while
@@ -427,6 +427,20 @@ async function everyTool(files, attached) {
     return `value ${s.value}`;
   });
 
+  let longOutput;
+  await call("100,000 lines of output", "evaluate-lisp", { code: "(dotimes (i 100000) (print i)) :done" }, (r, s) => {
+    expectOk(r);
+    expect(textOf(r).length <= 20000 && textOf(r).includes("left out: read-output"), "no budget marker");
+    expect(textOf(r).includes("99999"), "the end of the output was lost");
+    longOutput = s.number;
+    return `${textOf(r).length} characters, evaluation ${s.number}`;
+  });
+  await call("its line 50,000", "read-output", { evaluation: longOutput, pattern: "^49999 ?$" }, (r, s) => {
+    expectOk(r);
+    expect(s.matches === 1 && s.lines.some((l) => /^ *50001: 49999/.test(l)), `lines ${JSON.stringify(s.lines)}`);
+    return `${s.matches} match of ${s.totalLines} lines`;
+  });
+
   await call("greet in cl-mcp-fixture", "apropos", { pattern: "greet", package: "cl-mcp-fixture" }, (r, s) => {
     expectOk(r);
     const g = s.symbols.find((x) => x.name === "GREET");
@@ -669,7 +683,7 @@ async function sessionErrors(files, type) {
     "macroexpand": { form: "(when t 1)" }, "inspect": { code: "1" },
     "find-definition": { symbol: "car" }, "describe-symbol": { symbol: "car" },
   };
-  for (const name of TOOLS) {
+  for (const name of TOOLS.filter((each) => each !== "read-output")) { // it needs no image
     await call(`(${type})`, name, good[name], (r) => expectToolError(r, type));
   }
 }
