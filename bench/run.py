@@ -28,6 +28,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import devtools  # noqa: E402  (bench/devtools.py, beside this file)
 import pure  # noqa: E402  (bench/pure.py, beside this file)
 from cl_mcp import sexp  # noqa: E402
 from cl_mcp.image import ImageConfig, LispImage  # noqa: E402
@@ -323,6 +324,11 @@ def main() -> None:
     row("list-definitions over 10,000 functions", ms(statistics.median(listings)), "target well under 1,000 ms")
     resets = timed(server.caller("tools/call", {"name": "reset-session", "arguments": {}}), 5)
     row("reset-session (a fresh image)", ms(statistics.median(resets)), "target 1,000 ms")
+    tools = Server(CL_MCP)  # an image of their own, with alexandria and the fixture loaded
+    tools.initialize()
+    for each in devtools.rows(tools, args.quick):
+        row(*each)
+    tools.close()
     row("cl-mcp resident memory", f"{server.resident_mib():.0f} MiB", f"SDK server {sdk_rss:.0f} MiB")
     server.close()
 
