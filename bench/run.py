@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import devtools  # noqa: E402  (bench/devtools.py, beside this file)
+from devtools import timed  # noqa: E402
 import pure  # noqa: E402  (bench/pure.py, beside this file)
 from cl_mcp import sexp  # noqa: E402
 from cl_mcp.image import ImageConfig, LispImage  # noqa: E402
@@ -101,15 +102,6 @@ class RawSwank:
         self._sock.close()
         self._loop.run_until_complete(self._image.stop())
         self._loop.close()
-
-
-def timed(call: Callable[[], object], count: int) -> list[float]:
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - started)
-    return samples
 
 
 def side_by_side(*calls: Callable[[], object], rounds: int, batch: int = 100) -> list[list[float]]:
