@@ -124,6 +124,24 @@ another thread while output is still coming, so it only reads."
       (subseq buffer (max start (- end limit)) end))))
 
 ;;;; Printing that never fails
+;;;
+;;; A value is printed once, into a stream that keeps what fits and stops
+;;; the printer a little further on (`print-within'), so that no value is
+;;; ever printed whole to be cut afterwards: printing a string of 50,000,000
+;;; characters to show 20,000 of them used to cons 450 MB.  Two more
+;;; things could grow with the value, and both stay bounded:
+;;;  - *print-circle*'s first pass, which looks for shared parts: SBCL runs
+;;;    it into a null stream over all that *print-length* and *print-level*
+;;;    let through (for a tree of a million conses, a million entries in its
+;;;    table); `print-within' runs it instead, into a stream that stops it a
+;;;    quarter past where the second pass will stop.  An object it did not
+;;;    reach prints without a label, as SBCL allows for;
+;;;  - the pretty printer's buffer: SBCL's pretty stream sends its text on
+;;;    to the target once it holds more than a line (the right margin), so
+;;;    it holds about a line however large the logical block (measured: a
+;;;    list of 100 strings of 1,000,000 characters, cut at 20,000, conses
+;;;    0.5 MB).
+;;; A print-object method that conses on its own is the user's to bound.
 
 (defmacro with-result-printing (() &body body)
   "Run BODY with the printer settings of the evaluate-lisp contract."
@@ -136,13 +154,136 @@ another thread while output is still coming, so it only reads."
      ,@body))
 
 (defun safe-print (object printer)
-  "Call PRINTER on OBJECT for a string; a failure to print becomes a marker
-instead of an error of the whole call."
+  "Call PRINTER on OBJECT for a string (with whatever else it returns); a
+failure to print becomes a marker instead of an error of the whole call.
+The condition's report in the marker is cut to 1,000 characters: it may
+print the very object that could not be printed."
   (handler-case (funcall printer object)
     (serious-condition (c)
       (format nil "#<error printing object of type ~A: ~A>"
               (ignore-errors (prin1-to-string (type-of object)))
-              (or (ignore-errors (princ-to-string c)) (type-of c))))))
+              (or (ignore-errors (printed-prefix c #'princ 1000)) (type-of c))))))
+
+(defclass bounded-output-stream (capped-output-stream)
+  ((stop :initarg :stop :reader stop
+         :documentation "Characters written, kept or counted, after which
+the writer is stopped.")
+   (stopped :initform nil :accessor stopped
+            :documentation "True once the writer has been stopped; what is
+written afterwards (by an unwind-protect's cleanup) is ignored."))
+  (:documentation "A `capped-output-stream' that also stops whoever writes
+to it: the first character past STOP throws to the stream itself, its own
+catch tag, so that a printer ends there instead of running to its end.  A
+throw, not a condition, so that no handler of a print-object method (nor
+`safe-print's) can take it for an error."))
+
+(defun written (stream)
+  "The characters written to STREAM so far, kept or counted."
+  (+ (kept stream) (dropped stream)))
+
+(defun stop-writer (stream)
+  "Throw to STREAM's catch tag, the first time only."
+  (unless (stopped stream)
+    (setf (stopped stream) t)
+    (throw stream nil)))
+
+(defmethod sb-gray:stream-write-string :around ((stream bounded-output-stream) string
+                                                &optional (start 0) end)
+  "Take what comes before the stop; stop at the first character past it."
+  (let* ((end (or end (length string)))
+         (taken (if (stopped stream)
+                    start
+                    (min end (+ start (- (stop stream) (written stream)))))))
+    (call-next-method stream string start taken)
+    (when (< taken end)
+      (stop-writer stream))
+    string))
+
+(defmethod sb-gray:stream-write-char :around ((stream bounded-output-stream) char)
+  "Take CHAR if it comes before the stop, else stop."
+  (if (and (not (stopped stream)) (< (written stream) (stop stream)))
+      (call-next-method)
+      (stop-writer stream))
+  char)
+
+(defclass first-pass-stream (bounded-output-stream)
+  ((seen :initarg :seen :reader seen
+         :documentation "The first pass's table of the objects it has met."))
+  (:documentation "The stream *print-circle*'s first pass prints to: it
+keeps nothing, and stops the pass after STOP characters or once the pass
+has met more than STOP objects.  Characters alone would not do: the first
+pass prints nothing for an object it meets again, and the pretty printer
+trims a line of such nothings to its indentation, so a wide tree of shared
+parts is walked in a few characters."))
+
+(defun met-too-many-p (stream)
+  "True when STREAM's first pass has met more objects than its stop."
+  (> (hash-table-count (seen stream)) (stop stream)))
+
+(defmethod sb-gray:stream-write-string :around ((stream first-pass-stream) string
+                                                &optional (start 0) end)
+  "Stop the pass once it has met too many objects."
+  (if (met-too-many-p stream)
+      (progn (stop-writer stream) string)
+      (call-next-method stream string start end)))
+
+(defmethod sb-gray:stream-write-char :around ((stream first-pass-stream) char)
+  "Stop the pass once it has met too many objects."
+  (if (met-too-many-p stream)
+      (progn (stop-writer stream) char)
+      (call-next-method)))
+
+(defparameter *circularity-variables*
+  (existing-symbols '(("SB-IMPL" "*CIRCULARITY-HASH-TABLE*")
+                      ("SB-IMPL" "*CIRCULARITY-COUNTER*")))
+  "SBCL's variables for *print-circle*'s two passes: the table of the
+objects seen, and the label counter, NIL in the first pass and a number in
+the second (see SBCL's OUTPUT-OBJECT).")
+
+(defun circularity-pass-p (object)
+  "True when printing OBJECT under *print-circle* begins with a pass that
+looks for shared parts.  SBCL makes one for objects that may hold others
+(conses, instances, arrays of T); this names more, since one missed would
+run SBCL's own pass, which nothing stops."
+  (and *print-circle*
+       (= (length *circularity-variables*) 2)
+       (not (typep object '(or number character symbol string bit-vector)))))
+
+(defun print-within (object printer keep past)
+  "Print OBJECT with PRINTER (`prin1' or `princ', called with OBJECT and a
+stream) under the printer variables in effect, stopping it after KEEP +
+PAST characters.  Return the first KEEP characters, and what was cut: 0,
+the number of characters cut when printing ended within KEEP + PAST, or
+:STOPPED when the printer was stopped, so that the rest is unknown."
+  (let* ((stop (+ keep past))
+         (out (make-instance 'bounded-output-stream :limit keep :stop stop)))
+    (flet ((print-into (stream)
+             ;; True when PRINTER ran to its end.
+             (catch stream (funcall printer object stream) t)))
+      (let ((ended (if (circularity-pass-p object)
+                       (destructuring-bind (table-variable counter-variable) *circularity-variables*
+                         ;; The first pass prints the second's text without
+                         ;; its labels, and each object the second pass
+                         ;; meets costs it a character at least, so a quarter
+                         ;; more than STOP of either covers what the second
+                         ;; pass will print.
+                         (let ((table (make-hash-table :test 'eq)))
+                           (progv (list table-variable counter-variable) (list table nil)
+                             (print-into (make-instance 'first-pass-stream
+                                                        :limit 0 :seen table
+                                                        :stop (+ stop (ceiling stop 4) 1000)))
+                             (progv (list counter-variable) (list 0)
+                               (print-into out)))))
+                       (print-into out))))
+        (values (stream-text out) (if ended (dropped out) :stopped))))))
+
+(defun printed-prefix (object printer limit)
+  "OBJECT printed with PRINTER (`prin1' or `princ'), at most LIMIT
+characters of it, and \"…\" when there was more."
+  (multiple-value-bind (text cut) (print-within object printer limit 0)
+    (if (eql cut 0)
+        text
+        (concatenate 'string text "…"))))
 
 (defun cap-string (string limit)
   "STRING cut to LIMIT characters, with the number cut as a second value."
@@ -182,15 +323,30 @@ otherwise (SB-EXT:TIMEOUT, although CL-USER uses SB-EXT)."
       (format nil "~D second~:P" (round seconds))
       (format nil "~,3F seconds" seconds)))
 
+(defparameter *print-overrun* 10000
+  "Characters a value may print past the room left for it before its
+printer is stopped: enough to give the exact number cut from a value cut by
+a little, and from short values that come after the limit.")
+
 (defun print-values (values limit)
-  "VALUES printed under the contract's printer settings, their total length
-kept under LIMIT."
+  "VALUES printed under the contract's printer settings, as a list of
+strings of at most LIMIT characters in all: the value that crosses LIMIT
+is cut, and so are the later ones.  A cut value ends with a line that says
+how many characters were cut, or, when its printer was stopped
+`*print-overrun*' characters further on, that there were more than that."
   (with-result-printing ()
-    (loop for value in values
-          for text = (safe-print value #'prin1-to-string)
-          for room = (max 0 (- limit used))
-          sum (length text) into used
-          collect (multiple-value-bind (kept cut) (cap-string text room)
-                    (if (plusp cut)
-                        (format nil "~A~%… [~D more characters truncated]" kept cut)
-                        kept)))))
+    (let ((used 0))
+      (loop for value in values
+            for room = (max 0 (- limit used))
+            collect (multiple-value-bind (text cut)
+                        (safe-print value (lambda (value)
+                                            (print-within value #'prin1 room *print-overrun*)))
+                      (unless cut               ; safe-print's marker
+                        (setf (values text cut) (cap-string text room)))
+                      (incf used (length text))
+                      (case cut
+                        (0 text)
+                        (:stopped (format nil "~A~%… [printing stopped: more than ~D more ~
+                                               characters truncated]"
+                                          text *print-overrun*))
+                        (t (format nil "~A~%… [~D more characters truncated]" text cut))))))))
