@@ -230,8 +230,8 @@ once: a yield that comes back that late stops the polling for a while."
       (setf swank::*send-counter* most-negative-fixnum)
       ;; Swank prints every event it handles into a ring of the last 40, for
       ;; debugging Swank: on the lane, each request and reply printed a
-      ;; second time, and up to 40 printed results (each up to --max-output
-      ;; characters) kept alive.
+      ;; second time, and up to 40 printed results (each up to 1,000,000
+      ;; characters of each stream and of the values) kept alive.
       (let ((swank::*enable-event-history* nil))
         (loop while (eq (lane-owner lane) token)
               do (unless (input-soon-p stream)

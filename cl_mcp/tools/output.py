@@ -25,10 +25,9 @@ def numbered(lines: Lines, number: int, mark: str, room: int) -> str:
     return f"{number:>7}{mark} {text}"
 
 
-def read_slice(lines: Lines, offset: int, length: int | None, limit: int) -> tuple[list[str], int]:
-    """Lines from OFFSET on, LENGTH of them (or as many as fit), as long as
-    they fit in LIMIT characters; the number of the first line not shown."""
-    last = len(lines) if length is None else min(len(lines), offset + length - 1)
+def read_slice(lines: Lines, offset: int, last: int, limit: int) -> tuple[list[str], int]:
+    """Lines OFFSET to LAST, as long as they fit in LIMIT characters; the
+    number of the first line not shown."""
     shown: list[str] = []
     used = 0
     for number in range(offset, last + 1):
@@ -69,7 +68,8 @@ def search(lines: Lines, pattern: re.Pattern[str], limit: int) -> tuple[list[str
     return shown, len(matching), None
 
 
-def not_kept(arguments: dict[str, Any], message: str, kind: str = "CL-MCP:OUTPUT-NOT-KEPT") -> Rendered:
+def read_error(arguments: dict[str, Any], kind: str, message: str) -> Rendered:
+    """A tool error whose structured content still fits read-output's outputSchema."""
     return Rendered(error_text(kind, message), True,
                     {"evaluation": arguments["evaluation"], "stream": arguments.get("stream", "stdout"),
                      "totalLines": 0, "lines": [], "error": condition_structure(kind, message)})
@@ -82,7 +82,7 @@ async def read_output(session: LispSession, arguments: dict[str, Any]) -> Render
     try:
         lines = session.outputs.lines(evaluation, stream)
     except NotKept as reason:
-        return not_kept(arguments, str(reason))
+        return read_error(arguments, "CL-MCP:OUTPUT-NOT-KEPT", str(reason))
     limit = session.config.max_result_chars - 400  # the heading and the closing line
     pattern_text = arguments.get("pattern")
     what = f"{stream} of evaluation {evaluation}"
@@ -91,8 +91,8 @@ async def read_output(session: LispSession, arguments: dict[str, Any]) -> Render
         try:
             pattern = re.compile(pattern_text, re.MULTILINE)  # ^ and $ at each line
         except re.error as error:
-            return not_kept(arguments, f"The pattern {pattern_text!r} is not a regular expression: {error}.",
-                            "CL-MCP:INVALID-PATTERN")
+            return read_error(arguments, "CL-MCP:INVALID-PATTERN",
+                              f"The pattern {pattern_text!r} is not a regular expression: {error}.")
         shown, count, next_line = search(lines, pattern, limit)
         heading = (f"[{what}: {count:,} line{'s' if count != 1 else ''} of {len(lines):,} match "
                    f"/{pattern_text}/]")
@@ -101,16 +101,15 @@ async def read_output(session: LispSession, arguments: dict[str, Any]) -> Render
         structure["matches"] = count
     else:
         offset = arguments.get("offset", 1)
-        shown, next_line = read_slice(lines, offset, arguments.get("length"), limit)
+        last = len(lines) if "length" not in arguments else min(len(lines), offset + arguments["length"] - 1)
+        shown, next_line = read_slice(lines, offset, last, limit)
         if not shown and offset > len(lines):
             heading = f"[{what}: {len(lines):,} lines; none from line {offset} on]"
         else:
             heading = f"[{what}: lines {offset}–{next_line - 1} of {len(lines):,}]"
-        wanted_end = len(lines) if arguments.get("length") is None else min(
-            len(lines), offset + arguments["length"] - 1)
-        closing = (f"… lines {next_line}–{wanted_end} not shown: "
-                   f"{read_call(evaluation, stream, next_line, wanted_end - next_line + 1)}"
-                   if next_line <= wanted_end else None)
+        closing = (f"… lines {next_line}–{last} not shown: "
+                   f"{read_call(evaluation, stream, next_line, last - next_line + 1)}"
+                   if next_line <= last else None)
     structure["lines"] = shown
     text = "\n".join([heading, *shown, *([closing] if closing else [])])
     return Rendered(text, False, structure)
