@@ -140,6 +140,9 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
            #:output-slice
            #:abort-all
            #:configure)
+  ;; Evaluations that run on in the background past their answer window.
+  (:export #:await-evaluation-of
+           #:forget-outcome)
   ;; The values of earlier evaluations, for the user's code.
   (:export #:value)
   ;; The session's definitions and systems.

@@ -35,14 +35,28 @@ themselves stay reachable with `value'.")
   "(NUMBER STDOUT STDERR): the output buffers of the latest report, for
 `output-slice'.")
 
-(defun output-slice (number stream start end)
-  "Characters START to END of STREAM (:stdout or :stderr) of the latest
-report, when that was evaluation NUMBER's; else nil."
+(defun output-buffers (number)
+  "The (STDOUT STDERR) buffers of evaluation NUMBER: the latest report's, or
+those of an evaluation in the background (running, or its outcome not yet
+kept by its caller); else nil."
   (destructuring-bind (&optional id stdout stderr) *last-output*
-    (when (eql id number)
+    (if (eql id number)
+        (list stdout stderr)
+        (let ((evaluation (find-background number)))
+          (and evaluation
+               (evaluation-stdout evaluation)
+               (list (buffer (evaluation-stdout evaluation))
+                     (buffer (evaluation-stderr evaluation))))))))
+
+(defun output-slice (number stream start end)
+  "Characters START to END of STREAM (:stdout or :stderr) of evaluation
+NUMBER (see `output-buffers'), which may still be running; else nil."
+  (destructuring-bind (&optional stdout stderr) (output-buffers number)
+    (when stdout
       (let* ((buffer (if (eq stream :stdout) stdout stderr))
              (fill (fill-pointer buffer)))
-        (subseq buffer (min start fill) (min end fill))))))
+        ;; A running evaluation may be growing the buffer meanwhile.
+        (ignore-errors (subseq buffer (min start fill) (min end fill)))))))
 
 (defun inline-text (stream)
   "What a report carries of STREAM's text: at most `*inline-output*'."
@@ -61,7 +75,10 @@ longer than `*inline-output*' also gives its :stdout-length (or
                                     (evaluation-condition evaluation)))
          (report (list* :status status :number (evaluation-id evaluation)
                         :package (package-name *package*) more)))
-    (setf *last-output* (list (evaluation-id evaluation) (buffer stdout) (buffer stderr)))
+    ;; A background evaluation's buffers are found through it until its
+    ;; outcome is taken (`output-buffers').
+    (unless (evaluation-background evaluation)
+      (setf *last-output* (list (evaluation-id evaluation) (buffer stdout) (buffer stderr))))
     (flet ((add (key value) (setf report (list* key value report))))
       (when (plusp (kept stdout)) (add :stdout (inline-text stdout)))
       (when (> (kept stdout) *inline-output*) (add :stdout-length (kept stdout)))
@@ -413,6 +430,116 @@ commands or, when no more evaluations may wait, abort."
           (command-loop evaluation)
           (invoke-restart (evaluation-abort-restart evaluation) t)))))
 
+;;;; Running on in the background
+;;;
+;;; At the close of its answer window an evaluation answers its request
+;;; "still running" and runs on in its thread (registries.lisp keeps it);
+;;; `await-evaluation-of' takes its outcome, or stops it.
+
+(defparameter *running-tail* 20000
+  "Characters of each stream's latest output a still-running report carries.")
+
+(defun latest-text (stream)
+  "The last `*running-tail*' characters STREAM has kept; read from another
+thread while output may still be coming, so it only reads."
+  (let* ((buffer (buffer stream))
+         (fill (fill-pointer buffer)))
+    (or (ignore-errors (subseq buffer (max 0 (- fill *running-tail*)) fill)) "")))
+
+(defun running-report (evaluation)
+  "The report that EVALUATION is still running: its number, the
+milliseconds since it began, and for each stream with output its latest
+`*running-tail*' characters and its whole length (:stdout-length)."
+  (let ((report (list :status :running :number (evaluation-id evaluation)
+                      :elapsed-ms (round (* 1000 (- (get-internal-real-time)
+                                                    (evaluation-started evaluation)))
+                                         internal-time-units-per-second))))
+    (loop for (key length-key stream) in (list (list :stdout :stdout-length (evaluation-stdout evaluation))
+                                               (list :stderr :stderr-length (evaluation-stderr evaluation)))
+          when (and stream (plusp (kept stream)))
+            do (setf report (list* key (latest-text stream) length-key (kept stream) report)))
+    report))
+
+(defun too-many-background-error (evaluation window)
+  "The error that EVALUATION, still running after WINDOW seconds, was
+stopped because `*max-background*' evaluations run in the background."
+  (list :type "CL-MCP:TOO-MANY-BACKGROUND"
+        :message (format nil "Evaluation ~D was still running after ~A, and ~D evaluation~:P ~
+                              already run~:[s~;~] in the background (~{~D~^, ~}), the limit ~
+                              (--max-background): so it was stopped.  Wait for one with ~
+                              await-evaluation, or stop one with await-evaluation and ~
+                              \"abort\": true, then try again."
+                         (evaluation-id evaluation) (seconds-text window) *max-background*
+                         (/= *max-background* 1)
+                         (sort (mapcar #'evaluation-id (background-running)) #'<))
+        :backtrace nil))
+
+(defun run-in-background (evaluation token)
+  "In EVALUATION's thread, at the close of its answer window (TOKEN is
+(TIMEOUT :answer WINDOW)): answer its request \"still running\" and run on
+in the background, with a deadline for the rest of TIMEOUT; or, when
+`*max-background*' evaluations run there already, stop it with an error
+that says so."
+  (destructuring-bind (timeout kind window) token
+    (declare (ignore kind))
+    (setf (evaluation-deadline evaluation) nil)
+    (cond ((register-background evaluation)
+           (when timeout
+             (schedule-deadline evaluation (list timeout :timeout) (max 0 (- timeout window))))
+           (answer-directly evaluation (running-report evaluation)))
+          (t
+           (post-report evaluation (stretch-report evaluation :error
+                                                   :error (too-many-background-error evaluation window)))
+           (invoke-restart (evaluation-abort-restart evaluation) t)))))
+
+(defun no-background-report (id)
+  "The report that no background evaluation ID has an outcome to take."
+  (command-error "CL-MCP:NO-SUCH-EVALUATION"
+                 (format nil "Evaluation ~D is not in the background: its outcome was taken ~
+                              already, it finished within its answer window, or the session ~
+                              was reset." id)))
+
+(defun stop-background (evaluation)
+  "Abort EVALUATION, running in the background or waiting there at an
+error; the report that it was aborted follows in its mailbox."
+  (cond ((evaluation-waiting evaluation)
+         (take-report-now evaluation)  ; its error, superseded
+         (post-command evaluation (list :abort)))
+        (t
+         (loop repeat 100
+               until (or (evaluation-report evaluation) (interrupt-running evaluation))
+               do (sleep 0.01)))))
+
+(defun await-evaluation-of (id &key (wait 0) (abort nil))
+  "The outcome of background evaluation ID, once it has one, waiting up to
+WAIT seconds for it: a plist as `evaluate' returns (an error report with
+its restarts when it stopped at an error, where it waits for
+`invoke-restart-of').  While it is still running, `running-report'.  With
+ABORT, stop it first (or, waiting at an error whose outcome was taken,
+abort it there) and return that it was aborted.  The outcome stays here,
+its output readable with `output-slice', until `forget-outcome': a caller
+that is gone before it has kept it loses nothing."
+  (let ((evaluation (find-background id)))
+    (cond (evaluation
+           (when abort (stop-background evaluation))
+           (or (take-slot evaluation #'evaluation-report nil (if abort 10 wait))
+               (running-report evaluation)))
+          ((and abort (find-suspended id))
+           (let ((waiting (find-suspended id)))
+             (post-command waiting (list :abort))
+             (await-report waiting)))
+          (t (no-background-report id)))))
+
+(defun forget-outcome (id)
+  "Background evaluation ID's outcome has been kept by its caller: take it
+out of its mailbox (one waiting at an error answers its next command
+there) and stop keeping the evaluation; return t."
+  (let ((evaluation (find-background id)))
+    (when evaluation
+      (take-report-now evaluation)
+      (forget-background evaluation))
+    t))
+
 ;;;; Entry points: evaluations
 
 (defun cl-mcp-request ()
@@ -425,7 +552,7 @@ waiting, because nobody could send it commands."
        (first swank::*pending-continuations*)))
 
 (defun evaluate (code &key package (explicit-package nil) (capture-time nil)
-                        (timeout nil) (max-output 1000000) (tag nil))
+                        (timeout nil) (answer-within nil) (max-output 1000000) (tag nil))
   "Read and evaluate the forms of CODE one after another, in PACKAGE, and
 return a plist describing the outcome:
 
@@ -440,6 +567,12 @@ return a plist describing the outcome:
   :package  name of *package* afterwards, :package-changed whether the
             code changed it (IN-PACKAGE)
   :timing   (REAL-MS RUN-MS GC-MS BYTES) when CAPTURE-TIME
+  :number   the evaluation's number, for `value', `output-slice' and
+            `await-evaluation-of'
+
+An evaluation still running after ANSWER-WITHIN seconds (when that is
+shorter than TIMEOUT) answers with `running-report' (:status :running)
+and runs on in the background, for at most TIMEOUT seconds in all.
 
 An unknown PACKAGE is an error when EXPLICIT-PACKAGE, and falls back to
 CL-USER otherwise (the session's package may have been deleted).  TIMEOUT,
@@ -461,6 +594,7 @@ function returns then, :ANSWERED, reaches nobody."
                                         :package (or target (find-package "COMMON-LISP-USER"))
                                         :capture-time capture-time
                                         :timeout timeout
+                                        :answer-within answer-within
                                         :max-output max-output
                                         :tag tag
                                         :thread sb-thread:*current-thread*
@@ -552,20 +686,26 @@ evaluation a caller waits on under TAG; nil when there is none."
          (last-line (evaluation-stdout evaluation)))))
 
 (defun abort-all ()
-  "Abort every waiting evaluation; return how many there were."
-  (let ((all (sb-thread:with-mutex (*registry-lock*) (shiftf *suspended* '()))))
-    (dolist (evaluation all)
+  "Abort every evaluation waiting at an error and every one running in the
+background; return how many there were."
+  (let ((waiting (sb-thread:with-mutex (*registry-lock*) (shiftf *suspended* '())))
+        (running (background-running)))
+    (sb-thread:with-mutex (*registry-lock*) (setf *background* '()))
+    (dolist (evaluation waiting)
       (post-command evaluation (list :abort)))
-    (length all)))
+    (dolist (evaluation running)
+      (interrupt-running evaluation))
+    (+ (length waiting) (length running))))
 
 (defun configure (&key (max-suspended *max-suspended*)
                         (suspend-seconds *suspend-seconds*)
+                        (max-background *max-background*)
                         (idle-poll-microseconds *lane-idle-poll-microseconds*)
                         (poll-stolen-microseconds *lane-poll-stolen-microseconds*)
                         (poll-back-off-microseconds *lane-poll-back-off-microseconds*))
   "Set the image-wide settings of the session; return t.  MAX-SUSPENDED
 evaluations may wait at an error at once, each at most SUSPEND-SECONDS for
-its next command.  The lane looks for its next request for
+its next command; MAX-BACKGROUND may run in the background.  The lane looks for its next request for
 IDLE-POLL-MICROSECONDS before its thread sleeps (0: not at all, where
 cl-mcp has one CPU), and stops polling for POLL-BACK-OFF-MICROSECONDS after
 a yield that took POLL-STOLEN-MICROSECONDS (see `input-soon-p'): cl-mcp's
@@ -573,6 +713,7 @@ own idle-poll policy, sent from its one definition.  A keyword left out
 keeps its current value."
   (setf *max-suspended* max-suspended
         *suspend-seconds* suspend-seconds
+        *max-background* max-background
         *lane-idle-poll-microseconds* idle-poll-microseconds
         *lane-poll-stolen-microseconds* poll-stolen-microseconds
         *lane-poll-back-off-microseconds* poll-back-off-microseconds)

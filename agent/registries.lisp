@@ -54,6 +54,12 @@ and the session record.")
   ;; evaluation may wait at an error: nobody else would hear of it.
   (continuation nil)
   (may-wait nil)
+  ;; Seconds the caller waits before the request is answered "still
+  ;; running" and the evaluation goes on in the background (see
+  ;; `run-in-background'); nil: the caller waits for the outcome.
+  (answer-within nil)
+  (background nil)  ; true once it runs in the background
+  (started (get-internal-real-time))
   (lock (sb-thread:make-mutex :name "cl-mcp evaluation"))
   (ready (sb-thread:make-waitqueue))
   (command nil)
@@ -83,15 +89,15 @@ and the session record.")
     (sb-thread:condition-broadcast (evaluation-ready evaluation))))
 
 (defun take-slot (evaluation reader writer &optional timeout)
-  "Wait until READER's slot is set, clear it, and return its value; nil if
-TIMEOUT seconds pass first."
+  "Wait until READER's slot is set, clear it with WRITER (unless WRITER is
+nil: a look), and return its value; nil if TIMEOUT seconds pass first."
   (let ((deadline (and timeout (+ (get-internal-real-time)
                                   (* timeout internal-time-units-per-second)))))
     (sb-thread:with-mutex ((evaluation-lock evaluation))
       (loop
         (let ((value (funcall reader evaluation)))
           (when value
-            (funcall writer nil evaluation)
+            (when writer (funcall writer nil evaluation))
             (return value)))
         (let ((left (and deadline (/ (- deadline (get-internal-real-time))
                                      internal-time-units-per-second))))
@@ -276,8 +282,11 @@ unanswered, or else the caller of a command."
         (setf *deadlines* (delete token *deadlines* :key #'third))))))
 
 (defun interrupt-at-deadline (evaluation token)
-  "Stop EVALUATION's thread at its deadline, if the stretch TOKEN stands for
-is still running when the interrupt lands.
+  "Interrupt EVALUATION's thread at its deadline, if the stretch TOKEN
+stands for is still running when the interrupt lands.  TOKEN is
+(TIMEOUT :timeout) or, at the close of the answer window, (TIMEOUT :answer
+WINDOW): the evaluation then answers its request \"still running\" and
+goes on in the background (`run-in-background', agent/evaluate.lisp).
 
 The SB-EXT:TIMEOUT is not signalled: a handler in the user's code (a retry
 loop that catches SERIOUS-CONDITION or CONDITION) would take it and run on.
@@ -290,13 +299,15 @@ code that blocks interrupts (WITHOUT-INTERRUPTS) never hears it."
        (evaluation-thread evaluation)
        (lambda ()
          (when (eq (evaluation-deadline evaluation) token)
-           ;; An interruption runs with interrupts disabled; waiting here at
-           ;; the error must still hear a cancel, and a continued evaluation
-           ;; its next deadline.
-           (sb-sys:with-interrupts
-             (with-simple-restart (continue "Continue the evaluation.")
-               (stop-at-error evaluation
-                              (make-condition 'sb-ext:timeout :seconds (first token))))))))
+           (if (eq (second token) :answer)
+               (run-in-background evaluation token)
+               ;; An interruption runs with interrupts disabled; waiting here
+               ;; at the error must still hear a cancel, and a continued
+               ;; evaluation its next deadline.
+               (sb-sys:with-interrupts
+                 (with-simple-restart (continue "Continue the evaluation.")
+                   (stop-at-error evaluation
+                                  (make-condition 'sb-ext:timeout :seconds (first token)))))))))
     (sb-thread:interrupt-thread-error () nil)))
 
 (defun watchdog-loop ()
@@ -322,9 +333,22 @@ and doze while there are none."
               do (interrupt-at-deadline evaluation token))
         (sleep *watchdog-tick*)))))
 
+(defun schedule-deadline (evaluation token seconds)
+  "Make TOKEN EVALUATION's deadline, due SECONDS from now, for the watchdog."
+  (let ((due (+ (get-internal-real-time)
+                (round (* seconds internal-time-units-per-second)))))
+    (setf (evaluation-deadline evaluation) token)
+    (sb-thread:with-mutex (*deadline-lock*)
+      (push (list due evaluation token) *deadlines*)
+      (unless (and *watchdog* (sb-thread:thread-alive-p *watchdog*))
+        (setf *watchdog* (make-agent-thread #'watchdog-loop "cl-mcp deadline watchdog")))
+      (when *watchdog-dozing*
+        (sb-thread:condition-notify *deadline-set*)))))
+
 (defun start-stretch (evaluation timeout)
   "Begin a stretch of running: fresh output capture, readings for timing,
-and a deadline TIMEOUT seconds away."
+and a deadline TIMEOUT seconds away; or, when the evaluation has a request
+to answer within a shorter window, the window's close first."
   (reset-capture (evaluation-stdout evaluation))
   (reset-capture (evaluation-stderr evaluation))
   (setf (evaluation-warnings evaluation) '()
@@ -332,17 +356,59 @@ and a deadline TIMEOUT seconds away."
         (evaluation-readings evaluation)
         (list (get-internal-real-time) (get-internal-run-time)
               sb-ext:*gc-run-time* (sb-ext:get-bytes-consed)))
-  (when (and timeout (plusp timeout))
-    (let ((token (list timeout))
-          (due (+ (get-internal-real-time)
-                  (round (* timeout internal-time-units-per-second)))))
-      (setf (evaluation-deadline evaluation) token)
-      (sb-thread:with-mutex (*deadline-lock*)
-        (push (list due evaluation token) *deadlines*)
-        (unless (and *watchdog* (sb-thread:thread-alive-p *watchdog*))
-          (setf *watchdog* (make-agent-thread #'watchdog-loop "cl-mcp deadline watchdog")))
-        (when *watchdog-dozing*
-          (sb-thread:condition-notify *deadline-set*))))))
+  (let ((timeout (and timeout (plusp timeout) timeout))
+        (window (and (evaluation-continuation evaluation) (evaluation-answer-within evaluation))))
+    (cond ((and window (or (null timeout) (< window timeout)))
+           (schedule-deadline evaluation (list timeout :answer window) window))
+          (timeout
+           (schedule-deadline evaluation (list timeout :timeout) timeout)))))
+
+;;;; Evaluations in the background
+;;;
+;;; An evaluation still running when its answer window closes answers its
+;;; request "still running" from inside, as one stopped at an error does,
+;;; and runs on in its own thread (`run-in-background').  Its outcome, or
+;;; its error, is posted to its mailbox, where `await-evaluation-of' takes
+;;; it; until then it is kept here.  At most `*max-background*' run at once.
+
+(defparameter *max-background* 4
+  "Evaluations that may run in the background at once; one more is stopped
+at the close of its answer window, with an error saying so.")
+
+(defparameter *max-unclaimed* 16
+  "Finished background evaluations kept for `await-evaluation-of' at most;
+past it, the oldest is forgotten.")
+
+(defvar *background* '()
+  "Evaluations sent to the background whose outcome nobody has taken yet,
+newest first.  One with a report posted has finished (or waits at an error).")
+
+(defun background-running ()
+  "The background evaluations still running, newest first."
+  (sb-thread:with-mutex (*registry-lock*)
+    (remove-if #'evaluation-report *background*)))
+
+(defun register-background (evaluation)
+  "Record EVALUATION as running in the background; nil, and nothing
+recorded, when `*max-background*' run already."
+  (sb-thread:with-mutex (*registry-lock*)
+    (when (< (count-if-not #'evaluation-report *background*) *max-background*)
+      (setf (evaluation-background evaluation) t)
+      (push evaluation *background*)
+      (let ((finished (remove-if-not #'evaluation-report *background*)))
+        (when (> (length finished) *max-unclaimed*)
+          (setf *background* (remove (car (last finished)) *background*))))
+      t)))
+
+(defun find-background (id)
+  "The background evaluation numbered ID whose outcome is not yet taken."
+  (sb-thread:with-mutex (*registry-lock*)
+    (find id *background* :key #'evaluation-id)))
+
+(defun forget-background (evaluation)
+  "EVALUATION's outcome has been taken: stop keeping it."
+  (sb-thread:with-mutex (*registry-lock*)
+    (setf *background* (remove evaluation *background*))))
 
 ;;;; What the session creates, in an image it shares (attach mode)
 ;;;

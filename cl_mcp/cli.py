@@ -132,6 +132,13 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
                             help="seconds before an evaluation is interrupted (default: 30)"),
         parser.add_argument("--load-timeout", type=positive_float, default=300.0,
                             help="seconds load-system may take (default: 300)"),
+        parser.add_argument("--answer-within", type=positive_float, default=45.0,
+                            help="seconds an evaluation may take before its call is answered "
+                                 "'still running' and it runs on in the background, within a "
+                                 "host's tool timeout (default: 45)"),
+        parser.add_argument("--max-background", type=bounded_int(0, 64), default=4,
+                            help="evaluations that may run in the background at once "
+                                 "(default: 4)"),
         parser.add_argument("--max-output", type=bounded_int(1_000, 64_000_000), default=16_000_000,
                             help="characters the image captures of each of stdout and stderr of "
                                  "one evaluation; the rest is counted, not kept (1000 to 64000000; "
@@ -286,6 +293,8 @@ def serve_main(argv: list[str]) -> int:
         connect=args.connect,
         eval_timeout=args.eval_timeout,
         load_timeout=args.load_timeout,
+        answer_within=args.answer_within,
+        max_background=args.max_background,
         max_output=args.max_output,
         max_result_chars=args.max_result_chars,
         keep_output=args.keep_output,

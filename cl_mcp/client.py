@@ -399,6 +399,29 @@ class McpClient:
             raise ToolExecutionError(name, tool_result)
         return tool_result
 
+    async def outcome(self, result: ToolResult, *, progress: ProgressCallback | None = None) -> ToolResult:
+        """The outcome of the evaluation RESULT reports, however long it
+        takes: RESULT itself, unless it says the evaluation is still
+        running in the background; then await-evaluation's, called until it
+        has one.  PROGRESS hears (seconds so far, None, its latest output
+        line) after each still-running answer.  Cancelled, it stops the
+        evaluation."""
+        while isinstance(result.structured_content, dict) and result.structured_content.get("running"):
+            running = result.structured_content
+            if progress is not None:
+                latest = running.get("stdout", "").rstrip("\n").rpartition("\n")[2]
+                seconds = running.get("elapsedMs", 0) / 1000
+                self._call_back(progress, seconds, None,
+                                f"evaluation {running['number']} running for {seconds:.0f} s"
+                                + (f"; latest output: {latest[:200]}" if latest else ""))
+            try:
+                result = await self.call_tool("await-evaluation", {"evaluation": running["number"]})
+            except asyncio.CancelledError:
+                await asyncio.shield(self.call_tool("await-evaluation",
+                                                    {"evaluation": running["number"], "abort": True}))
+                raise
+        return result
+
     def _audit(self, name: str, arguments: dict[str, Any], seconds: float, outcome: str) -> None:
         audit.info("tool=%s args=%s duration_ms=%.1f outcome=%s",
                    name, argument_digest(arguments), seconds * 1000, outcome)

@@ -17,6 +17,7 @@ from cl_mcp.client import ClientError, McpClient, JsonRpcError, ToolValidationEr
 # The server's options that take a value (see cli.build_parser); the
 # commands that start cl-mcp pass them on, wherever they stand.
 SERVER_OPTIONS = ("--connect", "--sbcl", "--slime-dir", "--eval-timeout", "--load-timeout",
+                  "--answer-within", "--max-background",
                   "--max-output", "--max-result-chars", "--keep-output", "--max-suspended",
                   "--suspend-timeout", "--log-level")
 SERVER_FLAGS = ("--no-saved-core",)  # server options without a value
@@ -97,7 +98,9 @@ def eval_command(argv: list[str]) -> int:
     async def run() -> int:
         async with McpClient(own_server(server_args, terminal=True),
                              timeout=(args.timeout or 30) + 60) as client:
-            result = await client.call_tool("evaluate-lisp", arguments, progress=ProgressPrinter())
+            result = await client.outcome(
+                await client.call_tool("evaluate-lisp", arguments, progress=ProgressPrinter()),
+                progress=ProgressPrinter())
         print(result.text)
         return 1 if result.is_error else 0
 

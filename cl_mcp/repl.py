@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from cl_mcp.client import McpClient
+from cl_mcp.client import McpClient, ToolResult
 from cl_mcp.errors import ClMcpError
 from cl_mcp.commands import ProgressPrinter, own_server, split_server_options
 
@@ -151,6 +151,13 @@ def command_call(text: str, last: int | None = None) -> tuple[str, dict[str, obj
     return "evaluate-lisp", {"code": text}
 
 
+async def outcome_of(client: McpClient, call: tuple[str, dict[str, object]]) -> ToolResult:
+    """CALL's result; for an evaluation still running in the background,
+    its outcome, waited for (a terminal has no tool timeout)."""
+    result = await client.call_tool(*call, progress=ProgressPrinter())
+    return await client.outcome(result, progress=ProgressPrinter())
+
+
 def repl(server_args: list[str]) -> int:
     background = BackgroundLoop()
     client = McpClient(own_server(server_args, terminal=True), protocol_version="2025-11-25")
@@ -174,7 +181,7 @@ def repl(server_args: list[str]) -> int:
                 print(HELP)
                 continue
             try:
-                result = background.run(client.call_tool(*call, progress=ProgressPrinter()))
+                result = background.run(outcome_of(client, call))
             except KeyboardInterrupt:
                 print("; cancelled")
                 continue

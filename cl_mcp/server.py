@@ -366,7 +366,8 @@ class McpServer:
         """Start REQUEST (SIZE bytes) with RUN: its task, or the busy error
         when it is a tools/call past the intake limits.  Nothing of a
         refused request is kept."""
-        if request.method != "tools/call":
+        spec = self._tools.get(_tool_name(request.params))
+        if request.method != "tools/call" or (spec is not None and spec.beside):
             return self._track(request, self._spawn(run(request, None)))
         busy = self._calls.refusal(size)
         if busy is not None:

@@ -34,6 +34,11 @@ class SessionConfig:
     connect: tuple[str, int] | None = None  # attach to this Swank instead
     eval_timeout: float = 30.0
     load_timeout: float = 300.0
+    # Hosts give up on a call after about 60 s: an evaluation still running
+    # after this long is answered "still running" and runs on in the
+    # background, at most max_background at once.
+    answer_within: float = 45.0
+    max_background: int = 4
     # Characters the image captures of each stream of one evaluation: each
     # costs it 4 bytes of a 1 GB heap while the evaluation runs.
     max_output: int = 16_000_000
@@ -61,6 +66,9 @@ class LispSession:
         self._control: SwankConnection | None = None
         # Evaluations' whole output, by their numbers in the image.
         self.outputs = OutputStore(config.keep_output)
+        # The numbers of the evaluations sent to the background whose
+        # outcome has not been kept yet.
+        self.background: set[int] = set()
 
     @property
     def shared(self) -> bool:
@@ -80,6 +88,7 @@ class LispSession:
         await connection.rex([Symbol("cl-mcp-agent:configure"),
                               Keyword("max-suspended"), self.config.max_suspended,
                               Keyword("suspend-seconds"), float(self.config.suspend_timeout),
+                              Keyword("max-background"), self.config.max_background,
                               # The lane polls between requests as cl-mcp's own event
                               # loop does: one policy, defined in idle_poll.py.
                               Keyword("idle-poll-microseconds"), microseconds(idle_poll.idle_spin()),
@@ -89,6 +98,7 @@ class LispSession:
         if not self.shared:
             self.package = DEFAULT_PACKAGE  # a fresh image
             self.outputs.clear()  # whose evaluations are numbered afresh
+            self.background.clear()
 
     # ------------------------------------------------------------ calling
 
@@ -125,6 +135,25 @@ class LispSession:
         finally:
             self.running_tag = None
 
+    async def call_beside(self, form: SExp, deadline: float) -> SExp:
+        """Run FORM in a thread of its own in the image, beside the call that
+        has the turn (no turn needed): await-evaluation waits there for a
+        background evaluation without holding up the session's other calls.
+        A cancelled caller leaves FORM to finish on its own."""
+        _, control = await self._link.connections()
+        try:
+            return await control.rex(form, deadline=deadline)
+        except ProtocolError as error:
+            raise SessionError("CL-MCP:REQUEST-TOO-LARGE", str(error)) from None
+        except TimeoutError:
+            raise SessionError("CL-MCP:TIMEOUT",
+                               f"The image did not answer within {deadline:g} s.") from None
+        except SwankError as error:
+            if control.closed:
+                raise SessionError("CL-MCP:CONNECTION-LOST",
+                                   "The connection to the image was lost during this call.") from None
+            raise SessionError("CL-MCP:SWANK-ERROR", str(error)) from None
+
     async def output_tail(self) -> str | None:
         """The latest line of output of the call running now, if any."""
         tag, control = self.running_tag, self._control
@@ -150,6 +179,7 @@ class LispSession:
             await self._link.reset(lambda form: self.call(form, self.config.eval_timeout))
             self.package = DEFAULT_PACKAGE
             self.outputs.clear()
+            self.background.clear()
 
     def take_lost_state(self) -> str | None:
         """The notice that state was lost since the last call, once."""

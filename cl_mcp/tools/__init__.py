@@ -25,6 +25,13 @@ class ToolSpec:
     definition: dict[str, Any]
     validator: Schema
     handler: Handler
+    # Runs beside the session's calls, never waiting for its turn (see
+    # LispSession.call_beside), so it never queues behind them.
+    beside: bool = False
+
+
+# The tools that never take the session's turn.
+BESIDE = frozenset({"read-output", "await-evaluation"})
 
 
 # Where a host reads a per-tool size hint in tools/list (Claude Code).
@@ -53,6 +60,7 @@ def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
     from cl_mcp.tools import browse, inspector
     from cl_mcp.tools import names
     from cl_mcp.tools import output
+    from cl_mcp.tools import background
 
     handlers: dict[str, Handler] = {
         "evaluate-lisp": evaluate.evaluate_lisp,
@@ -70,6 +78,7 @@ def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
         "find-definition": names.find_definition,
         "describe-symbol": names.describe_symbol,
         "read-output": output.read_output,
+        "await-evaluation": background.await_evaluation,
     }
     tools = {}
     for definition in tool_definitions():
@@ -77,5 +86,5 @@ def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
         if max_result_chars is not None:
             definition = {**definition, "_meta": {hint: max_result_chars for hint in SIZE_HINTS}}
         tools[name] = ToolSpec(name, definition, tool_schema(definition["inputSchema"]),
-                               within_budget(handlers[name]))
+                               within_budget(handlers[name]), beside=name in BESIDE)
     return tools

@@ -4,7 +4,7 @@ docs/tools.md)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from cl_mcp import budget
 from cl_mcp.errors import SessionError
@@ -23,11 +23,13 @@ SLICE_DEADLINE = 30.0
 
 
 def evaluate_form(session: LispSession, code: str, package: str | None, capture_time: bool,
-                  timeout: float, tag: int) -> list[SExp]:
+                  timeout: float, tag: int, answer_within: float) -> list[SExp]:
     """The agent call, with only what differs from its defaults: Swank reads
     every request, and each keyword (a float most of all) costs microseconds."""
     form: list[SExp] = [Symbol("cl-mcp-agent:evaluate"), code,
                         Keyword("timeout"), lisp_seconds(timeout), Keyword("tag"), tag]
+    if answer_within < timeout:
+        form += [Keyword("answer-within"), lisp_seconds(answer_within)]
     if (package or session.package) != DEFAULT_PACKAGE:
         form += [Keyword("package"), package or session.package]
     if package is not None:
@@ -40,13 +42,21 @@ def evaluate_form(session: LispSession, code: str, package: str | None, capture_
 
 
 async def evaluate(session: LispSession, code: str, package: str | None = None,
-                   capture_time: bool = False, timeout: float | None = None) -> dict[str, Any]:
-    """Evaluate CODE; the agent's result plist as a dict."""
+                   capture_time: bool = False, timeout: float | None = None,
+                   answer_within: float | None = None) -> dict[str, Any]:
+    """Evaluate CODE; the agent's result plist as a dict.  Still running
+    after ANSWER_WITHIN seconds (the server's --answer-within by default),
+    it is answered "running" (see `rendered_running`) and runs on in the
+    background."""
     timeout = timeout or session.config.eval_timeout
+    window = answer_within or session.config.answer_within
     async with session.turn():
         tag = session.new_tag()
-        form = evaluate_form(session, code, package, capture_time, timeout, tag)
+        form = evaluate_form(session, code, package, capture_time, timeout, tag, window)
         result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
+        if result.get("status") == "running":
+            session.background.add(result["number"])
+            return result
         result["line-offsets"] = await keep_output(session, result)
         follow_package(session, result, explicit=package is not None)
         if (result.get("error") or {}).get("type") == "CL-MCP:IMAGE-EXITING":
@@ -54,14 +64,19 @@ async def evaluate(session: LispSession, code: str, package: str | None = None,
         return result
 
 
-async def keep_output(session: LispSession, result: dict[str, Any]) -> dict[str, int]:
-    """Complete RESULT's streams with what its report left out (the caller
-    still has the turn, so the image still holds them), and keep them, with
-    the printed values, for read-output; the lines kept before them in
-    each stream (`OutputStore.keep`)."""
+Call = Callable[[SExp, float], Awaitable[SExp]]
+
+
+async def keep_output(session: LispSession, result: dict[str, Any], call: Call | None = None) -> dict[str, int]:
+    """Complete RESULT's streams with what its report left out, read with
+    CALL (the session's, by default: the caller still has the turn, so the
+    image still holds them), and keep them, with the printed values, for
+    read-output; the lines kept before them in each stream
+    (`OutputStore.keep`)."""
     number = result.get("number")
     if not isinstance(number, int):
         return {}
+    call = call or session.call
     for stream in ("stdout", "stderr"):
         total = result.get(f"{stream}-length")
         if not isinstance(total, int):
@@ -69,8 +84,8 @@ async def keep_output(session: LispSession, result: dict[str, Any]) -> dict[str,
         chunks = [result.get(stream) or ""]
         have = len(chunks[0])
         while have < total:
-            piece = await session.call([Symbol("cl-mcp-agent:output-slice"), number, Keyword(stream),
-                                        have, min(total, have + SLICE)], SLICE_DEADLINE)
+            piece = await call([Symbol("cl-mcp-agent:output-slice"), number, Keyword(stream),
+                                have, min(total, have + SLICE)], SLICE_DEADLINE)
             if not isinstance(piece, str) or not piece:
                 break
             chunks.append(piece)
@@ -126,14 +141,69 @@ def rendered_within(result: dict[str, Any], limit: int) -> Rendered:
                     budget.fit_structure(structure, limit))
 
 
+def await_call(number: int, abort: bool = False) -> str:
+    stop = ', "abort": true' if abort else ""
+    return f'await-evaluation {{"evaluation": {number}{stop}}}'
+
+
+def latest_output(text: str, total: int, room: int, number: int, stream: str) -> str:
+    """The end of a running evaluation's STREAM: TEXT, its last characters
+    of TOTAL, within ROOM characters from the start of a line, after a line
+    that says how many came before and how to read them."""
+    earlier = total - len(text)
+    if len(text) > room:
+        cut = len(text) - room
+        newline = text.find("\n", cut, len(text) - 1)
+        cut = newline + 1 if newline >= 0 else cut
+        earlier, text = earlier + cut, text[cut:]
+    if earlier > 0:
+        text = (f'… [{earlier:,} earlier characters: read-output {{"evaluation": {number}, '
+                f'"stream": "{stream}"}} reads them]\n{text}')
+    return text
+
+
+def rendered_running(result: dict[str, Any], limit: int) -> Rendered:
+    """An evaluation still running, in the background: a result, not an
+    error, with how long it has run, its latest output, and how to follow
+    it; within LIMIT characters."""
+    number, elapsed = result["number"], result.get("elapsed-ms") or 0
+    follow = await_call(number)
+    head = (f"[running] Evaluation {number} is still running ({elapsed / 1000:.1f} s so far) and "
+            f"goes on in the background.\n{follow} returns its outcome when it has one; "
+            f'read-output {{"evaluation": {number}}} reads its output so far; '
+            f"{await_call(number, abort=True)} stops it.")
+    streams = [stream for stream in ("stdout", "stderr") if result.get(stream)]
+    room = max(200, (limit - len(head) - 400) // max(1, len(streams)))
+    structure: dict[str, Any] = {"success": False, "running": True, "number": number,
+                                 "elapsedMs": elapsed, "follow": follow,
+                                 "stdout": "", "stderr": "", "warnings": []}
+    sections = [head]
+    for stream in streams:
+        text = result[stream]
+        shown = latest_output(text, result.get(f"{stream}-length") or len(text), room, number, stream)
+        structure[stream] = shown
+        sections.append(f"[{stream}] (latest)\n{shown.removesuffix(chr(10))}")
+    return Rendered(budget.fit_text("\n\n".join(sections), limit), False,
+                    budget.fit_structure(structure, limit))
+
+
+def evaluation_rendered(session: LispSession, result: dict[str, Any]) -> Rendered:
+    """An evaluation's report as the tool's result, within the budget."""
+    limit = session.config.max_result_chars
+    if result.get("status") == "running":
+        return rendered_running(result, limit)
+    dropped = (result.get("stdout-dropped") or 0) + (result.get("stderr-dropped") or 0)
+    if dropped:
+        log.warning("evaluation output truncated: %d characters beyond --max-output dropped", dropped)
+    return rendered_within(result, limit)
+
+
 async def evaluate_lisp(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     try:
         result = await evaluate(session, arguments["code"], package=arguments.get("package"),
                                 capture_time=bool(arguments.get("capture-time", False)),
-                                timeout=arguments.get("timeout"))
+                                timeout=arguments.get("timeout"),
+                                answer_within=arguments.get("answer-within"))
     except SessionError as error:
         return error_result(error.kind, error.message)
-    dropped = (result.get("stdout-dropped") or 0) + (result.get("stderr-dropped") or 0)
-    if dropped:
-        log.warning("evaluation output truncated: %d characters beyond --max-output dropped", dropped)
-    return rendered_within(result, session.config.max_result_chars)
+    return evaluation_rendered(session, result)

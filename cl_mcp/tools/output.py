@@ -7,10 +7,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from cl_mcp.errors import SessionError
 from cl_mcp.outputs import Lines, NotKept
 from cl_mcp.render import Rendered, condition_structure, error_text
 from cl_mcp.session import LispSession
-from cl_mcp.tools.evaluate import read_call
+from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.tools.evaluate import SLICE, SLICE_DEADLINE, read_call
 
 CONTEXT = 1  # lines shown before and after a matching line
 MAX_MATCHES = 10_000  # matching lines looked at, at most
@@ -68,6 +70,26 @@ def search(lines: Lines, pattern: re.Pattern[str], limit: int) -> tuple[list[str
     return shown, len(matching), None
 
 
+async def output_so_far(session: LispSession, evaluation: int, stream: str) -> str:
+    """STREAM of EVALUATION, running in the background: its output so far,
+    read from the image (it is kept here once its outcome is)."""
+    chunks: list[str] = []
+    have = 0
+    while True:
+        piece = await session.call_beside([Symbol("cl-mcp-agent:output-slice"), evaluation,
+                                           Keyword(stream), have, have + SLICE], SLICE_DEADLINE)
+        if not isinstance(piece, str):
+            if not chunks:
+                raise NotKept(f"Evaluation {evaluation} is no longer in the background, and its "
+                              "output was not kept (await-evaluation gives its outcome).")
+            break
+        if not piece:
+            break
+        chunks.append(piece)
+        have += len(piece)
+    return "".join(chunks)
+
+
 def read_error(arguments: dict[str, Any], kind: str, message: str) -> Rendered:
     """A tool error whose structured content still fits read-output's outputSchema."""
     return Rendered(error_text(kind, message), True,
@@ -80,9 +102,14 @@ async def read_output(session: LispSession, arguments: dict[str, Any]) -> Render
     or the lines a regular expression matches, numbered."""
     evaluation, stream = arguments["evaluation"], arguments.get("stream", "stdout")
     try:
-        lines = session.outputs.lines(evaluation, stream)
+        if evaluation in session.background and stream != "values":
+            lines = Lines(await output_so_far(session, evaluation, stream))
+        else:
+            lines = session.outputs.lines(evaluation, stream)
     except NotKept as reason:
         return read_error(arguments, "CL-MCP:OUTPUT-NOT-KEPT", str(reason))
+    except SessionError as error:
+        return read_error(arguments, error.kind, error.message)
     limit = session.config.max_result_chars - 400  # the heading and the closing line
     pattern_text = arguments.get("pattern")
     what = f"{stream} of evaluation {evaluation}"

@@ -14,7 +14,7 @@ CONTRACT_TOOLS = {"evaluate-lisp", "list-definitions", "reset-session", "load-sy
 RESTART_TOOLS = {"invoke-restart", "backtrace", "eval-in-frame"}
 DEVELOPMENT_TOOLS = {"xref", "compile-file", "apropos", "macroexpand", "inspect",
                      "find-definition", "describe-symbol"}
-OUTPUT_TOOLS = {"read-output"}
+OUTPUT_TOOLS = {"read-output", "await-evaluation"}
 
 
 def valid_response(message):

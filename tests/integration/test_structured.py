@@ -128,6 +128,7 @@ EVERY_TOOL = {
     "inspect": {"code": "1"}, "find-definition": {"symbol": "car"},
     "describe-symbol": {"symbol": "car"},
     "read-output": {"evaluation": 1},  # needs no image: nothing was kept
+    "await-evaluation": {"evaluation": 1},
 }
 
 

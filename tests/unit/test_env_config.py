@@ -32,6 +32,8 @@ GOOD = {  # variable: (value, the option's attribute, what it becomes)
     "CL_MCP_NO_SAVED_CORE": ("1", "no_saved_core", True),
     "CL_MCP_EVAL_TIMEOUT": ("2.5", "eval_timeout", 2.5),
     "CL_MCP_LOAD_TIMEOUT": ("60", "load_timeout", 60.0),
+    "CL_MCP_ANSWER_WITHIN": ("5", "answer_within", 5.0),
+    "CL_MCP_MAX_BACKGROUND": ("2", "max_background", 2),
     "CL_MCP_MAX_OUTPUT": ("5000", "max_output", 5000),
     "CL_MCP_MAX_RESULT_CHARS": ("1000", "max_result_chars", 1000),
     "CL_MCP_KEEP_OUTPUT": ("0", "keep_output", 0),

@@ -1,0 +1,46 @@
+"""await-evaluation: the outcome of an evaluation running in the background
+(see docs/tools.md).
+
+An evaluation still running at the close of its answer window answered its
+call "still running" and runs on in its own thread in the image.  This tool
+waits for its outcome without the session's turn, in a Swank thread of its
+own, so that every other call goes on meanwhile; the outcome comes back in
+evaluate-lisp's shape, its output kept for read-output as any other's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cl_mcp.errors import SessionError
+from cl_mcp.render import Rendered, error_result
+from cl_mcp.session import LispSession
+from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, lisp_seconds, result_dict
+from cl_mcp.tools.evaluate import evaluation_rendered, keep_output
+
+ABORT_DEADLINE = 15.0  # the image gives an aborted evaluation 10 s to unwind
+
+
+async def await_evaluation(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    number = arguments["evaluation"]
+    window = session.config.answer_within
+    wait = min(arguments.get("wait", window), window)
+    abort = bool(arguments.get("abort", False))
+    form = [Symbol("cl-mcp-agent:await-evaluation-of"), number, Keyword("wait"), lisp_seconds(wait)]
+    if abort:
+        form += [Keyword("abort"), True]
+    try:
+        result = result_dict(await session.call_beside(
+            form, (ABORT_DEADLINE if abort else wait) + DEADLINE_GRACE))
+        if result.get("status") != "running" and result.get("number") == number:
+            # The outcome stays in the image until it is kept here: a call
+            # cancelled before this point loses nothing.
+            result["line-offsets"] = await keep_output(session, result, session.call_beside)
+            await session.call_beside([Symbol("cl-mcp-agent:forget-outcome"), number], DEADLINE_GRACE)
+        if result.get("status") != "running":
+            session.background.discard(number)
+            follow_package(session, result, explicit=True)
+    except SessionError as error:
+        return error_result(error.kind, error.message)
+    return evaluation_rendered(session, result)

@@ -1,0 +1,138 @@
+"""Evaluations that outlive their answer window: answered "still running",
+run on in the background, and fetched, stopped or followed with
+await-evaluation and read-output, in both modes; the session keeps serving
+meanwhile."""
+
+import time
+
+import pytest
+
+from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
+
+
+@pytest.fixture(scope="module", params=MODES)
+def lisp(request):
+    with cl_mcp_in(request.param) as process:
+        check_results_of(process, "evaluate-lisp")
+        yield process
+
+
+def start(process, code, **arguments):
+    """Evaluate CODE with an answer window of 1 s: it must still be running
+    then; its number."""
+    result = checked_call(process, "evaluate-lisp", code=code, **{"answer-within": 1, **arguments})
+    structure = result["structuredContent"]
+    assert not result["isError"] and structure["running"], result
+    assert result["content"][0]["text"].startswith(f"[running] Evaluation {structure['number']} ")
+    return structure["number"]
+
+
+def awaited(process, number, **arguments):
+    """await-evaluation's result (the test client's own `call` takes `wait`
+    for itself)."""
+    response = process.request("tools/call", {"name": "await-evaluation",
+                                              "arguments": {"evaluation": number, **arguments}})
+    result = response["result"]
+    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
+    assert errors == [], (result["structuredContent"], errors)
+    return result
+
+
+def wait_for(process, number, **arguments):
+    return awaited(process, number, wait=30, **arguments)
+
+
+def test_a_long_evaluation_answers_running_and_its_outcome_follows(lisp):
+    number = start(lisp, '(progn (write-line "started") (sleep 5) (write-line "done") nil)')
+    result = wait_for(lisp, number)
+    assert not result["isError"]
+    assert result["content"][0]["text"] == "[stdout]\nstarted\ndone\n\n=> NIL"
+    assert result["structuredContent"]["number"] == number
+    # The outcome is taken once; its output stays readable.
+    again = awaited(lisp, number)
+    assert again["isError"] and "NO-SUCH-EVALUATION" in again["content"][0]["text"]
+    output = lisp.call("read-output", evaluation=number)
+    assert output["structuredContent"]["lines"] == ["      1: started", "      2: done"]
+
+
+def test_the_session_serves_other_calls_while_it_runs(lisp):
+    number = start(lisp, '(progn (write-line "working") (sleep 4) :finished)')
+    began = time.monotonic()
+    for _ in range(20):
+        assert lisp.eval("(+ 1 2)") == ("=> 3", False)
+    # All of that while the background evaluation still runs, and its
+    # output so far can be read.
+    still = awaited(lisp, number, wait=0)
+    assert still["structuredContent"]["running"], still
+    assert time.monotonic() - began < 3
+    assert "working" in still["structuredContent"]["stdout"]
+    so_far = lisp.call("read-output", evaluation=number)
+    assert so_far["structuredContent"]["lines"] == ["      1: working"]
+    assert wait_for(lisp, number)["content"][0]["text"] == "[stdout]\nworking\n\n=> :FINISHED"
+
+
+def test_await_returns_running_with_fresh_output_when_not_done(lisp):
+    number = start(lisp, '(dotimes (i 40) (format t "tick ~D~%" i) (sleep 0.1))')
+    result = awaited(lisp, number, wait=1)
+    structure = result["structuredContent"]
+    assert structure["running"] and structure["follow"] == f'await-evaluation {{"evaluation": {number}}}'
+    assert "tick 1" in structure["stdout"] and structure["elapsedMs"] >= 1000
+    assert wait_for(lisp, number)["content"][0]["text"].endswith("tick 39\n\n=> NIL")
+
+
+def test_abort_stops_it(lisp):
+    number = start(lisp, "(progn (sleep 30) (setf (get :cl-mcp-background :aborted) :no))")
+    result = wait_for(lisp, number, abort=True)
+    assert result["structuredContent"]["aborted"] and not result["isError"]
+    assert result["content"][0]["text"] == "The evaluation was aborted."
+    assert lisp.eval("(get :cl-mcp-background :aborted)") == ("=> NIL", False)
+
+
+def test_an_error_in_the_background_waits_with_its_restarts(lisp):
+    number = start(lisp, '(progn (sleep 2) (error "late failure"))')
+    result = wait_for(lisp, number)
+    assert result["isError"]
+    text = result["content"][0]["text"]
+    assert text.startswith("[ERROR] SIMPLE-ERROR\nlate failure"), text
+    assert result["structuredContent"]["evaluation"] == number
+    assert "[Restarts]" in text
+    aborted = lisp.call("invoke-restart", evaluation=number, restart="ABORT")
+    assert aborted["content"][0]["text"] == "The evaluation was aborted.", aborted
+
+
+def test_its_deadline_still_holds_in_the_background(lisp):
+    number = start(lisp, "(sleep 30)", timeout=2)
+    result = wait_for(lisp, number)
+    assert result["isError"] and result["content"][0]["text"].startswith("[ERROR] SB-EXT:TIMEOUT")
+    lisp.call("invoke-restart", evaluation=number, restart="ABORT")
+
+
+def test_past_the_limit_an_evaluation_is_stopped_with_a_clear_error(lisp):
+    numbers = [start(lisp, "(sleep 60)") for _ in range(4)]
+    result = lisp.call("evaluate-lisp", code="(progn (sleep 60) (setf (get :cl-mcp-background :fifth) t))",
+                       **{"answer-within": 1})
+    text = result["content"][0]["text"]
+    assert result["isError"] and text.startswith("[ERROR] CL-MCP:TOO-MANY-BACKGROUND"), text
+    assert f"({', '.join(map(str, numbers))})" in text
+    assert lisp.eval("(get :cl-mcp-background :fifth)") == ("=> NIL", False)
+    for number in numbers:
+        assert wait_for(lisp, number, abort=True)["structuredContent"]["aborted"]
+    # Room again.
+    number = start(lisp, "(sleep 2)")
+    assert wait_for(lisp, number)["content"][0]["text"] == "=> NIL"
+
+
+def test_quick_work_never_goes_to_the_background(lisp):
+    result = lisp.call("evaluate-lisp", code="(+ 1 2)", **{"answer-within": 1})
+    assert result["content"][0]["text"] == "=> 3"
+    assert "running" not in result["structuredContent"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reset_stops_background_evaluations(mode):
+    with cl_mcp_in(mode) as process:
+        check_results_of(process, "evaluate-lisp")
+        start(process, "(progn (sleep 3) (setf (get :cl-mcp-background :after-reset) t))")
+        assert not process.call("reset-session")["isError"]
+        time.sleep(4)
+        assert process.eval("(get :cl-mcp-background :after-reset)") == ("=> NIL", False)
