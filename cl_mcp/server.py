@@ -44,7 +44,9 @@ from cl_mcp.errors import (
 from cl_mcp.jsonrpc import OversizedLine
 from cl_mcp.render import Rendered, invalid_arguments
 from cl_mcp.session import LispSession
+from cl_mcp.tasks import EXTENSION, EXTENSION_VERSION, RELATED_TASK, Task, TaskRegistry
 from cl_mcp.tools import ToolSpec, build_tools
+from cl_mcp.tools.background import follow_to_outcome
 
 log = logging.getLogger("cl_mcp.server")
 
@@ -60,6 +62,19 @@ ARGUMENT_ERRORS_VERSION = "2025-11-25"
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+
+# Tasks: 2025-11-25's experimental ones, asked for with `task` in a call's
+# params; from 2026-07-28 on the io.modelcontextprotocol/tasks extension, where
+# the server turns a call still running at its answer window into a task.
+TASKS_VERSION = "2025-11-25"
+TASK_TOOLS = frozenset({"evaluate-lisp", "load-system", "compile-file"})
+# A task's evaluation goes to the background after this long, so that the
+# session's other calls need not wait for it (unless the call gives its own
+# answer-within).
+TASK_ANSWER_WITHIN = 1.0
+# How long past the answer window a 2026-07-28 call waits for its outcome
+# before it answers with a task: the image's window closes first.
+TASK_GRACE = 1.0
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 PROGRESS_INTERVAL = 0.5  # seconds; the issue asks for at least one a second
@@ -226,6 +241,7 @@ class McpServer:
         self._inflight: dict[Any, tuple[str, asyncio.Future[Any]]] = {}
         self._cancelled: set[Any] = set()
         self._calls = CallQueue()
+        self._task_registry = TaskRegistry(self._spawn_later, self._task_changed)
         self.protocol_version = LATEST_LEGACY
         self.initialized = False
         self.client_info: dict[str, Any] = {}
@@ -237,6 +253,11 @@ class McpServer:
             "logging/setLevel": self._set_level,
             "tools/list": self._tools_list,
             "tools/call": self._tools_call,
+            "tasks/get": self._tasks_get,
+            "tasks/result": self._tasks_result,
+            "tasks/list": self._tasks_list,
+            "tasks/cancel": self._tasks_cancel,
+            "tasks/update": self._tasks_update,
         }
         self._notifications: dict[str, Callable[[Any], None]] = {
             "notifications/initialized": lambda params: None,
@@ -405,6 +426,14 @@ class McpServer:
             task.add_done_callback(self._tasks.discard)
         return task
 
+    def _spawn_later(self, work: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+        """Start WORK after the current request's answer: a task begins
+        `working`, and its first status is the one its creation reports."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
     # ------------------------------------------------------------ one request
 
     async def _answer(self, request: Request, call: QueuedCall | None) -> None:
@@ -424,8 +453,10 @@ class McpServer:
                 raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
             result = await handler(request)
             if request.modern:
-                result = {**result, "resultType": "complete",
-                          "_meta": {META_SERVER_INFO: self._server_info(request.version)}}
+                # A task's CreateTaskResult has a resultType of its own.
+                result = {"resultType": "complete", **result,
+                          "_meta": {**result.get("_meta", {}),
+                                    META_SERVER_INFO: self._server_info(request.version)}}
             return jsonrpc.result_message(request.id, result)
         except JsonRpcError as error:
             return jsonrpc.error_message(request.id, error.code, error.message, error.data)
@@ -522,9 +553,14 @@ class McpServer:
             info["title"] = "Common Lisp REPL (SBCL via Swank)"
         return info
 
-    def _capabilities(self) -> dict[str, Any]:
-        """The same in every revision cl-mcp supports."""
-        return {"tools": {"listChanged": False}, "logging": {}}
+    def _capabilities(self, version: str) -> dict[str, Any]:
+        """What cl-mcp offers under VERSION: tasks differ by revision."""
+        capabilities: dict[str, Any] = {"tools": {"listChanged": False}, "logging": {}}
+        if version == TASKS_VERSION:
+            capabilities["tasks"] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+        elif version >= EXTENSION_VERSION:
+            capabilities["extensions"] = {EXTENSION: {}}
+        return capabilities
 
     async def _initialize(self, request: Request) -> dict[str, Any]:
         params = self._check_params("initialize-params", request.params)
@@ -536,7 +572,7 @@ class McpServer:
                  self.client_info.get("name", "unknown"))
         return {
             "protocolVersion": self.protocol_version,
-            "capabilities": self._capabilities(),
+            "capabilities": self._capabilities(self.protocol_version),
             "serverInfo": self._server_info(self.protocol_version),
             "instructions": INSTRUCTIONS,
         }
@@ -544,7 +580,7 @@ class McpServer:
     async def _discover(self, request: Request) -> dict[str, Any]:
         return {
             "supportedVersions": list(SUPPORTED_VERSIONS),
-            "capabilities": self._capabilities(),
+            "capabilities": self._capabilities(request.version),
             "instructions": INSTRUCTIONS,
             "ttlMs": TOOLS_TTL_MS,
             "cacheScope": "public",
@@ -583,6 +619,8 @@ class McpServer:
                 tool.pop("annotations", None)
             if version < "2025-06-18":
                 tool.pop("outputSchema", None)
+            if version == TASKS_VERSION and spec.name in TASK_TOOLS:
+                tool["execution"] = {"taskSupport": "optional"}
             tools.append(tool)
         return jsonrpc.preencoded(tools)
 
@@ -596,20 +634,127 @@ class McpServer:
         if spec is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {params['name']}")
         arguments = params["arguments"]
+        if request.version == TASKS_VERSION and "task" in params:
+            if spec.name not in TASK_TOOLS:  # its taskSupport is "forbidden"
+                raise JsonRpcError(METHOD_NOT_FOUND, f"Tool {spec.name} cannot run as a task")
+            task = self._task_registry.create(
+                spec.name, request.version, params["task"].get("ttl"),
+                lambda task: self._call_result(request, spec, arguments, task))
+            return {"task": task.shape()}
+        if request.modern and spec.name in TASK_TOOLS and self._takes_tasks(request):
+            return await self._call_or_task(request, spec, arguments)
+        return await self._call_result(request, spec, arguments, None)
+
+    async def _call_result(self, request: Request, spec: ToolSpec, arguments: dict[str, Any],
+                           task: Task | None) -> dict[str, Any]:
+        """The CallToolResult of SPEC called with ARGUMENTS; for TASK, the
+        outcome of an evaluation that went on in the background."""
         if request.version >= ARGUMENT_ERRORS_VERSION:
             invalid = self._argument_problems(spec, arguments)
             if invalid is not None:
                 return self._tool_result(request, invalid, invalid.text)
         else:
             self._check_arguments(spec, arguments)
+        if task is not None and request.version == TASKS_VERSION and spec.name == "evaluate-lisp":
+            arguments = {"answer-within": TASK_ANSWER_WITHIN, **arguments}
         rendered = await spec.handler(self.session, arguments)
+        if task is not None:
+            rendered = await follow_to_outcome(self.session, rendered,
+                                               lambda message: self._task_registry.note(task, message))
         text = rendered.text
         # The notice goes with a call that ran in the image, never with one
         # refused before it got there.
         notice = self.session.take_lost_state()
         if notice:
             text = budget.fit_text(f"{text}\n\n[session]\n{notice}", self.session.config.max_result_chars)
-        return self._tool_result(request, rendered, text)
+        result = self._tool_result(request, rendered, text)
+        if task is not None and request.version == TASKS_VERSION:
+            result["_meta"] = {RELATED_TASK: {"taskId": task.task_id}}
+        return result
+
+    # ------------------------------------------------------------ tasks
+
+    @staticmethod
+    def _takes_tasks(request: Request) -> bool:
+        """A 2026-07-28 request whose client declared the tasks extension."""
+        capabilities = (_meta(request.params) or {}).get(META_CAPABILITIES) or {}
+        extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
+        return isinstance(extensions, dict) and EXTENSION in extensions
+
+    async def _call_or_task(self, request: Request, spec: ToolSpec,
+                            arguments: dict[str, Any]) -> dict[str, Any]:
+        """2026-07-28, the client taking tasks: the call's result when it
+        comes within the answer window, else a task that carries the work
+        on (the server decides, as the extension has it)."""
+        task = self._task_registry.create(spec.name, request.version, None,
+                                          lambda task: self._call_result(request, spec, arguments, task))
+        assert task.runner is not None
+        try:
+            await asyncio.wait({task.runner}, timeout=self.session.config.answer_within + TASK_GRACE)
+        except asyncio.CancelledError:
+            self._task_registry.cancel(task)
+            self._task_registry.forget(task)
+            raise
+        if not task.terminal:
+            return {**task.shape(), "resultType": "task"}
+        self._task_registry.forget(task)
+        if task.error is not None:
+            raise JsonRpcError(task.error["code"], task.error["message"], task.error.get("data"))
+        assert task.result is not None
+        return task.result
+
+    def _task_changed(self, task: Task) -> None:
+        """notifications/tasks/status, for a 2025-11-25 task (2026-07-28's
+        notifications/tasks need subscriptions/listen, which cl-mcp lacks)."""
+        if task.revision == TASKS_VERSION:
+            self._send(jsonrpc.notification("notifications/tasks/status", task.shape()))
+
+    def _task_of(self, request: Request) -> Task:
+        """The task REQUEST names; tasks exist from 2025-11-25 on."""
+        if not request.modern and self.protocol_version != TASKS_VERSION:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
+        return self._task_registry.get(self._check_params("task-params", request.params)["taskId"])
+
+    async def _tasks_get(self, request: Request) -> dict[str, Any]:
+        task = self._task_of(request)
+        return task.detailed() if request.modern else task.shape()
+
+    async def _tasks_result(self, request: Request) -> dict[str, Any]:
+        """2025-11-25: what the call would have answered, once it has."""
+        if request.modern:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
+        task = self._task_of(request)
+        await task.finished.wait()
+        if task.error is not None:
+            raise JsonRpcError(task.error["code"], task.error["message"], task.error.get("data"))
+        result = task.result or {"content": [{"type": "text", "text": "[ERROR] CL-MCP:CANCELLED\n"
+                                              "The task was cancelled."}], "isError": True}
+        return {**result, "_meta": {RELATED_TASK: {"taskId": task.task_id}}}
+
+    async def _tasks_list(self, request: Request) -> dict[str, Any]:
+        if request.modern or self.protocol_version != TASKS_VERSION:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
+        params = self._check_params("tools-list-params", request.params)
+        tasks, cursor = self._task_registry.page(params.get("cursor"))
+        return {"tasks": [task.shape() for task in tasks], **({"nextCursor": cursor} if cursor else {})}
+
+    async def _tasks_cancel(self, request: Request) -> dict[str, Any]:
+        task = self._task_of(request)
+        if request.modern:  # an acknowledgement; cancelling is cooperative
+            self._task_registry.cancel(task)
+            return {}
+        if task.terminal:
+            raise JsonRpcError(INVALID_PARAMS, f"Task {task.task_id} has already ended ({task.status})",
+                               {"taskId": task.task_id, "status": task.status})
+        self._task_registry.cancel(task)
+        return task.shape()
+
+    async def _tasks_update(self, request: Request) -> dict[str, Any]:
+        """2026-07-28: cl-mcp's tasks never ask for input; acknowledged."""
+        if not request.modern:
+            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
+        self._task_of(request)
+        return {}
 
     @staticmethod
     def _argument_problems(spec: ToolSpec, arguments: dict[str, Any]) -> Rendered | None:

@@ -10,7 +10,8 @@ evaluate-lisp's shape, its output kept for read-output as any other's.
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, Callable
 
 from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, error_result
@@ -44,3 +45,26 @@ async def await_evaluation(session: LispSession, arguments: dict[str, Any]) -> R
     except SessionError as error:
         return error_result(error.kind, error.message)
     return evaluation_rendered(session, result)
+
+
+def running_message(running: dict[str, Any]) -> str:
+    """One line on a still-running evaluation: a task's status message."""
+    latest = (running.get("stdout") or "").rstrip("\n").rpartition("\n")[2]
+    return (f"evaluation {running['number']} running for {running.get('elapsedMs', 0) / 1000:.0f} s"
+            + (f"; latest output: {latest[:200]}" if latest else ""))
+
+
+async def follow_to_outcome(session: LispSession, rendered: Rendered,
+                            note: Callable[[str], None]) -> Rendered:
+    """RENDERED, or, while it says its evaluation still runs in the
+    background, await-evaluation's next result, until the outcome; NOTE
+    hears each still-running answer.  Cancelled, it stops the evaluation."""
+    while isinstance(rendered.structured, dict) and rendered.structured.get("running"):
+        number = rendered.structured["number"]
+        note(running_message(rendered.structured))
+        try:
+            rendered = await await_evaluation(session, {"evaluation": number})
+        except asyncio.CancelledError:
+            await asyncio.shield(await_evaluation(session, {"evaluation": number, "abort": True}))
+            raise
+    return rendered
