@@ -103,7 +103,9 @@ INSTRUCTIONS = (
     "inspect, and compile-file (compiler notes with their file, line and column). "
     "A long output or value shows its start and its end; the marker between them "
     "gives the read-output call that reads the rest, and (cl-mcp-agent:value N) "
-    "is evaluation N's value."
+    "is evaluation N's value. Work still running after the answer window (45 s "
+    "unless set; evaluate-lisp's answer-within) answers that it is still running and "
+    "goes on in the background: await-evaluation fetches its outcome or stops it."
 )
 
 Send = Callable[[Any], None]
