@@ -607,19 +607,29 @@ function returns then, :ANSWERED, reaches nobody."
             :answered
             (take-report-now evaluation))))))
 
-(defun invoke-restart-of (id restart &key values (timeout nil) (tag nil))
+(defun await-report-within (evaluation window)
+  "The next report of EVALUATION; or, when WINDOW seconds pass first, its
+`running-report' once it is sent to the background, where
+`await-evaluation-of' takes its outcome.  While `*max-background*'
+evaluations run there, the wait goes on."
+  (or (and window (take-slot evaluation #'evaluation-report #'(setf evaluation-report) window))
+      (and window (register-background evaluation) (running-report evaluation))
+      (await-report evaluation)))
+
+(defun invoke-restart-of (id restart &key values (timeout nil) (answer-within nil) (tag nil))
   "Invoke RESTART (an index into the listed restarts, or a name) of the
 waiting evaluation ID (the newest when nil) with the values of VALUES, a
 list of code strings.  The evaluation runs on with a deadline of TIMEOUT
 seconds, findable under TAG as in `evaluate'; return its next report, a
 plist as `evaluate' returns (its outcome, or a new error), or an error
 report when no evaluation ID waits or the restart cannot be invoked (the
-evaluation then still waits)."
+evaluation then still waits).  Still running after ANSWER-WITHIN seconds,
+it goes on in the background and this returns `running-report'."
   (with-suspended (evaluation id)
     (setf (evaluation-tag evaluation) tag)
     (with-running (tag evaluation)
       (post-command evaluation (list :restart restart values timeout))
-      (await-report evaluation))))
+      (await-report-within evaluation answer-within))))
 
 (defun backtrace-of (id &key (count *backtrace-frame-limit*))
   "The first COUNT frames of the waiting evaluation ID (the newest when

@@ -10,7 +10,7 @@ from cl_mcp.render import Rendered, error_result, render_frames
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, result_dict, whole
-from cl_mcp.tools.evaluate import keep_output, rendered_within
+from cl_mcp.tools.evaluate import evaluation_rendered, keep_output, rendered_within
 
 
 async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Rendered:
@@ -24,12 +24,18 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
                     whole(arguments["restart"]),
                     Keyword("values"), [Symbol("cl:quote"), arguments.get("values") or []],
                     Keyword("timeout"), float(timeout), Keyword("tag"), tag]
+            window = session.config.answer_within
+            if window < timeout:  # a long continuation goes on in the background
+                form += [Keyword("answer-within"), float(window)]
             result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
-            result["line-offsets"] = await keep_output(session, result)
-            follow_package(session, result, explicit=True)
+            if result.get("status") == "running":
+                session.background.add(result["number"])
+            else:
+                result["line-offsets"] = await keep_output(session, result)
+                follow_package(session, result, explicit=True)
     except SessionError as error:
         return error_result(error.kind, error.message)
-    return rendered_within(result, session.config.max_result_chars)
+    return evaluation_rendered(session, result)
 
 
 async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered:

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.integration.conftest import McpProcess
 from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
 
 
@@ -136,3 +137,24 @@ def test_reset_stops_background_evaluations(mode):
         assert not process.call("reset-session")["isError"]
         time.sleep(4)
         assert process.eval("(get :cl-mcp-background :after-reset)") == ("=> NIL", False)
+
+
+
+def test_a_long_continuation_goes_to_the_background_too():
+    """invoke-restart has the server's answer window as well."""
+    process = McpProcess("--answer-within", "1")
+    try:
+        process.initialize()
+        check_results_of(process, "evaluate-lisp")
+        failed = process.call("evaluate-lisp", code='(restart-case (error "stop here") '
+                                                    '(continue () (sleep 3) :resumed))')
+        number = failed["structuredContent"]["evaluation"]
+        resumed = checked_call(process, "invoke-restart", evaluation=number, restart="CONTINUE", timeout=30)
+        assert resumed["structuredContent"]["running"] and resumed["structuredContent"]["number"] == number
+        assert process.eval("(+ 1 2)") == ("=> 3", False)
+        outcome = wait_for(process, number)
+        while outcome["structuredContent"].get("running"):  # each wait is at most the window
+            outcome = wait_for(process, number)
+        assert outcome["content"][0]["text"] == "=> :RESUMED"
+    finally:
+        process.close()
