@@ -28,6 +28,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import background  # noqa: E402  (bench/background.py, beside this file)
 import devtools  # noqa: E402  (bench/devtools.py, beside this file)
 from devtools import timed  # noqa: E402
 import pure  # noqa: E402  (bench/pure.py, beside this file)
@@ -316,6 +317,8 @@ def main() -> None:
     row("list-definitions over 10,000 functions", ms(statistics.median(listings)), "target well under 1,000 ms")
     resets = timed(server.caller("tools/call", {"name": "reset-session", "arguments": {}}), 5)
     row("reset-session (a fresh image)", ms(statistics.median(resets)), "target 1,000 ms")
+    for each in background.rows(server, args.quick):
+        row(*each)
     tools = Server(CL_MCP)  # an image of their own, with alexandria and the fixture loaded
     tools.initialize()
     for each in devtools.rows(tools, args.quick):
