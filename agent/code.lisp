@@ -159,7 +159,7 @@ else the :status :error plist saying why not."
           ((not (and (probe-file pathname) (pathname-name (probe-file pathname))))
            (name-error "CL-MCP:FILE-NOT-FOUND" (format nil "No file ~A exists (or it is a directory)." path))))))
 
-(defun compile-file-of (path &key (load t) (max-output 20000) (tag nil))
+(defun compile-file-of (path &key (load t) (max-output 20000) (tag nil) (answer-within nil))
   "Compile the file at PATH (absolute) as SLIME's C-c C-k does, and load the
 fasl when LOAD and the compilation did not fail (warnings do not stop it;
 errors do).  Return a plist: :status (:ok; :error when compilation failed
@@ -167,12 +167,16 @@ or the load signalled an error; :aborted when cancelled under TAG),
 :success, :fasl, :loaded, :notes (see `note-plist'), :dropped (notes past
 `*note-limit*'), and :error (the load's error, or why PATH cannot be
 compiled).  The compiler's output goes to a capped stream (MAX-OUTPUT
-characters) and is dropped."
+characters) and is dropped.  Still running after ANSWER-WITHIN seconds, it
+goes on in the background (see `call-within-window')."
   (or (source-file-problem path)
-      (with-running (tag sb-thread:*current-thread*)
-        (or (catch 'load-cancelled
-              (%compile-file-of (probe-file path) load max-output))
-            (list :status :aborted :success nil :loaded nil :notes '() :dropped 0)))))
+      (call-within-window
+       (lambda ()
+         (with-running (tag sb-thread:*current-thread*)
+           (or (catch 'load-cancelled
+                 (%compile-file-of (probe-file path) load max-output))
+               (list :status :aborted :success nil :loaded nil :notes '() :dropped 0))))
+       answer-within tag)))
 
 (defun %compile-file-of (pathname load max-output)
   "`compile-file-of' of the file at PATHNAME, which exists."
@@ -316,7 +320,13 @@ when the load fails."
                     (asdf:load-system name))))
             (list :ok)))))))
 
-(defun load-system (name &key (max-output 20000) (tag nil))
+(defun load-system (name &key (max-output 20000) (tag nil) (answer-within nil))
+  "Load the ASDF system NAME as `load-system-report' does; still running
+after ANSWER-WITHIN seconds, the load goes on in the background (see
+`call-within-window')."
+  (call-within-window (lambda () (load-system-report name max-output tag)) answer-within tag))
+
+(defun load-system-report (name max-output tag)
   "Load the ASDF system NAME (a string), through Quicklisp when it is
 available.  Return a plist: :status (:ok, :error, or :aborted when
 cancelled under TAG), :system, :loader (\"quicklisp\" or \"asdf\"),

@@ -492,6 +492,40 @@ that says so."
                                                    :error (too-many-background-error evaluation window)))
            (invoke-restart (evaluation-abort-restart evaluation) t)))))
 
+;;; Loads and compilations run in their request's thread too, with an
+;;; ABORT that throws to their own catch tag; the same window sends them to
+;;; the background, their report numbered as an evaluation's.
+
+(defun call-within-window (work answer-within tag)
+  "Call WORK, a function of no arguments that returns a report plist and
+leaves through its catch of 'LOAD-CANCELLED when aborted, in this thread
+(its request's).  Still running after ANSWER-WITHIN seconds, it answers its
+request with `running-report' and goes on in the background like an
+evaluation, its report (numbered) posted for `await-evaluation-of'; this
+then returns :ANSWERED.  Without ANSWER-WITHIN, or a request of cl-mcp's
+to answer, WORK's report."
+  (let ((request (cl-mcp-request)))
+    (unless (and answer-within request)
+      (return-from call-within-window (funcall work)))
+    (let ((evaluation (make-evaluation :thread sb-thread:*current-thread* :continuation request
+                                       :answer-within answer-within :tag tag :package *package*
+                                       :stdout (make-capped-output-stream 0)
+                                       :stderr (make-capped-output-stream 0))))
+      (restart-bind ((abort (lambda (&optional reported)
+                              (declare (ignore reported))
+                              (throw 'load-cancelled nil))
+                       :report-function (lambda (stream) (write-string "Abort this work." stream))))
+        (setf (evaluation-abort-restart evaluation) (find-restart 'abort))
+        (schedule-deadline evaluation (list nil :answer answer-within) answer-within)
+        (let ((report (unwind-protect (funcall work)
+                        (stop-deadline evaluation)
+                        (setf (evaluation-abort-restart evaluation) nil))))
+          (cond ((take-report-now evaluation))  ; stopped at its window: too many in the background
+                ((evaluation-background evaluation)
+                 (post-report evaluation (list* :number (evaluation-id evaluation) report))
+                 :answered)
+                (t report)))))))
+
 (defun no-background-report (id)
   "The report that no background evaluation ID has an outcome to take."
   (command-error "CL-MCP:NO-SUCH-EVALUATION"

@@ -107,13 +107,20 @@ def tool_schema(input_schema: dict[str, Any]) -> Schema:
 def tool_definitions() -> list[dict[str, Any]]:
     """Every tool cl-mcp offers (the four of the user's contract and cl-mcp's own), as advertised.
     An outputSchema given as a file name is that file's schema (several
-    tools share evaluation-result.json)."""
+    tools share evaluation-result.json); as a list of names, a result fits
+    one of them (await-evaluation answers in its work's tool's shape)."""
+    def schema_of(name: str) -> dict[str, Any]:
+        schema = load_schema(name)
+        schema.pop("$comment", None)
+        return schema
+
     tools = load_schema("tools.json")
     for tool in tools:
         if isinstance(tool.get("outputSchema"), str):
-            schema = load_schema(tool["outputSchema"])
-            schema.pop("$comment", None)
-            tool["outputSchema"] = schema
+            tool["outputSchema"] = schema_of(tool["outputSchema"])
+        elif isinstance(tool.get("outputSchema"), list):
+            tool["outputSchema"] = {"type": "object",
+                                    "anyOf": [schema_of(name) for name in tool["outputSchema"]]}
     return tools
 
 

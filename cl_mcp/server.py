@@ -68,9 +68,9 @@ META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 # the server turns a call still running at its answer window into a task.
 TASKS_VERSION = "2025-11-25"
 TASK_TOOLS = frozenset({"evaluate-lisp", "load-system", "compile-file"})
-# A task's evaluation goes to the background after this long, so that the
-# session's other calls need not wait for it (unless the call gives its own
-# answer-within).
+# A 2025-11-25 task's work goes to the background after this long, so that
+# the session's other calls need not wait for it (unless the call gives its
+# own answer-within).
 TASK_ANSWER_WITHIN = 1.0
 # How long past the answer window a 2026-07-28 call waits for its outcome
 # before it answers with a task: the image's window closes first.
@@ -657,7 +657,7 @@ class McpServer:
                 return self._tool_result(request, invalid, invalid.text)
         else:
             self._check_arguments(spec, arguments)
-        if task is not None and request.version == TASKS_VERSION and spec.name == "evaluate-lisp":
+        if task is not None and request.version == TASKS_VERSION:
             arguments = {"answer-within": TASK_ANSWER_WITHIN, **arguments}
         rendered = await spec.handler(self.session, arguments)
         if task is not None:

@@ -16,6 +16,7 @@ import itertools
 import logging
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from cl_mcp import idle_poll
 from cl_mcp.errors import ProtocolError, SessionError, SwankError
@@ -66,9 +67,10 @@ class LispSession:
         self._control: SwankConnection | None = None
         # Evaluations' whole output, by their numbers in the image.
         self.outputs = OutputStore(config.keep_output)
-        # The numbers of the evaluations sent to the background whose
-        # outcome has not been kept yet.
-        self.background: set[int] = set()
+        # The work sent to the background whose outcome has not been kept
+        # yet, by number: how its tool shows it (cl_mcp/tools/evaluate.py's
+        # `Work`).
+        self.background: dict[int, Any] = {}
 
     @property
     def shared(self) -> bool:

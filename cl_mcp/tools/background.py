@@ -18,13 +18,14 @@ from cl_mcp.render import Rendered, error_result
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, lisp_seconds, result_dict
-from cl_mcp.tools.evaluate import evaluation_rendered, keep_output
+from cl_mcp.tools.evaluate import EVALUATION, evaluation_rendered, keep_output, rendered_running
 
 ABORT_DEADLINE = 15.0  # the image gives an aborted evaluation 10 s to unwind
 
 
 async def await_evaluation(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     number = arguments["evaluation"]
+    work = session.background.get(number, EVALUATION)
     window = session.config.answer_within
     wait = min(arguments.get("wait", window), window)
     abort = bool(arguments.get("abort", False))
@@ -40,10 +41,14 @@ async def await_evaluation(session: LispSession, arguments: dict[str, Any]) -> R
             result["line-offsets"] = await keep_output(session, result, session.call_beside)
             await session.call_beside([Symbol("cl-mcp-agent:forget-outcome"), number], DEADLINE_GRACE)
         if result.get("status") != "running":
-            session.background.discard(number)
+            session.background.pop(number, None)
             follow_package(session, result, explicit=True)
     except SessionError as error:
-        return error_result(error.kind, error.message)
+        return error_result(error.kind, error.message, work.base)
+    if result.get("status") == "running":
+        return rendered_running(result, session.config.max_result_chars, work)
+    if work.render is not None and result.get("number") == number:
+        return work.render(result)
     return evaluation_rendered(session, result)
 
 

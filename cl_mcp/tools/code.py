@@ -10,7 +10,8 @@ from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_text, place_structure
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, result_dict
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, result_dict
+from cl_mcp.tools.evaluate import Work, rendered_running
 
 # What each relation says about a referrer, in the result's first line.
 RELATION_VERBS = {
@@ -154,14 +155,27 @@ async def compile_file(session: LispSession, arguments: dict[str, Any]) -> Rende
     """Compile a file as SLIME's C-c C-k does and load it unless told not
     to: every compiler note with its place."""
     path = arguments["path"]
+    work = Work(f"Compiling {path} (number {{number}})", {"success": False, "loaded": False, "notes": []},
+                lambda result: compile_outcome(path, result))
+    window = arguments.get("answer-within") or session.config.answer_within
     try:
         async with session.turn():
             tag = session.new_tag()  # cancelling the call stops the compilation
             form = [Symbol("cl-mcp-agent:compile-file-of"), path,
                     Keyword("load"), bool(arguments.get("load", True)), Keyword("tag"), tag]
+            if window < session.config.load_timeout:  # a long compilation goes on in the background
+                form += [Keyword("answer-within"), lisp_seconds(window)]
             result = result_dict(await session.call(form, session.config.load_timeout + DEADLINE_GRACE, tag))
     except SessionError as error:
         return compile_error(error.kind, error.message)
+    if result.get("status") == "running":
+        session.background[result["number"]] = work
+        return rendered_running(result, session.config.max_result_chars, work)
+    return compile_outcome(path, result)
+
+
+def compile_outcome(path: str, result: dict[str, Any]) -> Rendered:
+    """compile-file's result from the agent's report."""
     if result.get("status") == "aborted":
         return compile_error("CL-MCP:CANCELLED", f"Compiling {path} was cancelled.")
     if result.get("status") == "error" and "success" not in result:

@@ -4,6 +4,7 @@ docs/tools.md)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from cl_mcp import budget
@@ -55,7 +56,7 @@ async def evaluate(session: LispSession, code: str, package: str | None = None,
         form = evaluate_form(session, code, package, capture_time, timeout, tag, window)
         result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
         if result.get("status") == "running":
-            session.background.add(result["number"])
+            session.background[result["number"]] = EVALUATION
             return result
         result["line-offsets"] = await keep_output(session, result)
         follow_package(session, result, explicit=package is not None)
@@ -162,21 +163,33 @@ def latest_output(text: str, total: int, room: int, number: int, stream: str) ->
     return text
 
 
-def rendered_running(result: dict[str, Any], limit: int) -> Rendered:
-    """An evaluation still running, in the background: a result, not an
-    error, with how long it has run, its latest output, and how to follow
-    it; within LIMIT characters."""
+@dataclass(frozen=True, slots=True)
+class Work:
+    """How work in the background shows: its name in a still-running
+    result (with `{number}`), the fields its tool's outputSchema requires,
+    and how its outcome renders (None: as an evaluation's)."""
+    title: str
+    base: dict[str, Any]
+    render: Callable[[dict[str, Any]], Rendered] | None = None
+
+
+EVALUATION = Work("Evaluation {number}", {"success": False, "stdout": "", "stderr": "", "warnings": []})
+
+
+def rendered_running(result: dict[str, Any], limit: int, work: Work = EVALUATION) -> Rendered:
+    """WORK still running, in the background: a result, not an error, with
+    how long it has run, its latest output, and how to follow it; within
+    LIMIT characters."""
     number, elapsed = result["number"], result.get("elapsed-ms") or 0
     follow = await_call(number)
-    head = (f"[running] Evaluation {number} is still running ({elapsed / 1000:.1f} s so far) and "
+    head = (f"[running] {work.title.format(number=number)} is still running ({elapsed / 1000:.1f} s so far) and "
             f"goes on in the background.\n{follow} returns its outcome when it has one; "
             f'read-output {{"evaluation": {number}}} reads its output so far; '
             f"{await_call(number, abort=True)} stops it.")
     streams = [stream for stream in ("stdout", "stderr") if result.get(stream)]
     room = max(200, (limit - len(head) - 400) // max(1, len(streams)))
-    structure: dict[str, Any] = {"success": False, "running": True, "number": number,
-                                 "elapsedMs": elapsed, "follow": follow,
-                                 "stdout": "", "stderr": "", "warnings": []}
+    structure: dict[str, Any] = {**work.base, "running": True, "number": number,
+                                 "elapsedMs": elapsed, "follow": follow}
     sections = [head]
     for stream in streams:
         text = result[stream]

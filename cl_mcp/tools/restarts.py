@@ -10,7 +10,7 @@ from cl_mcp.render import Rendered, error_result, render_frames
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, result_dict, whole
-from cl_mcp.tools.evaluate import evaluation_rendered, keep_output, rendered_within
+from cl_mcp.tools.evaluate import EVALUATION, evaluation_rendered, keep_output, rendered_within
 
 
 async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Rendered:
@@ -29,7 +29,7 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
                 form += [Keyword("answer-within"), float(window)]
             result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
             if result.get("status") == "running":
-                session.background.add(result["number"])
+                session.background[result["number"]] = EVALUATION
             else:
                 result["line-offsets"] = await keep_output(session, result)
                 follow_package(session, result, explicit=True)

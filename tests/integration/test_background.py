@@ -158,3 +158,24 @@ def test_a_long_continuation_goes_to_the_background_too():
         assert outcome["content"][0]["text"] == "=> :RESUMED"
     finally:
         process.close()
+
+
+def test_load_system_and_compile_file_go_to_the_background_too(tmp_path):
+    slow = '(eval-when (:compile-toplevel :load-toplevel :execute) (sleep 3))\n(defun slow-done () :slow)\n'
+    (tmp_path / "slow.lisp").write_text(slow)
+    (tmp_path / "slow-system.asd").write_text('(asdf:defsystem "slow-system" :components ((:file "slow")))\n')
+    (tmp_path / "slow-file.lisp").write_text(slow.replace("slow-done", "slow-file-done"))
+    with cl_mcp_in("embedded") as process:
+        assert not process.eval(f'(asdf:load-asd "{tmp_path}/slow-system.asd")')[1]
+        for tool, arguments, shown in [
+                ("load-system", {"system": "slow-system"}, "Loading system: slow-system\nLoaded: slow-system"),
+                ("compile-file", {"path": str(tmp_path / "slow-file.lisp")}, f"Compiled {tmp_path}/slow-file.lisp")]:
+            check_results_of(process, tool)
+            result = checked_call(process, tool, **{**arguments, "answer-within": 1})
+            structure = result["structuredContent"]
+            assert not result["isError"] and structure["running"], result
+            assert process.eval("(+ 1 2)") == ("=> 3", False)
+            check_results_of(process, "await-evaluation")
+            outcome = wait_for(process, structure["number"])
+            assert not outcome["isError"] and outcome["content"][0]["text"].startswith(shown), outcome
+        assert process.eval("(list (slow-done) (slow-file-done))") == ("=> (:SLOW :SLOW)", False)
