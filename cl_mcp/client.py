@@ -422,6 +422,47 @@ class McpClient:
                 raise
         return result
 
+    async def offers_task(self, name: str) -> bool:
+        """True when the server runs tool NAME as an MCP task (2025-11-25:
+        the tasks capability for tools/call, and the tool's taskSupport)."""
+        requests = (self.server_capabilities.get("tasks") or {}).get("requests") or {}
+        if "call" not in (requests.get("tools") or {}):
+            return False
+        tool = next((each for each in await self.tools() if each.get("name") == name), None)
+        return (tool or {}).get("execution", {}).get("taskSupport") in ("optional", "required")
+
+    async def call_tool_as_task(self, name: str, arguments: dict[str, Any] | None = None, *,
+                                ttl_ms: int | None = None,
+                                on_status: Callable[[dict[str, Any]], Any] | None = None) -> ToolResult:
+        """Run tool NAME as an MCP task and return its result once it has one:
+        `tasks/get` every `pollInterval` (ON_STATUS hears each Task), then
+        `tasks/result`.  Cancelled, it cancels the task (`tasks/cancel`).
+        The server must offer the tool as a task (`offers_task`)."""
+        if not await self.offers_task(name):
+            raise ClientError(f"the server does not run {name} as a task")
+        params: dict[str, Any] = {"name": name, "arguments": arguments or {},
+                                  "task": {} if ttl_ms is None else {"ttl": ttl_ms}}
+        task = (await self.request("tools/call", params))["task"]
+        task_id = task["taskId"]
+        try:
+            while task["status"] in ("working", "input_required"):
+                if on_status is not None:
+                    self._call_back(on_status, task)
+                await asyncio.sleep((task.get("pollInterval") or 1000) / 1000)
+                task = await self.request("tasks/get", {"taskId": task_id})
+            result = await self.request("tasks/result", {"taskId": task_id})
+        except asyncio.CancelledError:
+            await asyncio.shield(self._cancel_task(task_id))
+            raise
+        return ToolResult(content=list(result.get("content") or []), is_error=bool(result.get("isError")),
+                          structured_content=result.get("structuredContent"), meta=result.get("_meta") or {})
+
+    async def _cancel_task(self, task_id: str) -> None:
+        try:
+            await self.request("tasks/cancel", {"taskId": task_id})
+        except JsonRpcError:
+            pass  # it ended meanwhile
+
     def _audit(self, name: str, arguments: dict[str, Any], seconds: float, outcome: str) -> None:
         audit.info("tool=%s args=%s duration_ms=%.1f outcome=%s",
                    name, argument_digest(arguments), seconds * 1000, outcome)

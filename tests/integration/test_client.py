@@ -55,6 +55,32 @@ def test_against_cl_mcp():
     run(body())
 
 
+def test_following_work_in_the_background_and_tasks():
+    async def body():
+        async with McpClient([*CL_MCP, "--answer-within", "1"]) as client:
+            heard = []
+            running = await client.call_tool("evaluate-lisp", {"code": '(progn (write-line "on") (sleep 3) :end)'})
+            assert running.structured_content["running"]
+            outcome = await client.outcome(running, progress=lambda *update: heard.append(update))
+            assert outcome.text == "[stdout]\non\n\n=> :END"
+            assert heard and "latest output: on" in heard[0][2]
+            assert await client.offers_task("evaluate-lisp") and not await client.offers_task("apropos")
+            statuses = []
+            result = await client.call_tool_as_task("evaluate-lisp", {"code": "(progn (sleep 2) 42)"},
+                                                    on_status=statuses.append)
+            assert result.text == "=> 42" and result.meta["io.modelcontextprotocol/related-task"]
+            assert statuses and statuses[0]["status"] == "working"
+            # Cancelled, the task and its evaluation stop.
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(client.call_tool_as_task(
+                    "evaluate-lisp", {"code": "(progn (sleep 3) (setf (get :client-task :done) t))"}), 1.5)
+            await asyncio.sleep(3)
+            assert (await client.call_tool("evaluate-lisp", {"code": "(get :client-task :done)"})).text == "=> NIL"
+            tasks = await client.request("tasks/list")
+            assert [task["status"] for task in tasks["tasks"]][-1] == "cancelled"
+    run(body())
+
+
 def test_against_a_server_built_on_the_sdk():
     async def body():
         async with McpClient(SDK_SERVER) as client:
