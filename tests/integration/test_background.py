@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests.integration.attach_fixtures import SwankServer, temporary_home
 from tests.integration.conftest import McpProcess
 from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
 
@@ -179,3 +180,26 @@ def test_load_system_and_compile_file_go_to_the_background_too(tmp_path):
             outcome = wait_for(process, structure["number"])
             assert not outcome["isError"] and outcome["content"][0]["text"].startswith(shown), outcome
         assert process.eval("(list (slow-done) (slow-file-done))") == ("=> (:SLOW :SLOW)", False)
+
+
+def test_leaving_a_shared_image_stops_its_background_work():
+    """In attach mode the image is the programmer's: cl-mcp's background
+    evaluations end with the session, and the image stays up."""
+    home = temporary_home()
+    swank = SwankServer(home)
+    try:
+        first = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
+        first.initialize()
+        check_results_of(first, "evaluate-lisp")
+        start(first, "(progn (sleep 3) (setf (get :cl-mcp-background :after-leaving) t))")
+        first.close()
+        time.sleep(4)
+        second = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
+        try:
+            second.initialize()
+            assert second.eval("(get :cl-mcp-background :after-leaving)") == ("=> NIL", False)
+        finally:
+            second.close()
+        assert swank.alive()
+    finally:
+        swank.stop()
