@@ -77,6 +77,9 @@
 ;;;   swank::*inspector-printer-bindings*   the inspector's printer settings
 ;;;   swank::content-range            the inspector's content, lazy or not,
 ;;;                                   as a list
+;;;   swank/sbcl::setf-expander       `symbol-kinds': whether a symbol has a
+;;;                                   setf expander, as Swank's
+;;;                                   describe-symbol-for-emacs asks
 ;;;   swank/sbcl::*mailboxes*, *mailbox-lock*, mailbox.thread   (by name)
 ;;;                                   Swank's per-thread mailboxes, pruned
 ;;;
@@ -101,6 +104,9 @@
 ;;;   sb-impl::%simple-eval, sb-impl::eval-in-lexenv
 ;;;                                   (by name) the evaluator: hidden in
 ;;;                                   backtraces
+;;;   sb-int:info :variable :kind, sb-int:info :type :kind
+;;;                                   `symbol-kinds': a proclaimed variable,
+;;;                                   a defined type
 ;;;   sb-pcl::condition-class         tells conditions from other classes
 ;;;   sb-unix::clock-gettime          CLOCK_MONOTONIC (clock id 1), to time
 ;;;                                   the lane's idle poll

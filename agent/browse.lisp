@@ -21,11 +21,6 @@
 (defparameter *apropos-limit* 200
   "Symbols listed by `apropos-of', at most; the total is still counted.")
 
-(defparameter *apropos-kinds*
-  '(:function :generic-function :macro :special-operator :variable :type :setf)
-  "The keys of `swank/backend:describe-symbol-for-emacs', in the order
-their kinds are listed.")
-
 (defparameter *apropos-type-kinds*
   '(("functions" "function" "generic function")
     ("macros" "macro" "special operator")
@@ -36,19 +31,28 @@ their kinds are listed.")
 (defun symbol-kinds (symbol)
   "What SYMBOL names, as strings (\"function\", \"generic function\",
 \"macro\", \"special operator\", \"variable\", \"constant\", \"class\",
-\"structure\", \"condition\", \"type\", \"setf expander\"), from Swank's
-description of it; nil when it names nothing."
-  (let ((description (swank/backend:describe-symbol-for-emacs symbol)))
-    (loop for key in *apropos-kinds*
-          when (getf description key)
-            collect (case key
-                      (:generic-function "generic function")
-                      (:special-operator "special operator")
-                      (:variable (if (constantp symbol) "constant" "variable"))
-                      (:type (let ((class (find-class symbol nil)))
-                               (if class (class-kind class) "type")))
-                      (:setf "setf expander")
-                      (t (string-downcase (symbol-name key)))))))
+\"structure\", \"condition\", \"type\", \"setf expander\"): a function's
+kind, then variable, type and setf expander, as Swank orders them; nil when
+it names nothing.  The tests are those of Swank's
+`describe-symbol-for-emacs' (its SBCL backend), without the documentation
+strings it fetches for each kind: over the 14,000 symbols a one-letter
+apropos matches, those took half the time."
+  (let ((kinds '()))
+    (when (fboundp symbol)
+      (push (cond ((macro-function symbol) "macro")
+                  ((special-operator-p symbol) "special operator")
+                  ((typep (fdefinition symbol) 'generic-function) "generic function")
+                  (t "function"))
+            kinds))
+    (when (or (boundp symbol) (nth-value 1 (sb-int:info :variable :kind symbol)))
+      (push (if (constantp symbol) "constant" "variable") kinds))
+    (when (sb-int:info :type :kind symbol)
+      (push (let ((class (find-class symbol nil)))
+              (if class (class-kind class) "type"))
+            kinds))
+    (when (swank/sbcl::setf-expander symbol)
+      (push "setf expander" kinds))
+    (nreverse kinds)))
 
 (defun external-symbol-p (symbol)
   "True when SYMBOL is external in its home package."
