@@ -389,11 +389,14 @@ newest first.  One with a report posted has finished (or waits at an error).")
     (remove-if #'evaluation-report *background*)))
 
 (defun register-background (evaluation)
-  "Record EVALUATION as running in the background; nil, and nothing
-recorded, when `*max-background*' run already."
+  "Record EVALUATION as running in the background, its thread named for it
+(in attach mode, that is what the programmer's thread list shows); nil,
+and nothing recorded, when `*max-background*' run already."
   (sb-thread:with-mutex (*registry-lock*)
     (when (< (count-if-not #'evaluation-report *background*) *max-background*)
-      (setf (evaluation-background evaluation) t)
+      (setf (evaluation-background evaluation) t
+            (sb-thread:thread-name (evaluation-thread evaluation))
+            (format nil "cl-mcp evaluation ~D (background)" (evaluation-id evaluation)))
       (push evaluation *background*)
       (let ((finished (remove-if-not #'evaluation-report *background*)))
         (when (> (length finished) *max-unclaimed*)

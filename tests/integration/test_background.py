@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.integration.attach_fixtures import SwankServer, temporary_home
+from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
 from tests.integration.conftest import McpProcess
 from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
 
@@ -202,4 +202,27 @@ def test_leaving_a_shared_image_stops_its_background_work():
             second.close()
         assert swank.alive()
     finally:
+        swank.stop()
+
+
+def test_in_the_programmers_emacs_it_is_a_named_thread():
+    """SLIME's thread list (M-x slime-list-threads asks swank:list-threads)
+    shows a background evaluation like any other Swank thread, by name."""
+    home = temporary_home()
+    swank = SwankServer(home)
+    emacs = Emacs(home)
+    process = None
+    try:
+        emacs.connect(swank.port)
+        process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
+        process.initialize()
+        check_results_of(process, "evaluate-lisp")
+        number = start(process, "(sleep 20)")
+        threads = emacs.slime_eval("(swank:list-threads)")
+        assert f"cl-mcp evaluation {number} (background)" in threads, threads
+        assert wait_for(process, number, abort=True)["structuredContent"]["aborted"]
+    finally:
+        if process is not None:
+            process.close()
+        emacs.stop()
         swank.stop()
