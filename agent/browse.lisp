@@ -252,10 +252,10 @@ dropped (or never was)."
     (fill *inspected* nil)))
 
 (defun part-text (object)
-  "OBJECT printed on one line of at most 200 characters."
+  "OBJECT printed on one line of at most 200 characters (`printed-line')."
   (with-result-printing ()
     (let ((*print-pretty* nil) (*print-length* 20) (*print-level* 4))
-      (one-line (safe-print object #'prin1-to-string) 200))))
+      (printed-line object 200))))
 
 (defun inspector-content (object)
   "Swank's inspector content for OBJECT (`swank/backend:emacs-inspect'
@@ -304,9 +304,11 @@ TEXT) entries; actions (buttons) are left out."
       (or (third segment) (part-text (second segment)))))
 
 (defun line-part (line)
-  "A content LINE as (LABEL VALUE-TEXT OBJECT HAS-VALUE): its last value,
-and the text before it as the label (trailing \":\" or \"=\" dropped); a
-line without values is all label.  Nil for an empty line."
+  "A content LINE as (LABEL VALUE OBJECT HAS-VALUE): its last value (the
+segment, made text by `segment-text' only for the parts shown: a string's
+content has 100,000 of them), and the text before it as the label
+(trailing \":\" or \"=\" dropped); a line without values is all label, its
+VALUE \"\".  Nil for an empty line."
   (let ((last (position-if #'consp line :from-end t))
         (blank '(#\Space #\Tab)))
     (if (null last)
@@ -318,12 +320,12 @@ line without values is all label.  Nil for an empty line."
                        ":="
                        (string-trim blank
                                     (format nil "~{~A~}" (mapcar #'segment-text (subseq line 0 last))))))))
-          (list label (segment-text (nth last line)) (second (nth last line)) t)))))
+          (list label (nth last line) (second (nth last line)) t)))))
 
 (defun object-parts (object)
   "OBJECT as SLIME's inspector shows it: a description (the text lines
-before its first value) and its parts, each (LABEL VALUE-TEXT OBJECT
-HAS-VALUE); true third when Swank's content was cut."
+before its first value) and its parts, each (LABEL VALUE OBJECT HAS-VALUE)
+as `line-part' makes them; true third when Swank's content was cut."
   (multiple-value-bind (content cut) (inspector-content object)
     (let* ((parts (remove nil (mapcar #'line-part (content-lines content))))
            (first-value (or (position-if #'fourth parts) (length parts))))
@@ -341,11 +343,11 @@ from START."
             :class (if (symbolp class-name) (symbol-designator class-name) (part-text class-name))
             :printed (with-result-printing ()
                        (let ((*print-pretty* nil))
-                         (one-line (safe-print object #'prin1-to-string) 1000)))
+                         (printed-line object 1000)))
             :description description
-            :parts (loop for (label text part has-value) in (nthcdr start parts)
+            :parts (loop for (label value part has-value) in (nthcdr start parts)
                          repeat *inspect-page*
-                         collect (list* :label label :value text
+                         collect (list* :label label :value (segment-text value)
                                         (and has-value (list :handle (remember-object part)))))
             :start start
             :total (length parts)

@@ -96,7 +96,7 @@ At most `*warning-limit*', so that a reply stays within a Swank frame."
                     (member (cell-error-name error)
                             (simple-condition-format-arguments w) :test #'equal))
           collect (list (public-type-name w 'warning)
-                        (cap-string (condition-message w) 1000))
+                        (condition-message w 1000))
             into entries
         finally (return (subseq entries 0 (min (length entries) *warning-limit*)))))
 
@@ -140,18 +140,28 @@ signalled, not where.")
   (ignore-errors (sb-debug::frame-call frame)))
 
 (defun frame-line (frame)
-  "FRAME printed as (FUNCTION ARGS...) on one bounded line."
-  (let ((text (handler-case
-                  (with-output-to-string (out)
-                    (let ((*print-length* 10) (*print-level* 3)
-                          (*print-pretty* nil) (*print-circle* t)
-                          (*print-readably* nil)
-                          (*package* (find-package "COMMON-LISP-USER")))
-                      (sb-debug::print-frame-call frame out)))
-                (serious-condition () "#<unprintable frame>"))))
-    (if (> (length text) *frame-line-limit*)
-        (concatenate 'string (subseq text 0 *frame-line-limit*) " ...")
-        text)))
+  "FRAME printed as (FUNCTION ARGS...) on one line of at most
+`*frame-line-limit*' characters, then \" ...\" when cut.  The printer is
+stopped one character past the limit, so that a huge argument costs what
+is shown.  *print-circle* is bound to true inside, not around
+`print-within': SBCL prints each argument on its own, with its own labels,
+and a first pass over the whole frame would label what two arguments
+share."
+  (multiple-value-bind (text cut)
+      (handler-case
+          (let ((*print-length* 10) (*print-level* 3)
+                (*print-pretty* nil) (*print-circle* nil)
+                (*print-readably* nil)
+                (*package* (find-package "COMMON-LISP-USER")))
+            (print-within frame
+                          (lambda (frame out)
+                            (let ((*print-circle* t))
+                              (sb-debug::print-frame-call frame out)))
+                          *frame-line-limit* 1))
+        (serious-condition () "#<unprintable frame>"))
+    (if (member cut '(0 nil))
+        text
+        (concatenate 'string text " ..."))))
 
 (defun agent-name-p (name)
   "True when the function NAME (a symbol, or a list such as (FLET F :IN G)
@@ -217,7 +227,7 @@ while the evaluation waits there."
 
 (defun frame-locals (frame)
   "FRAME's local variables as (NAME VALUE) strings, where the compiler kept
-them."
+them; each value on one line of at most 200 characters (`printed-line')."
   (let ((location (sb-di:frame-code-location frame))
         (locals '()))
     (handler-case
@@ -225,11 +235,9 @@ them."
           (when (and (sb-di:debug-var-symbol var)
                      (eq (sb-di:debug-var-validity var location) :valid))
             (push (list (symbol-designator (sb-di:debug-var-symbol var))
-                        (one-line (with-result-printing ()
-                                    (let ((*print-pretty* nil))
-                                      (safe-print (sb-di:debug-var-value var frame)
-                                                  #'prin1-to-string)))
-                                  200))
+                        (with-result-printing ()
+                          (let ((*print-pretty* nil))
+                            (printed-line (sb-di:debug-var-value var frame) 200))))
                   locals)))
       (serious-condition () nil))
     (nreverse locals)))

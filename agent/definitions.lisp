@@ -20,10 +20,15 @@ later belong to the session (see `session-packages').")
   (cons (find-package "COMMON-LISP-USER")
         (set-difference (list-all-packages) *baseline-packages*)))
 
+(defparameter *lambda-list-limit* 2000
+  "Characters of a lambda list shown, at most: a default value can be any
+object.")
+
 (defun lambda-list-text (function-designator)
   "The lambda list of FUNCTION-DESIGNATOR as a programmer writes it:
 parameter names without package prefixes, keywords and default values as
-written (strings quoted)."
+written (strings quoted); at most `*lambda-list-limit*' characters, then
+\"…\"."
   (labels ((write-part (part out)
              (typecase part
                (keyword (format out ":~A" (symbol-name part)))
@@ -43,16 +48,16 @@ written (strings quoted)."
               (*print-length* 20)
               (*print-level* 4))
           (if lambda-list
-              (with-output-to-string (out) (write-part lambda-list out))
+              (printed-prefix lambda-list #'write-part *lambda-list-limit*)
               "()"))
       (serious-condition () "(...)"))))
 
 (defun variable-text (symbol)
-  "SYMBOL's value, printed on one line of at most 80 characters."
-  (one-line (with-result-printing ()
-              (let ((*print-pretty* nil))
-                (safe-print (symbol-value symbol) #'prin1-to-string)))
-            80))
+  "SYMBOL's value, printed on one line of at most 80 characters
+(`printed-line')."
+  (with-result-printing ()
+    (let ((*print-pretty* nil))
+      (printed-line (symbol-value symbol) 80))))
 
 (defun class-kind (class)
   "\"structure\", \"condition\" or \"class\": what kind of class CLASS is."

@@ -261,12 +261,15 @@ reset of the session)."
   (sb-thread:with-mutex (*repl-definitions-lock*)
     (clrhash *repl-definitions*)))
 
+(defparameter *name-limit* 1000
+  "Characters of a printed name kept, at most: an (EQL OBJECT) specializer
+can hold any object.")
+
 (defun printed-name (object)
   "OBJECT (a name, a specializer, a qualifier) printed on one line, read
-back in *PACKAGE*."
-  (safe-print object (lambda (object)
-                       (let ((*print-pretty* nil) (*print-length* 10) (*print-level* 3))
-                         (prin1-to-string object)))))
+back in *PACKAGE*; at most `*name-limit*' characters, then \"…\"."
+  (let ((*print-pretty* nil) (*print-length* 10) (*print-level* 3))
+    (safe-print object (lambda (object) (printed-prefix object #'prin1 *name-limit*)))))
 
 (defun names-symbol-p (name symbol)
   "True when a definition's NAME (as `repl-definition' keeps it) is one of
@@ -398,9 +401,14 @@ Swank, is a :status :error plist."
                     :definitions definitions
                     :dropped dropped)))))))
 
+(defparameter *documentation-limit* 100000
+  "Characters of one documentation string reported, at most.")
+
 (defun documentation-entries (symbol)
   "SYMBOL's documentation strings, as (KIND TEXT) lists: function,
-variable, type, compiler-macro, setf, and package (of SYMBOL's name)."
+variable, type, compiler-macro, setf, and package (of SYMBOL's name); each
+at most `*documentation-limit*' characters, then a line that says how many
+were cut."
   (flet ((doc (object kind) (handler-case (documentation object kind)
                               (serious-condition () nil))))
     (let ((package (find-package (symbol-name symbol))))
@@ -411,7 +419,9 @@ variable, type, compiler-macro, setf, and package (of SYMBOL's name)."
                                             ("setf" ,symbol setf)
                                             ("package" ,package t))
             for text = (and object (doc object doc-type))
-            when (stringp text) collect (list kind text)))))
+            when (stringp text)
+              collect (list kind (multiple-value-call #'marked-text
+                                   (cap-string text *documentation-limit*)))))))
 
 (defun slot-readers (class name)
   "The readers CLASS's own definition of slot NAME has, printed (none for a
@@ -489,10 +499,9 @@ package is a :status :error plist."
         (flet ((add (key value) (setf result (append result (list key value)))))
           (when function (add :arglist (lambda-list-text function)))
           (when (and (boundp symbol) (not (keywordp symbol)))
-            (add :value (one-line (with-result-printing ()
-                                    (let ((*print-pretty* nil))
-                                      (safe-print (symbol-value symbol) #'prin1-to-string)))
-                                  200)))
+            (add :value (with-result-printing ()
+                          (let ((*print-pretty* nil))
+                            (printed-line (symbol-value symbol) 200)))))
           (when class
             (add :class (list :superclasses (mapcar (lambda (super) (printed-name (class-name super)))
                                                     (handler-case (sb-mop:class-direct-superclasses class)

@@ -298,10 +298,6 @@ characters of it, and \"…\" when there was more."
         (concatenate 'string (subseq flat 0 (max 0 (- limit 3))) "...")
         flat)))
 
-(defun condition-message (condition)
-  "The report of CONDITION, or a marker when the report itself fails."
-  (safe-print condition #'princ-to-string))
-
 (defun symbol-designator (symbol)
   "SYMBOL's name, unqualified for symbols of CL and CL-USER and qualified
 otherwise (SB-EXT:TIMEOUT, although CL-USER uses SB-EXT)."
@@ -328,6 +324,18 @@ otherwise (SB-EXT:TIMEOUT, although CL-USER uses SB-EXT)."
 printer is stopped: enough to give the exact number cut from a value cut by
 a little, and from short values that come after the limit.")
 
+(defun marked-text (text cut)
+  "TEXT as `print-within' returned it with CUT, followed, when something
+was cut, by a line that says how many characters were, or, when the
+printer was stopped `*print-overrun*' characters further on, that there
+were more than that.  A CUT of nil (`safe-print's marker) adds nothing."
+  (case cut
+    ((0 nil) text)
+    (:stopped (format nil "~A~%… [printing stopped: more than ~D more ~
+                           characters truncated]"
+                      text *print-overrun*))
+    (t (format nil "~A~%… [~D more characters truncated]" text cut))))
+
 (defun print-values (values limit)
   "VALUES printed under the contract's printer settings, as a list of
 strings of at most LIMIT characters in all: the value that crosses LIMIT
@@ -344,9 +352,33 @@ how many characters were cut, or, when its printer was stopped
                       (unless cut               ; safe-print's marker
                         (setf (values text cut) (cap-string text room)))
                       (incf used (length text))
-                      (case cut
-                        (0 text)
-                        (:stopped (format nil "~A~%… [printing stopped: more than ~D more ~
-                                               characters truncated]"
-                                          text *print-overrun*))
-                        (t (format nil "~A~%… [~D more characters truncated]" text cut))))))))
+                      (marked-text text cut))))))
+
+(defparameter *message-limit* 100000
+  "Characters of a condition's report kept, at most: far more than a
+report is meant to hold, and little enough that an error's reply fits a
+Swank frame beside its output.")
+
+(defun condition-message (condition &optional (limit *message-limit*))
+  "The report of CONDITION, at most LIMIT characters of it (then a line
+that says how many were cut, as for a value), or a marker when the report
+itself fails.  The report is stopped while it prints, `*print-overrun*'
+characters past LIMIT: that of `(error \"~A\" huge-string)' is never made
+whole."
+  (multiple-value-bind (text cut)
+      (safe-print condition (lambda (condition)
+                              (print-within condition #'princ limit *print-overrun*)))
+    (marked-text text cut)))
+
+(defun printed-line (object limit &optional (printer #'prin1))
+  "OBJECT printed with PRINTER under the printer variables in effect, on
+one line of at most LIMIT characters, as `one-line' makes it (\"...\" at
+the end when cut); the printer is stopped one character past LIMIT, so a
+huge object costs what is shown.  A failure to print is `safe-print's
+marker."
+  (multiple-value-bind (text cut)
+      (safe-print object (lambda (object) (print-within object printer limit 1)))
+    (let ((flat (substitute #\Space #\Newline text)))
+      (if (or (> (length flat) limit) (not (member cut '(0 nil))))
+          (concatenate 'string (subseq flat 0 (max 0 (min (length flat) (- limit 3)))) "...")
+          flat))))
