@@ -25,7 +25,6 @@ rows in a cl-mcp of their own, which its resident-memory row does not count.
 
 from __future__ import annotations
 
-import re
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from cl_mcp.linepattern import LinePattern  # noqa: E402
 from cl_mcp.outputs import Lines  # noqa: E402
 from cl_mcp.session import SessionConfig  # noqa: E402
 from cl_mcp.tools.output import read_slice, search  # noqa: E402
@@ -123,9 +123,9 @@ def read_rows(client: Client, number: int, firsts: list[float], count: int) -> I
         ("a slice of 50 lines from line 25,000", {"offset": 25_000, "length": 50},
          lambda: read_slice(lines, 25_000, 25_049, READ_LIMIT)),
         (f"the pattern /^marker/ (line {MARKER_LINE} matches)", {"pattern": "^marker"},
-         lambda: search(lines, re.compile("^marker", re.MULTILINE), READ_LIMIT)),
+         lambda: search(lines, LinePattern("^marker"), READ_LIMIT)),
         ("the pattern /^nomatch/ (no line matches)", {"pattern": "^nomatch"},
-         lambda: search(lines, re.compile("^nomatch", re.MULTILINE), READ_LIMIT)),
+         lambda: search(lines, LinePattern("^nomatch"), READ_LIMIT)),
     ]
     yield (f"read-output, its first call on that 5 MB output (indexes its {len(lines):,} lines), median of "
            f"{len(firsts)}", ms(statistics.median(firsts)), "", "")

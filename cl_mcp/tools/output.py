@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from cl_mcp.errors import SessionError
+from cl_mcp.linepattern import LinePattern
 from cl_mcp.outputs import Lines, NotKept
 from cl_mcp.render import Rendered, condition_structure, error_text
 from cl_mcp.session import LispSession
@@ -41,14 +42,16 @@ def read_slice(lines: Lines, offset: int, last: int, limit: int) -> tuple[list[s
     return shown, last + 1
 
 
-def search(lines: Lines, pattern: re.Pattern[str], limit: int) -> tuple[list[str], int, int | None]:
+def search(lines: Lines, pattern: LinePattern, limit: int) -> tuple[list[str], int, int | None]:
     """The lines matching PATTERN (``:``) with CONTEXT lines around them
     (``-``), groups apart separated by ``--``, as long as they fit in
     LIMIT; the number of matching lines, and the first matching line not
     shown (or None)."""
     matching: list[int] = []
-    for match in pattern.finditer(lines.text):
-        number = lines.line_at(match.start())
+    for start in pattern.starts(lines.text):
+        if start == len(lines.text) and start:
+            break  # past a final newline: no line starts there
+        number = lines.line_at(start)
         if not matching or matching[-1] != number:
             matching.append(number)
             if len(matching) >= MAX_MATCHES:
@@ -116,7 +119,7 @@ async def read_output(session: LispSession, arguments: dict[str, Any]) -> Render
     structure: dict[str, Any] = {"evaluation": evaluation, "stream": stream, "totalLines": len(lines)}
     if pattern_text is not None:
         try:
-            pattern = re.compile(pattern_text, re.MULTILINE)  # ^ and $ at each line
+            pattern = LinePattern(pattern_text)
         except re.error as error:
             return read_error(arguments, "CL-MCP:INVALID-PATTERN",
                               f"The pattern {pattern_text!r} is not a regular expression: {error}.")
