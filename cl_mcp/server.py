@@ -105,7 +105,9 @@ INSTRUCTIONS = (
     "gives the read-output call that reads the rest, and (cl-mcp-agent:value N) "
     "is evaluation N's value. Work still running after the answer window (45 s "
     "unless set; evaluate-lisp's answer-within) answers that it is still running and "
-    "goes on in the background: await-evaluation fetches its outcome or stops it."
+    "goes on in the background: await-evaluation fetches its outcome or stops it. "
+    "An evaluation is interrupted at its timeout (30 s unless set): give long work, "
+    "such as a build or a test suite, a longer timeout."
 )
 
 Send = Callable[[Any], None]
