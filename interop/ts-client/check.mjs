@@ -1,11 +1,14 @@
 // check.mjs: drive cl-mcp with the official TypeScript MCP SDK client, as
 // most hosts do (docs/interop.md): every tool with good arguments, with
 // arguments that make the tool fail, and with arguments its input schema
-// rejects; then each tool again against a cl-mcp that has no image.  The
-// SDK's callTool checks every result's structuredContent, errors included,
-// against the outputSchema that tools/list gave (Ajv, draft-07 by default):
-// a result that does not match is a failure here.  Places the fixture
-// system reports are compared with its files.
+// rejects; long work (an evaluation that outlives its answer window, then
+// await-evaluation and read-output); MCP tasks through the SDK's
+// experimental task API (client.experimental.tasks); then each tool again
+// against a cl-mcp that has no image.  The SDK's callTool checks every
+// result's structuredContent, errors included, against the outputSchema
+// that tools/list gave (Ajv, draft-07 by default): a result that does not
+// match is a failure here.  Places the fixture system reports are compared
+// with its files.
 //
 //   node check.mjs [COMMAND [ARG...]]      default: CL_MCP_COMMAND, else
 //                                          .venv/bin/cl-mcp of this checkout
@@ -17,11 +20,14 @@
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport, getDefaultEnvironment } from "@modelcontextprotocol/sdk/client/stdio.js";
+import { AjvJsonSchemaValidator } from "@modelcontextprotocol/sdk/validation/ajv";
 import {
+  CallToolResultSchema,
   ErrorCode,
   LATEST_PROTOCOL_VERSION,
   LoggingMessageNotificationSchema,
   McpError,
+  RELATED_TASK_META_KEY,
 } from "@modelcontextprotocol/sdk/types.js";
 import { readFileSync, mkdtempSync, copyFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
@@ -41,8 +47,11 @@ const SDK_VERSION = JSON.parse(
 const TOOLS = [
   "evaluate-lisp", "invoke-restart", "backtrace", "eval-in-frame", "list-definitions",
   "reset-session", "load-system", "xref", "compile-file", "apropos", "macroexpand",
-  "inspect", "find-definition", "describe-symbol", "read-output",
+  "inspect", "find-definition", "describe-symbol", "read-output", "await-evaluation",
 ];
+// The tools cl-mcp runs as MCP tasks (2025-11-25: execution.taskSupport "optional")
+const TASK_TOOLS = ["evaluate-lisp", "load-system", "compile-file"];
+const TASKS_VERSION = "2025-11-25";
 const CIRCLE = "(make-instance 'cl-mcp-fixture:circle :radius 2 :name \"disc\")";
 const LONG = { timeout: 300_000 }; // load-system and compile-file may compile for a while
 
@@ -140,10 +149,18 @@ function newSession(command, args) {
   const session = {
     stdio,
     transport: new RecordingTransport(stdio),
-    client: new Client({ name: "cl-mcp-ts-interop", version: "0.1.0" }, { capabilities: {} }),
+    // capabilities.tasks (ClientTasksCapabilitySchema) is present but empty:
+    // list, cancel and requests would say that the server may make tasks of
+    // *this client's* requests (sampling, elicitation) and list or cancel
+    // them here, which this client cannot.  Making tasks of tools/call needs
+    // only the server's capabilities.tasks.requests.tools.call.
+    client: new Client({ name: "cl-mcp-ts-interop", version: "0.1.0" }, { capabilities: { tasks: {} } }),
     stderr: "",
     logMessages: [],
     errors: [], // what the SDK reported through onerror (messages it could not take, ...)
+    // Each tool's outputSchema compiled by the SDK's default validator (the
+    // one callTool uses), for results callTool does not see: tasks/result's.
+    outputValidators: new Map(),
   };
   session.client.onerror = (error) => { session.errors.push(error); };
   stdio.stderr?.on("data", (chunk) => { session.stderr = (session.stderr + chunk).slice(-20_000); });
@@ -268,8 +285,8 @@ async function close(session) {
 
 // ---------------------------------------------------------------------- steps
 
-/** Every tool with good arguments, tool errors, protocol errors, progress,
- * cancellation, the SDK's task streaming, reset. */
+/** Every tool with good arguments, long work, tool errors, protocol errors,
+ * progress, cancellation, tasks, reset. */
 async function everyTool(files, attached) {
   await step("tools/list", async () => {
     const listed = await current.client.listTools(); // the SDK compiles each outputSchema here
@@ -278,7 +295,17 @@ async function everyTool(files, attached) {
     const extra = names.filter((t) => !TOOLS.includes(t));
     expect(missing.length === 0 && extra.length === 0, `missing ${missing}, unexpected ${extra}`);
     const withOutput = listed.tools.filter((t) => t.outputSchema).length;
+    expect(withOutput === TOOLS.length, `${withOutput} tools with outputSchema`);
     const tasks = listed.tools.filter((t) => t.execution?.taskSupport).map((t) => `${t.name}:${t.execution.taskSupport}`);
+    // Under 2025-11-25 the three long-running tools are optional tasks and
+    // the server says so in capabilities.tasks; under other revisions none.
+    const version = current.transport.protocolVersion;
+    const want = version === TASKS_VERSION ? TASK_TOOLS.map((t) => `${t}:optional`) : [];
+    expect(JSON.stringify([...tasks].sort()) === JSON.stringify([...want].sort()),
+      `taskSupport ${tasks.join(" ") || "none"} under ${version}, expected ${want.join(" ") || "none"}`);
+    expect(Boolean(current.client.getServerCapabilities()?.tasks?.requests?.tools?.call) === (version === TASKS_VERSION),
+      `capabilities.tasks ${JSON.stringify(current.client.getServerCapabilities()?.tasks)} under ${version}`);
+    for (const t of listed.tools) current.outputValidators.set(t.name, new AjvJsonSchemaValidator().getValidator(t.outputSchema));
     return `${names.length} tools, ${withOutput} with outputSchema, ${listed.tools.filter((t) => t.annotations).length} with annotations`
       + `, taskSupport ${tasks.length ? tasks.join(" ") : "none"}`;
   });
@@ -439,6 +466,54 @@ async function everyTool(files, attached) {
     expectOk(r);
     expect(s.matches === 1 && s.lines.some((l) => /^ *50001: 49999/.test(l)), `lines ${JSON.stringify(s.lines)}`);
     return `${s.matches} match of ${s.totalLines} lines`;
+  });
+
+  // long work: an evaluation that outlives its answer window goes on in the
+  // background; await-evaluation fetches its outcome, or aborts it
+  let running;
+  await call("(sleep 3), answer-within 1: still running", "evaluate-lisp",
+    { code: "(progn (print :start) (sleep 3) :done)", "answer-within": 1 }, (r, s, t) => {
+      expectOk(r);
+      expect(s.running === true && Number.isInteger(s.number) && s.success === false, `structured ${JSON.stringify(s)}`);
+      expect(t.startsWith(`[running] Evaluation ${s.number} is still running`), `text ${t}`);
+      expect(s.follow === `await-evaluation {"evaluation": ${s.number}}`, `follow ${s.follow}`);
+      running = s.number;
+      return oneLine(t.split("\n")[0]);
+    });
+  await call("of the running evaluation", "read-output", { evaluation: running }, (r, s, t) => {
+    expectOk(r);
+    expect(s.evaluation === running && s.stream === "stdout" && s.lines.some((l) => l.includes(":START")),
+      `structured ${JSON.stringify(s)}`);
+    return oneLine(t);
+  });
+  await call("the running evaluation, wait 10", "await-evaluation", { evaluation: running, wait: 10 }, (r, s, t) => {
+    expectOk(r);
+    expect(s.success === true && !s.running && s.values?.[0] === ":DONE" && s.stdout?.includes(":START"),
+      `structured ${JSON.stringify(s)}`);
+    expect(t.includes("[stdout]") && t.includes(":START") && t.endsWith("=> :DONE"), `text ${t}`);
+    return oneLine(t);
+  });
+  await call("again: its outcome was taken", "await-evaluation", { evaluation: running }, (r) =>
+    expectToolError(r, "CL-MCP:NO-SUCH-EVALUATION"));
+  let sleeper;
+  await call("(sleep 30), answer-within 1: still running", "evaluate-lisp",
+    { code: "(sleep 30)", "answer-within": 1 }, (r, s) => {
+      expectOk(r);
+      expect(s.running === true && Number.isInteger(s.number), `structured ${JSON.stringify(s)}`);
+      sleeper = s.number;
+      return `evaluation ${sleeper} running`;
+    });
+  await step("await-evaluation abort: true", async () => {
+    const started = Date.now();
+    const r = await current.client.callTool({ name: "await-evaluation", arguments: { evaluation: sleeper, abort: true } });
+    const seconds = (Date.now() - started) / 1000;
+    expectOk(r);
+    const s = r.structuredContent;
+    expect(textOf(r) === "The evaluation was aborted." && s.aborted === true && seconds < 10,
+      `after ${seconds} s: ${textOf(r)}, structured ${JSON.stringify(s)}`);
+    const { names } = await backgroundThreads((n) => n.length === 0);
+    expect(names.length === 0, `background threads after the abort: ${names.join(", ")}`);
+    return `${textOf(r)} (${seconds.toFixed(1)} s); no "(background)" thread left`;
   });
 
   await call("greet in cl-mcp-fixture", "apropos", { pattern: "greet", package: "cl-mcp-fixture" }, (r, s) => {
@@ -615,17 +690,7 @@ async function everyTool(files, attached) {
     expect(textOf(r) === "=> 42" && seconds < 10, `next call ${textOf(r)} after ${seconds} s`);
     return `the next call answered ${textOf(r)}, ${seconds.toFixed(1)} s after the start`;
   });
-  await step("experimental tasks callToolStream (evaluate-lisp)", async () => {
-    const types = [];
-    let final;
-    for await (const message of current.client.experimental.tasks.callToolStream({ name: "evaluate-lisp", arguments: { code: "(* 6 7)" } })) {
-      types.push(message.type);
-      if (message.type === "result") final = message.result;
-      if (message.type === "error") throw message.error;
-    }
-    expect(final && textOf(final) === "=> 42", `messages ${types.join(" ")}`);
-    return `messages: ${types.join(" ")} (server advertises tasks: ${Boolean(current.client.getServerCapabilities()?.tasks)})`;
-  });
+  await tasks();
 
   if (!attached) {
     await call("(sb-ext:exit :code 3)", "evaluate-lisp", { code: "(sb-ext:exit :code 3)" }, (r) =>
@@ -670,6 +735,180 @@ async function everyTool(files, attached) {
   });
 }
 
+/** The first message of callToolStream for a task-augmented call of NAME
+ * with ARGS: the SDK sends tools/call with params.task and yields
+ * `taskCreated` with the server's CreateTaskResult.  The stream is closed
+ * there, so that the steps poll the task themselves. */
+async function createTask(name, args, ttl = 600_000) {
+  const stream = current.client.experimental.tasks.callToolStream(
+    { name, arguments: args }, CallToolResultSchema, { task: { ttl } });
+  const first = await stream.next();
+  await stream.return();
+  const message = first.value;
+  if (message?.type === "error") throw message.error;
+  expect(message?.type === "taskCreated", `first message ${JSON.stringify(message)}`);
+  return message.task;
+}
+
+/** tasks/get until the task ends (or LIMIT ms pass); the statuses seen. */
+async function pollTask(taskId, limit = 60_000) {
+  const seen = [];
+  const started = Date.now();
+  for (;;) {
+    const task = await current.client.experimental.tasks.getTask(taskId);
+    if (seen.at(-1) !== task.status) seen.push(task.status);
+    if (["completed", "failed", "cancelled"].includes(task.status)) return { task, seen };
+    expect(Date.now() - started < limit, `still ${task.status} after ${limit} ms`);
+    await new Promise((r) => setTimeout(r, Math.min(task.pollInterval ?? 500, 500)));
+  }
+}
+
+/** MCP tasks through the SDK's experimental API (client.experimental.tasks):
+ * cl-mcp has them under 2025-11-25 only. */
+async function tasks() {
+  const version = current.transport.protocolVersion;
+  if (version !== TASKS_VERSION) {
+    await step("tasks", async () => `skipped: no tasks under ${version}`);
+    return;
+  }
+  await step("tasks: callToolStream evaluate-lisp (* 6 7)", async () => {
+    const types = [];
+    let final;
+    // No options: the SDK makes a task of it by itself, since the tool's
+    // taskSupport is "optional" and the server has tasks.requests.tools.call
+    for await (const message of current.client.experimental.tasks.callToolStream({ name: "evaluate-lisp", arguments: { code: "(* 6 7)" } })) {
+      types.push(message.type);
+      if (message.type === "result") final = message.result;
+      if (message.type === "error") throw message.error;
+    }
+    expect(types[0] === "taskCreated" && types.at(-1) === "result", `messages ${types.join(" ")}`);
+    expect(final && textOf(final) === "=> 42" && final.structuredContent?.values?.[0] === "42", `result ${JSON.stringify(final)}`);
+    return `messages: ${types.join(" ")}; ${textOf(final)}`;
+  });
+
+  let adder;
+  await step("tasks: evaluate-lisp (progn (sleep 2) (+ 1 2)) as a task", async () => {
+    adder = await createTask("evaluate-lisp", { code: "(progn (sleep 2) (+ 1 2))" });
+    expect(adder.status === "working" && typeof adder.taskId === "string" && adder.ttl === 600_000,
+      `task ${JSON.stringify(adder)}`);
+    return `task ${adder.taskId.slice(0, 8)}…, ${adder.status}, ttl ${adder.ttl}, pollInterval ${adder.pollInterval}`;
+  });
+  await step("evaluate-lisp meanwhile", async () => {
+    const started = Date.now();
+    const r = await current.client.callTool({ name: "evaluate-lisp", arguments: { code: "(+ 20 22)" } });
+    const seconds = ((Date.now() - started) / 1000).toFixed(1);
+    expectOk(r);
+    expect(textOf(r) === "=> 42", `text ${textOf(r)}`);
+    const task = await current.client.experimental.tasks.getTask(adder.taskId);
+    expect(task.status === "working", `the task is ${task.status} by then (the call took ${seconds} s)`);
+    return `${textOf(r)} in ${seconds} s, the task still ${task.status}`;
+  });
+  await step("tasks/get until it ends", async () => {
+    const { task, seen } = await pollTask(adder.taskId);
+    expect(task.status === "completed", `status ${task.status}: ${task.statusMessage}`);
+    return `statuses ${seen.join(" → ")}`;
+  });
+  await step("tasks/result (getTaskResult)", async () => {
+    const r = await current.client.experimental.tasks.getTaskResult(adder.taskId, CallToolResultSchema);
+    expectOk(r);
+    const s = r.structuredContent;
+    expect(textOf(r) === "=> 3" && s?.values?.[0] === "3", `result ${JSON.stringify(r)}`);
+    // getTaskResult checks the CallToolResult's shape only; the outputSchema
+    // is checked here with the SDK's validator, as callTool would
+    const valid = current.outputValidators.get("evaluate-lisp")(s);
+    expect(valid.valid, `structuredContent does not match evaluate-lisp's outputSchema: ${valid.errorMessage}`);
+    expect(r._meta?.[RELATED_TASK_META_KEY]?.taskId === adder.taskId, `_meta ${JSON.stringify(r._meta)}`);
+    return `${textOf(r)}, structuredContent valid, _meta related-task ${adder.taskId.slice(0, 8)}…`;
+  });
+  await step("tasks/list (listTasks)", async () => {
+    const listed = await current.client.experimental.tasks.listTasks();
+    const mine = listed.tasks.find((t) => t.taskId === adder.taskId);
+    expect(mine?.status === "completed", `tasks ${JSON.stringify(listed.tasks)}`);
+    return `${listed.tasks.length} tasks: ${listed.tasks.map((t) => t.status).join(" ")}${listed.nextCursor ? ", more" : ""}`;
+  });
+
+  // A tool error makes the task failed (docs/tools.md#tasks); callToolStream
+  // then yields only "Task ID failed", and tasks/result has the result
+  let failed;
+  await step("tasks: callToolStream (error \"interop boom\")", async () => {
+    const types = [];
+    let last;
+    for await (const message of current.client.experimental.tasks.callToolStream(
+      { name: "evaluate-lisp", arguments: { code: "(error \"interop boom\")" } })) {
+      types.push(message.type);
+      if (message.type === "taskCreated") failed = message.task.taskId;
+      last = message;
+    }
+    expect(types[0] === "taskCreated" && last.type === "error", `messages ${types.join(" ")}`);
+    const task = await current.client.experimental.tasks.getTask(failed);
+    expect(task.status === "failed", `task ${JSON.stringify(task)}`);
+    return `messages: ${types.join(" ")}: ${last.error.message}; tasks/get: ${task.status}`;
+  });
+  await step("tasks/result of the failed task", async () => {
+    const r = await current.client.experimental.tasks.getTaskResult(failed, CallToolResultSchema);
+    expectToolError(r, "SIMPLE-ERROR");
+    const valid = current.outputValidators.get("evaluate-lisp")(r.structuredContent);
+    expect(valid.valid, `structuredContent does not match evaluate-lisp's outputSchema: ${valid.errorMessage}`);
+    expect(r.structuredContent?.error?.message === "interop boom", `structured ${JSON.stringify(r.structuredContent)}`);
+    return oneLine(textOf(r).split("\n").slice(0, 2).join(" "));
+  });
+  await call("ABORT (the failed task's evaluation waits)", "invoke-restart", { restart: "ABORT" }, (r, s, t) => {
+    expectOk(r);
+    expect(t === "The evaluation was aborted.", `text ${t}`);
+    return t;
+  });
+
+  let sleeper;
+  await step("tasks: evaluate-lisp (sleep 30) as a task", async () => {
+    sleeper = await createTask("evaluate-lisp", { code: "(sleep 30)" });
+    // a task runs with an answer window of 1 s, then in the background
+    const { names } = await backgroundThreads((n) => n.length > 0);
+    expect(names.length === 1, `background threads: ${names.join(", ") || "none"}`);
+    const task = await current.client.experimental.tasks.getTask(sleeper.taskId);
+    expect(task.status === "working", `task ${JSON.stringify(task)}`);
+    return `${task.status}${task.statusMessage ? ", " + task.statusMessage : ""}; thread "${names[0]}"`;
+  });
+  await step("tasks/cancel (cancelTask)", async () => {
+    const cancelled = await current.client.experimental.tasks.cancelTask(sleeper.taskId);
+    expect(cancelled.status === "cancelled", `answer ${JSON.stringify(cancelled)}`);
+    const task = await current.client.experimental.tasks.getTask(sleeper.taskId);
+    expect(task.status === "cancelled", `tasks/get then: ${JSON.stringify(task)}`);
+    return `cancelTask answered ${cancelled.status}; tasks/get: ${task.status}`;
+  });
+  await step("tasks/cancel again: it has ended", async () => {
+    try {
+      const again = await current.client.experimental.tasks.cancelTask(sleeper.taskId);
+      throw new Mismatch(`no error: ${JSON.stringify(again)}`);
+    } catch (error) {
+      if (error instanceof Mismatch) throw error;
+      expect(error instanceof McpError && error.code === ErrorCode.InvalidParams, `${error}`);
+      return `${error.code} ${error.message}`;
+    }
+  });
+  await step("after the cancel: no evaluation left in the background", async () => {
+    const { names, seconds } = await backgroundThreads((n) => n.length === 0);
+    expect(names.length === 0, `background threads ${seconds} s after the cancel: ${names.join(", ")}`);
+    return `no "(background)" thread, ${seconds} s after`;
+  });
+}
+
+/** The names of the image's threads that run a background evaluation
+ * ("cl-mcp evaluation N (background)", docs/tools.md), asked until WANTED
+ * holds of them or 5 s have passed. */
+async function backgroundThreads(wanted) {
+  const code = "(remove-if-not (lambda (name) (search \"(background)\" name))"
+    + " (mapcar #'sb-thread:thread-name (sb-thread:list-all-threads)))";
+  const started = Date.now();
+  for (;;) {
+    const r = await current.client.callTool({ name: "evaluate-lisp", arguments: { code } });
+    expectOk(r);
+    const names = [...textOf(r).matchAll(/"([^"]*)"/g)].map((m) => m[1]);
+    const seconds = ((Date.now() - started) / 1000).toFixed(1);
+    if (wanted(names) || Date.now() - started > 5000) return { names, seconds };
+    await new Promise((resolveLater) => setTimeout(resolveLater, 250));
+  }
+}
+
 /** Each tool once more, against a cl-mcp that has no image to talk to: every
  * call is a session error (TYPE), and the SDK checks that result's
  * structuredContent against the tool's outputSchema too. */
@@ -682,6 +921,7 @@ async function sessionErrors(files, type) {
     "compile-file": { path: join(files, "clean.lisp") }, "apropos": { pattern: "car" },
     "macroexpand": { form: "(when t 1)" }, "inspect": { code: "1" },
     "find-definition": { symbol: "car" }, "describe-symbol": { symbol: "car" },
+    "await-evaluation": { evaluation: 1 },
   };
   for (const name of TOOLS.filter((each) => each !== "read-output")) { // it needs no image
     await call(`(${type})`, name, good[name], (r) => expectToolError(r, type));
