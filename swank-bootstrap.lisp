@@ -63,6 +63,10 @@
 ;;;   swank::*configure-emacs-indentation*   nil in an embedded image
 ;;;   swank::parse-symbol             a name looked up, never interned
 ;;;   swank::xref-doit                `xref-of': the who-* cross-references
+;;;   swank/sbcl::source-location-for-xref-data, swank/sbcl::sanitize-xrefs
+;;;                                   `xref-references': the locations of
+;;;                                   `referrers', as the backend's who-calls
+;;;                                   makes them
 ;;;   swank::collect-notes            `compile-file-of': compiler notes, as
 ;;;                                   C-c C-k gathers them
 ;;;   swank::make-compiler-note       `load-system': a note, as
@@ -91,6 +95,15 @@
 ;;;   debug-var-symbol, debug-var-validity, debug-var-value
 ;;;                                   a frame's local variables
 ;;;   sb-di:eval-in-frame             `eval-in-frame-of'
+;;;   sb-c::map-simple-funs, sb-c::map-packed-xref-data,
+;;;   sb-kernel:%simple-fun-xrefs, sb-c::**most-common-xref-names-by-name**,
+;;;   sb-c::transform-p, transform-type, vop-info-p, vop-info-name,
+;;;   sb-introspect::find-function-definition-source,
+;;;   sb-introspect::definition-source-form-number
+;;;                                   `referrers': SB-INTROSPECT's who-*
+;;;                                   search with a quick test first; checked
+;;;                                   when used (`referrers-readable-p'), and
+;;;                                   without them `swank::xref-doit' serves
 ;;;   sb-kernel::control-stack-exhausted   (by name) a stack overflow, after
 ;;;                                   which the thread is parked
 ;;;   sb-kernel:redefinition-warning  (by name) dropped from a load's warnings

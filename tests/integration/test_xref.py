@@ -107,3 +107,36 @@ def test_a_relation_swank_does_not_implement_is_a_clear_error(lisp):
     # still turns Swank's :not-implemented into an error that says so.
     text, is_error = lisp.eval('(getf (getf (cl-mcp-agent:xref-of "car" :frobs) :error) :type)')
     assert (text, is_error) == ('=> "CL-MCP:NOT-IMPLEMENTED"', False)
+
+
+# What SB-INTROSPECT's who-* search and the agent's faster one find, each
+# referrer as (name pathname form-number), compared as sets: the fixture's
+# uncommon names (found by the names in the clear) and common ones such as
+# CAR (whose data is decoded everywhere), for every packed relation.
+SAME_REFERRERS = """
+(flet ((keys (entries)
+         (mapcar (lambda (entry)
+                   (list (car entry)
+                         (sb-introspect:definition-source-pathname (cdr entry))
+                         (sb-introspect::definition-source-form-number (cdr entry))))
+                 entries)))
+  (loop for (relation name) in '((:calls cl-mcp-fixture:greet) (:calls car)
+                                 (:references cl-mcp-fixture::*greeting*)
+                                 (:macroexpands cl-mcp-fixture::with-doubled)
+                                 (:macroexpands when) (:binds *print-pretty*)
+                                 (:sets cl-mcp-fixture::*greeting*))
+        for ours = (keys (cl-mcp-agent::referrers relation name))
+        for theirs = (keys (sb-introspect::collect-xref relation name))
+        collect (list relation name (length ours)
+                      (and (= (length ours) (length theirs))
+                           (null (set-difference ours theirs :test #'equal))))))
+"""
+
+
+def test_the_fast_search_finds_what_sb_introspect_finds(lisp):
+    text, is_error = lisp.eval("(cl-mcp-agent::referrers-readable-p)")
+    assert not is_error and text != "=> NIL", text  # SBCL 2.2.9: the fast search is taken
+    text, is_error = lisp.eval(SAME_REFERRERS)
+    assert not is_error, text
+    assert " NIL)" not in text, text
+    assert "(:CALLS CL-MCP-FIXTURE:GREET 3 T)" in text, text
