@@ -9,7 +9,6 @@ start, so a part is cut in its middle, never at its end.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable
 
 import orjson
@@ -130,7 +129,7 @@ def fit_structure(structure: dict[str, Any], budget: int) -> dict[str, Any]:
 
     # Long lists first, down to half the budget without their long
     # strings, so that the strings left keep room for their ends.
-    fitted = copy.deepcopy(structure)
+    fitted = _copy_halved(structure, budget // 2)
     collect(fitted, "")
     while (json_size(rebuild(fitted, "", {path: "" for path in strings})) > budget // 2
            and _halve_longest_list(fitted)):
@@ -142,6 +141,45 @@ def fit_structure(structure: dict[str, Any], budget: int) -> dict[str, Any]:
     while json_size(fitted) > budget and _halve_longest_list(fitted):
         pass
     return fitted
+
+
+def _blanked(value: Any) -> Any:
+    """VALUE with its long strings empty: what fit_structure weighs lists
+    by, since their strings are cut later."""
+    if isinstance(value, str) and len(value) > MARKER_ROOM:
+        return ""
+    if isinstance(value, dict):
+        return {key: _blanked(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_blanked(item) for item in value]
+    return value
+
+
+def _copy_halved(value: Any, room: int) -> Any:
+    """A copy of VALUE in which each list, innermost first, keeps the
+    longest of its halvings (the whole, its first half, the first half of
+    that, ...) whose JSON, long strings counted empty, fits in ROOM; at
+    least one item.  Only the items kept are copied and weighed, once: a
+    listing of 10,000 definitions took 110 ms when the whole was copied and
+    traversed again for each halving."""
+    if isinstance(value, dict):
+        return {key: _copy_halved(item, room) for key, item in value.items()}
+    if not isinstance(value, list):
+        return value
+    kept: list[Any] = []
+    size, fit = 1, 0  # size: the brackets, less the comma the first item does not need
+    for item in value:
+        copied = _copy_halved(item, room)
+        size += json_size(_blanked(copied)) + 1
+        if size > room:
+            kept = kept or [copied]
+            break
+        kept.append(copied)
+        fit += 1
+    count = len(value)
+    while count > max(1, fit):
+        count //= 2
+    return kept[:count]
 
 
 def _halve_longest_list(value: Any) -> bool:

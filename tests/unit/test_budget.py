@@ -6,7 +6,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cl_mcp.budget import cut_middle, fit_parts, fit_structure, fit_text, shares
+from cl_mcp.budget import cut_middle, fit_parts, fit_structure, fit_text, json_size, shares
 from cl_mcp.outputs import Kept, Lines, NotKept, OutputStore
 
 
@@ -71,6 +71,50 @@ def test_structured_content_fits_with_its_shape_kept():
     assert set(fitted) == set(structure) and isinstance(fitted["values"][0], str)
     assert fitted["stdout"].startswith("x\n") and fitted["stdout"].endswith("x\n")
     assert all(set(item) == {"name", "kinds"} for item in fitted["symbols"])
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=300),
+    lambda children: st.lists(children, max_size=300) | st.dictionaries(st.sampled_from("abc"), children),
+    max_leaves=2000)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.sampled_from(["list", "name", "more"]), JSON_VALUES, min_size=1),
+       st.integers(min_value=200, max_value=3000))
+def test_any_structure_fits_with_its_shape_kept(structure, size):
+    fitted = fit_structure(structure, size)
+    assert json_size(fitted) <= size or json_size(fitted) == json_size(minimal(structure))
+    assert same_shape(fitted, structure)
+
+
+def minimal(value):
+    """VALUE with every list down to its first item and every string empty:
+    less than this, fit_structure cannot make."""
+    if isinstance(value, dict):
+        return {key: minimal(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [minimal(item) for item in value[:1]]
+    return "" if isinstance(value, str) else value
+
+
+def same_shape(fitted, original):
+    """FITTED has ORIGINAL's keys, types, and a prefix of each list."""
+    if isinstance(original, dict):
+        return (isinstance(fitted, dict) and fitted.keys() == original.keys()
+                and all(same_shape(fitted[key], original[key]) for key in original))
+    if isinstance(original, list):
+        return (isinstance(fitted, list) and len(fitted) <= len(original) and (len(fitted) > 0) == (len(original) > 0)
+                and all(same_shape(item, each) for item, each in zip(fitted, original)))
+    return type(fitted) is type(original) and (isinstance(original, str) or fitted == original)
+
+
+def test_a_long_listing_keeps_the_halving_of_it_that_fits():
+    listing = {"definitions": [{"name": f"BENCH-FN-{i}", "package": "COMMON-LISP-USER", "type": "function"}
+                               for i in range(10_000)], "total": 10_000}
+    fitted = fit_structure(listing, 20_000)
+    # 10,000 halved to 156 entries is more than half the budget; 78 is not.
+    assert fitted["definitions"] == listing["definitions"][:78] and fitted["total"] == 10_000
 
 
 def test_the_store_drops_the_oldest_evaluations_first():
