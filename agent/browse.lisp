@@ -69,29 +69,41 @@ apropos matches, those took half the time."
          (when (and (fboundp symbol) (not (special-operator-p symbol)))
            (list :arglist (lambda-list-text (or (macro-function symbol) (fdefinition symbol)))))))
 
-(defun apropos-key (symbol)
-  "What `apropos-first' sorts SYMBOL by, after its rank: its name, then
-its package's name."
-  (let ((home (symbol-package symbol)))
-    (concatenate 'string (symbol-name symbol) (string #\Nul) (if home (package-name home) ""))))
+(defun apropos-before-p (one other)
+  "Whether symbol ONE sorts before OTHER in `apropos-first': by name, then
+by its package's name (nothing is compared twice, nothing is consed)."
+  (let ((name (symbol-name one))
+        (other-name (symbol-name other)))
+    (cond ((string< name other-name) t)
+          ((string/= name other-name) nil)
+          (t (string< (let ((home (symbol-package one))) (if home (package-name home) ""))
+                      (let ((home (symbol-package other))) (if home (package-name home) "")))))))
 
-(defun apropos-first (found limit)
-  "The first LIMIT of FOUND, (RANK SYMBOL KINDS) lists, by rank, then by
-name, then by package name.  Only the ranks that reach LIMIT are sorted:
-a one-letter pattern matches some 13,000 symbols, of which 200 are shown."
-  (let ((ranks (make-array 4 :initial-element '()))
-        (chosen '()))
-    (dolist (entry found)
-      (push entry (aref ranks (first entry))))
+(defun first-of (entries count before-p)
+  "The COUNT first of ENTRIES by BEFORE-P (on their first elements), in
+order, in one pass: each entry is compared with the last of those kept so
+far, and only one that comes before it is put in its place.  A sort of
+the 4,000 external symbols a one-letter pattern matches took 6 ms."
+  (let ((kept '()) (size 0) (last nil))
+    (dolist (entry entries (nreverse kept))
+      (when (or (< size count) (funcall before-p (first entry) (first last)))
+        ;; KEPT is in reverse order: its head is the last kept.
+        (let ((after '()))
+          (loop while (and kept (funcall before-p (first entry) (first (first kept))))
+                do (push (pop kept) after))
+          (push entry kept)
+          (dolist (each after) (push each kept)))
+        (if (< size count) (incf size) (pop kept))
+        (setf last (first kept))))))
+
+(defun apropos-first (ranks limit)
+  "The first LIMIT of the (SYMBOL KINDS) lists in RANKS, a vector of lists
+by rank: by rank, then by name, then by package name."
+  (let ((chosen '()))
     (loop for rank across ranks
           for room = (- limit (length chosen))
           while (plusp room)
-          do (let ((keyed (sort (map 'vector (lambda (entry)
-                                               (cons (apropos-key (second entry)) entry))
-                                     rank)
-                                #'string< :key #'car)))
-               (setf chosen (append chosen
-                                    (map 'list #'cdr (subseq keyed 0 (min room (length keyed))))))))
+          do (setf chosen (append chosen (first-of rank room #'apropos-before-p))))
     chosen))
 
 (defun apropos-of (pattern &key package external-only (type "all"))
@@ -110,21 +122,24 @@ external ones, then by name and package.  An unknown PACKAGE is a :status
         (name-error "PACKAGE-ERROR" (format nil "The package ~S does not exist." package))))
     (let* ((wanted (rest (assoc type *apropos-type-kinds* :test #'string-equal)))
            (session (session-packages))
-           (seen (make-hash-table :test #'eq))
-           (found '()))
-      (dolist (symbol (swank::apropos-symbols pattern external-only nil target))
+           (symbols (swank::apropos-symbols pattern external-only nil target))
+           ;; A symbol present in several packages is met once in each.
+           (seen (make-hash-table :test #'eq :size (max 16 (length symbols))))
+           (ranks (make-array 4 :initial-element '()))
+           (total 0))
+      (dolist (symbol symbols)
         (unless (gethash symbol seen)
           (setf (gethash symbol seen) t)
           (let ((kinds (symbol-kinds symbol)))
             (when (and kinds (or (null wanted) (intersection kinds wanted :test #'string=)))
-              (push (list (+ (if (member (symbol-package symbol) session) 0 2)
-                             (if (external-symbol-p symbol) 0 1))
-                          symbol kinds)
-                    found)))))
+              (incf total)
+              (push (list symbol kinds)
+                    (aref ranks (+ (if (member (symbol-package symbol) session) 0 2)
+                                   (if (external-symbol-p symbol) 0 1))))))))
       (list :status :ok
             :pattern pattern
-            :total (length found)
-            :symbols (loop for (nil symbol kinds) in (apropos-first found *apropos-limit*)
+            :total total
+            :symbols (loop for (symbol kinds) in (apropos-first ranks *apropos-limit*)
                            collect (apropos-entry symbol kinds))))))
 
 (defparameter *expansion-limit* 100000

@@ -80,6 +80,12 @@ def test_capped_with_the_total(lisp):
     text = result["content"][0]["text"]
     assert len(text) <= 20_000
     assert text.splitlines()[-1] == f"… {structured['total'] - 200} more (narrow the pattern or pass package / type)"
+    # Past the session's own symbols, the first of 13,000 by rank then name
+    # (chosen in one pass, not sorted): external ones, by name, then package.
+    listed = [(not s["external"], s["name"], s["package"]) for s in structured["symbols"]
+              if not s["package"].startswith(("COMMON-LISP-USER", "CL-MCP-FIXTURE"))]
+    assert len(listed) >= 20 and listed == sorted(listed)
+    assert listed[0][0] is False
 
 
 def test_unknown_package_is_an_error_and_nothing_is_interned(lisp):
