@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 from cl_mcp.client import McpClient, ToolResult
@@ -108,9 +106,6 @@ def short_package(name: str) -> str:
     return {"COMMON-LISP-USER": "CL-USER", "COMMON-LISP": "CL"}.get(name, name)
 
 
-WAKE = 0.2  # seconds between the main thread's looks for a Ctrl-C
-
-
 class BackgroundLoop:
     """An asyncio loop in a thread of its own, so that the terminal stays in
     the main thread, where Ctrl-C arrives as KeyboardInterrupt."""
@@ -122,20 +117,10 @@ class BackgroundLoop:
 
     def run(self, coroutine, timeout: float | None = None):  # type: ignore[no-untyped-def]
         """Run COROUTINE there and wait (up to TIMEOUT); Ctrl-C cancels it
-        and re-raises.  The wait wakes every WAKE seconds: the kernel may
-        hand SIGINT to the loop's thread, and Python raises it in the main
-        thread only once that runs again (a Ctrl-C during (sleep 30) was
-        seen to take effect when the sleep ended)."""
+        and re-raises."""
         future = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while True:
-                left = WAKE if deadline is None else min(WAKE, deadline - time.monotonic())
-                try:
-                    return future.result(max(0.0, left))
-                except concurrent.futures.TimeoutError:
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise
+            return future.result(timeout)
         except KeyboardInterrupt:
             future.cancel()
             raise
