@@ -4,6 +4,7 @@ driven through a pseudo-terminal."""
 import os
 import pty
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -86,6 +87,9 @@ class Terminal:
     def __init__(self, home):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:
+            # A terminal's Ctrl-C interrupts; a test run started in the
+            # background (`make test &`) would hand down SIGINT ignored.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.environ["HOME"] = str(home)
             os.environ["TERM"] = "dumb"
             os.execv(CL_MCP, [CL_MCP, "repl"])
