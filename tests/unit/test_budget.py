@@ -76,10 +76,10 @@ def test_structured_content_fits_with_its_shape_kept():
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=300),
     lambda children: st.lists(children, max_size=300) | st.dictionaries(st.sampled_from("abc"), children),
-    max_leaves=2000)
+    max_leaves=400)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(st.dictionaries(st.sampled_from(["list", "name", "more"]), JSON_VALUES, min_size=1),
        st.integers(min_value=200, max_value=3000))
 def test_any_structure_fits_with_its_shape_kept(structure, size):
