@@ -125,7 +125,7 @@ INSTANCES = {name: near(schema, schema) | json_values for name, (schema, _) in S
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-@settings(max_examples=200)
+@settings(max_examples=100)
 @given(data=st.data())
 def test_the_fast_check_gives_jsonschemas_verdict(name, data):
     instance = data.draw(INSTANCES[name])
