@@ -96,7 +96,7 @@
 ;;;                                   a frame's local variables
 ;;;   sb-di:eval-in-frame             `eval-in-frame-of'
 ;;;   sb-c::map-simple-funs, sb-c::map-packed-xref-data,
-;;;   sb-kernel:%simple-fun-xrefs, sb-c::**most-common-xref-names-by-name**,
+;;;   sb-kernel::%simple-fun-xrefs, sb-c::**most-common-xref-names-by-name**,
 ;;;   sb-c::transform-p, transform-type, vop-info-p, vop-info-name,
 ;;;   sb-introspect::find-function-definition-source,
 ;;;   sb-introspect::definition-source-form-number

@@ -77,16 +77,19 @@ reference.  Without a source file: (:name N :error MESSAGE)."
 
 (defun referrers-readable-p ()
   "Whether this SBCL and Swank have what `referrers' uses (SBCL 2.2.9's
-packed cross-references; Swank's SBCL backend)."
+packed cross-references; Swank's SBCL backend).  Every SBCL internal it
+names is written with a double colon, so that an SBCL without one still
+reads the agent and gets `swank::xref-doit' instead."
   (and (every #'fboundp '(sb-c::map-simple-funs sb-c::map-packed-xref-data
-                          sb-kernel:%simple-fun-xrefs sb-c::transform-p
+                          sb-kernel::%simple-fun-xrefs sb-c::transform-p
                           sb-c::transform-type sb-c::vop-info-p sb-c::vop-info-name
                           sb-introspect::find-function-definition-source
                           swank/sbcl::source-location-for-xref-data
-                          swank/sbcl::sanitize-xrefs))
+                          swank/sbcl::sanitize-xrefs
+                          (setf sb-introspect::definition-source-form-number)))
        (boundp 'sb-c::**most-common-xref-names-by-name**)
        ;; `xref-references' calls agent functions: it has cross-references.
-       (let ((xrefs (sb-kernel:%simple-fun-xrefs #'xref-references)))
+       (let ((xrefs (sb-kernel::%simple-fun-xrefs #'xref-references)))
          (and (simple-vector-p xrefs)
               (typep (svref xrefs 0) '(simple-array (unsigned-byte 8) (*)))
               (find 'referrers xrefs :start 1)))))
@@ -113,7 +116,7 @@ to NAME, as SB-INTROSPECT's who-* functions list them: (NAME-OF-REFERRER
         (found '()))
     (sb-c::map-simple-funs
      (lambda (referrer fun)
-       (let ((xrefs (sb-kernel:%simple-fun-xrefs fun)))
+       (let ((xrefs (sb-kernel::%simple-fun-xrefs fun)))
          (when (and xrefs (or common (find name xrefs :start 1 :test #'equal)))
            (sb-c::map-packed-xref-data
             (lambda (kind xref-name form-number)

@@ -100,10 +100,13 @@ def json_size(value: Any) -> int:
 
 
 def fit_structure(structure: dict[str, Any], budget: int) -> dict[str, Any]:
-    """Any structured content in BUDGET characters of JSON: its longest
-    strings cut in their middles, then, if that is not enough, the tails
-    of its longest lists dropped.  Strings stay strings and lists stay
-    lists, so the result still fits its outputSchema."""
+    """Any structured content in BUDGET characters of JSON: each list
+    first kept to the longest of its halvings that fits half the budget
+    (`_copy_halved`), then the tails of the longest lists dropped until the
+    whole does, with its long strings counted empty; then those strings cut
+    in their middles to share the rest, and lists halved again if that is
+    not enough.  Strings stay strings and lists stay lists (each keeps its
+    first item), so the result still fits its outputSchema."""
     if json_size(structure) <= budget:
         return structure
     strings: dict[str, str] = {}

@@ -48,7 +48,6 @@ class LinePattern:
     """PATTERN compiled to search kept output; raises re.error as re.compile does."""
 
     def __init__(self, pattern: str) -> None:
-        self.text = pattern
         self.pattern = re.compile(pattern, re.MULTILINE)
         self.after_newline: re.Pattern[str] | None = None
         if pattern.startswith("^") and not branches_at_top(pattern[1:]):
