@@ -372,7 +372,9 @@ from START."
   "The first value of the last form of CODE, read and evaluated in
 PACKAGE, as (values OBJECT nil); or (values nil ERROR-PLIST).  Output is
 dropped; an error or the TIMEOUT seconds deadline ends it; in an image
-cl-mcp shares, what it creates is the session's (see `soft-reset')."
+cl-mcp shares, what it creates is the session's (see `soft-reset').  The
+REPL's variables are cl-mcp's, as in evaluate-lisp's code; inspecting
+does not change them (as SLIME's inspector does not)."
   (let ((*package* package)
         (forms nil))
     (handler-case (setf forms (rest (read-all-forms code)))
@@ -386,7 +388,8 @@ cl-mcp shares, what it creates is the session's (see `soft-reset')."
                                  (setf value (eval form)))))
                            timeout)))
       (destructuring-bind (status result)
-          (if *track-session* (call-tracking-session #'run) (run))
+          (call-with-repl-variables
+           (lambda () (if *track-session* (call-tracking-session #'run) (run))))
         (if (eq status :ok)
             (values result nil)
             (values nil (list :status :error :error result)))))))

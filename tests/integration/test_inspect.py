@@ -111,6 +111,16 @@ def test_the_programmers_inspector_is_left_alone(lisp):
     assert lisp.eval("swank::*istate*") == ("=> :PROGRAMMERS-OWN", False)
 
 
+def test_code_sees_the_repls_variables_and_leaves_them(lisp):
+    assert lisp.eval("(list 1 2 3)") == ("=> (1 2 3)", False)
+    printed = {code: inspect(lisp, code=code)["structuredContent"]["printed"]
+               for code in ("*", "+", "/", "(list 4 5)")}
+    assert printed == {"*": "(1 2 3)", "+": "(LIST 1 2 3)", "/": "((1 2 3))", "(list 4 5)": "(4 5)"}
+    # Inspecting is not an evaluation typed at the REPL: `*` is still the
+    # value evaluate-lisp left.
+    assert lisp.eval("*") == ("=> (1 2 3)", False)
+
+
 def test_reset_session_drops_the_handles(lisp):
     # Last: it resets the session (in attach mode, a soft reset).
     s = inspect(lisp, code="(list 1 2 3)")["structuredContent"]
