@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable, Mapping, NoReturn
 from cl_mcp import __version__, idle_poll, jsonrpc
 from cl_mcp.jsonrpc import OversizedLine
 from cl_mcp.client_log import ClientLogHandler
-from cl_mcp.image import ImageConfig
+from cl_mcp.image import HEAP_SIZE_RANGE, ImageConfig
 from cl_mcp.link import parse_address
 from cl_mcp.session import LispSession, SessionConfig
 from cl_mcp.stdio import StdioTransport, claim_stdout, reopen_closed_stdin
@@ -128,6 +128,9 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
         parser.add_argument("--no-saved-core", action="store_true",
                             help="start SBCL from fasls every time instead of from a core with "
                                  "Swank and the agent saved under ~/.cache/cl-mcp (~50 MB)"),
+        parser.add_argument("--heap-size", metavar="MIB", type=bounded_int(*HEAP_SIZE_RANGE),
+                            help="the image's heap (SBCL's dynamic space) in MiB (default: a "
+                                 "quarter of physical memory, at most 8192 and at least 1024)"),
         parser.add_argument("--eval-timeout", type=positive_float, default=30.0,
                             help="seconds before an evaluation is interrupted (default: 30)"),
         parser.add_argument("--load-timeout", type=positive_float, default=300.0,
@@ -289,7 +292,7 @@ def serve_main(argv: list[str]) -> int:
     out_fd = claim_stdout()
     config = SessionConfig(
         image=ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir,
-                          saved_core=not args.no_saved_core),
+                          saved_core=not args.no_saved_core, heap_size=args.heap_size),
         connect=args.connect,
         eval_timeout=args.eval_timeout,
         load_timeout=args.load_timeout,

@@ -16,7 +16,7 @@ from cl_mcp.client import ClientError, McpClient, JsonRpcError, ToolValidationEr
 
 # The server's options that take a value (see cli.build_parser); the
 # commands that start cl-mcp pass them on, wherever they stand.
-SERVER_OPTIONS = ("--connect", "--sbcl", "--slime-dir", "--eval-timeout", "--load-timeout",
+SERVER_OPTIONS = ("--connect", "--sbcl", "--slime-dir", "--heap-size", "--eval-timeout", "--load-timeout",
                   "--answer-within", "--max-background",
                   "--max-output", "--max-result-chars", "--keep-output", "--max-suspended",
                   "--suspend-timeout", "--log-level")

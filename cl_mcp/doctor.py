@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from cl_mcp.errors import ClMcpError
-from cl_mcp.image import (ImageConfig, LispImage, cache_dir, cache_problem, cached_code,
-                          find_bootstrap, find_slime_dir, saved_core)
+from cl_mcp.image import (HEAP_SIZE_CAP, HEAP_SIZE_FLOOR, ImageConfig, LispImage, cache_dir,
+                          cache_problem, cached_code, find_bootstrap, find_slime_dir,
+                          physical_memory, saved_core)
 from cl_mcp.sexp import Symbol, plist
 from cl_mcp.swank.client import SwankConnection
 
@@ -60,27 +61,42 @@ def check_systems() -> bool:
     return line(True, "ASDF systems", f"{len(found)} registered: {shown}")
 
 
-async def start_image(config: ImageConfig) -> Any:
-    """The printed values of (+ 1 2) in a fresh image, as the agent gives them."""
+HEAP_MIB = "(ash (sb-ext:dynamic-space-size) -20)"
+
+
+async def start_image(config: ImageConfig) -> tuple[Any, Any]:
+    """The printed values of (+ 1 2) and of the heap's size in MiB, in a
+    fresh image, as the agent gives them."""
     image = LispImage(config)
     try:
         port = await image.start()
         connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
-        value = await connection.rex([Symbol("cl-mcp-agent:evaluate"), "(+ 1 2)"])
+        answers = [plist(await connection.rex([Symbol("cl-mcp-agent:evaluate"), code])).get("values")
+                   for code in ("(+ 1 2)", HEAP_MIB)]
         await connection.close()
-        return plist(value).get("values")
+        return answers[0], answers[1]
     finally:
         await image.stop()
 
 
+def heap_origin(config: ImageConfig) -> str:
+    if config.heap_size is not None:
+        return "--heap-size or CL_MCP_HEAP_SIZE"
+    return (f"a quarter of the {physical_memory() // 2**20} MiB of memory, at most {HEAP_SIZE_CAP} "
+            f"and at least {HEAP_SIZE_FLOOR}; --heap-size or CL_MCP_HEAP_SIZE sets it")
+
+
 def check_image(config: ImageConfig) -> bool:
     try:
-        values = asyncio.run(asyncio.wait_for(start_image(config), 180))
+        values, heap = asyncio.run(asyncio.wait_for(start_image(config), 180))
     except (ClMcpError, OSError, asyncio.TimeoutError) as error:
         return line(False, "image", f"could not start SBCL with Swank and the agent: {error}")
     if values != ["3"]:
         return line(False, "image", f"started, but (+ 1 2) gave {str(values)[:200]}")
-    return line(True, "image", "SBCL starts with Swank and the agent, and (+ 1 2) => 3")
+    line(True, "image", "SBCL starts with Swank and the agent, and (+ 1 2) => 3")
+    if heap != [str(config.heap_mib())]:
+        return line(False, "heap", f"asked for {config.heap_mib()} MiB, the image has {str(heap)[:200]}")
+    return line(True, "heap", f"{config.heap_mib()} MiB ({heap_origin(config)})")
 
 
 def check_cache(config: ImageConfig) -> bool:
@@ -114,13 +130,15 @@ def doctor_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="cl-mcp doctor", description="Check what cl-mcp needs.")
     parser.add_argument("--sbcl", default=os.environ.get("CL_MCP_SBCL", "sbcl"))
     parser.add_argument("--slime-dir", default=os.environ.get("CL_MCP_SLIME_DIR"))
+    # A bad CL_MCP_HEAP_SIZE has already stopped `cl-mcp` (cli.run_command).
+    parser.add_argument("--heap-size", type=int, default=os.environ.get("CL_MCP_HEAP_SIZE") or None)
     args = parser.parse_args(argv)
     print(f"Python {sys.version.split()[0]} ({sys.executable})")
     essentials = [check_sbcl(args.sbcl), check_swank(args.slime_dir)]
     check_quicklisp()
     check_systems()
     if all(essentials):
-        config = ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir)
+        config = ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir, heap_size=args.heap_size)
         essentials.append(check_image(config) and check_cache(config))
         if essentials[-1]:
             check_saved_core(config)

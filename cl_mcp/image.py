@@ -60,12 +60,46 @@ def find_slime_dir(explicit: str | None = None) -> Path:
     )
 
 
+# The image's heap (SBCL's dynamic space), in MiB.  By default a quarter of
+# the memory this machine (or its cgroup) has, at most 8 GiB, as the JVM
+# sizes its default heap; never less than the 1 GiB SBCL itself starts with.
+HEAP_SIZE_RANGE = (256, 1_048_576)
+HEAP_SIZE_CAP = 8192
+HEAP_SIZE_FLOOR = 1024
+CGROUP_MEMORY_LIMIT = Path("/sys/fs/cgroup/memory.max")
+
+
+def physical_memory() -> int:
+    """The bytes of memory this process may use: the machine's, or its
+    cgroup's limit when that is lower (a container's)."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        limit = CGROUP_MEMORY_LIMIT.read_text().strip()
+    except OSError:
+        return memory
+    return min(memory, int(limit)) if limit.isdigit() else memory
+
+
+def default_heap_size(memory: int) -> int:
+    """The heap, in MiB, for a machine with MEMORY bytes."""
+    return max(HEAP_SIZE_FLOOR, min(HEAP_SIZE_CAP, memory // 4 // 2**20))
+
+
 @dataclass(frozen=True, slots=True)
 class ImageConfig:
     sbcl: str = "sbcl"
     slime_dir: str | None = None
     startup_timeout: float = 120.0
     saved_core: bool = True  # start from a cached core with Swank and the agent
+    heap_size: int | None = None  # MiB; None: default_heap_size of this machine
+
+    def heap_mib(self) -> int:
+        return self.heap_size or default_heap_size(physical_memory())
+
+    def runtime_options(self) -> list[str]:
+        """SBCL's runtime options for the image (they precede the toplevel
+        ones; a core saved without :save-runtime-options takes any size)."""
+        return ["--dynamic-space-size", f"{self.heap_mib()}MB"]
 
 
 def _lisp_string(text: str) -> str:
@@ -343,14 +377,17 @@ class LispImage:
                                      + serving_forms())
 
     async def _spawn(self, runtime: list[str], forms: list[str]) -> int:
+        """Start SBCL (RUNTIME: the executable and a core, if any) with the
+        configured heap, evaluating FORMS."""
         self._process = await asyncio.create_subprocess_exec(
-            *sbcl_command(runtime, forms),
+            *sbcl_command([*runtime, *self._config.runtime_options()], forms),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
-        log.info("started SBCL (pid %s)", self._process.pid)
+        log.info("started SBCL (pid %s) with a %d MiB heap", self._process.pid,
+                 self._config.heap_mib())
         assert self._process.stdin and self._process.stdout and self._process.stderr
         self._process.stdin.write(self.secret.encode("ascii") + b"\n")
         self._drains.append(asyncio.create_task(self._drain(self._process.stderr, "stderr")))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cl_mcp.image import default_heap_size, physical_memory
 from tests.integration.conftest import McpProcess, cl_mcp, listening_ports, pid_alive, sbcl_children
 
 
@@ -178,3 +179,35 @@ def test_an_image_from_the_saved_core_sees_this_starts_asdf_configuration(tmp_pa
         assert b"--core" in image_command_line(process)
         text, is_error = process.eval('(not (null (asdf:find-system "clmcp-late-system" nil)))')
         assert (text, is_error) == ("=> T", False)
+
+
+HEAP_MIB = "(ash (sb-ext:dynamic-space-size) -20)"
+
+
+def runtime_options(process):
+    """The image's runtime options: what comes before --end-runtime-options."""
+    argv = image_command_line(process)
+    return argv[:argv.index(b"--end-runtime-options")]
+
+
+def test_the_default_heap_is_a_quarter_of_memory():
+    with cl_mcp() as process:
+        expected = default_heap_size(physical_memory())
+        assert process.eval(HEAP_MIB) == (f"=> {expected}", False)
+        assert f"{expected}MB".encode() in runtime_options(process)
+
+
+@pytest.mark.parametrize("start", [(), ("--no-saved-core",)])
+def test_heap_size_sets_the_heap_from_a_saved_core_or_fasls(start, tmp_path):
+    """The saved core takes any size: the cache holds one core for all."""
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    for size in ("1280", "1536"):
+        with cl_mcp("--heap-size", size, *start, env=env) as process:
+            assert process.eval(HEAP_MIB) == (f"=> {size}", False)
+            assert (b"--core" in runtime_options(process)) is not bool(start)
+    assert len(list((tmp_path / "cl-mcp").glob("image-*.core"))) == (0 if start else 1)
+
+
+def test_the_heap_size_variable_sets_the_heap():
+    with cl_mcp(env={"CL_MCP_HEAP_SIZE": "1400"}) as process:
+        assert process.eval(HEAP_MIB) == ("=> 1400", False)

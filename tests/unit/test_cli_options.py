@@ -7,6 +7,7 @@ import pytest
 
 from cl_mcp.cli import build_parser, is_loopback, warn_if_remote
 from cl_mcp.commands import SERVER_FLAGS, SERVER_OPTIONS, split_server_options
+from cl_mcp.image import ImageConfig, default_heap_size
 
 
 def test_every_passed_on_option_is_a_server_option():
@@ -19,6 +20,7 @@ def test_every_passed_on_option_is_a_server_option():
     (["(+ 1 2)", "--time", "--sbcl=/usr/bin/sbcl"], ["(+ 1 2)", "--time"], ["--sbcl=/usr/bin/sbcl"]),
     (["--package", "P", "x"], ["--package", "P", "x"], []),
     (["--no-saved-core", "(+ 1 2)"], ["(+ 1 2)"], ["--no-saved-core"]),
+    (["(+ 1 2)", "--heap-size", "2048"], ["(+ 1 2)"], ["--heap-size", "2048"]),
 ])
 def test_split(argv, own, server):
     assert split_server_options(argv) == (own, server)
@@ -48,3 +50,21 @@ def test_a_local_connect_or_none_does_not_warn(connect, caplog):
     with caplog.at_level(logging.DEBUG, logger="cl_mcp"):
         warn_if_remote(connect)
     assert caplog.records == []
+
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize("memory, heap", [
+    (64 * GiB, 8192),        # capped at 8 GiB
+    (24 * GiB, 6144),        # a quarter
+    (16 * GiB + 4096, 4096),
+    (2 * GiB, 1024),         # never less than SBCL's own 1 GiB
+])
+def test_the_default_heap_is_a_quarter_of_memory_within_bounds(memory, heap):
+    assert default_heap_size(memory) == heap
+
+
+def test_the_heap_size_is_a_runtime_option_in_mib():
+    assert ImageConfig(heap_size=1536).runtime_options() == ["--dynamic-space-size", "1536MB"]
+    assert build_parser({}).parse_args([]).heap_size is None

@@ -23,6 +23,7 @@ BAD = {
     "CL_MCP_SUSPEND_TIMEOUT": "nan",
     "CL_MCP_LOG_LEVEL": "loud",
     "CL_MCP_NO_SAVED_CORE": "maybe",
+    "CL_MCP_HEAP_SIZE": "100",
 }
 
 GOOD = {  # variable: (value, the option's attribute, what it becomes)
@@ -30,6 +31,7 @@ GOOD = {  # variable: (value, the option's attribute, what it becomes)
     "CL_MCP_SBCL": ("/opt/sbcl/bin/sbcl", "sbcl", "/opt/sbcl/bin/sbcl"),
     "CL_MCP_SLIME_DIR": ("/opt/slime", "slime_dir", "/opt/slime"),
     "CL_MCP_NO_SAVED_CORE": ("1", "no_saved_core", True),
+    "CL_MCP_HEAP_SIZE": ("2048", "heap_size", 2048),
     "CL_MCP_EVAL_TIMEOUT": ("2.5", "eval_timeout", 2.5),
     "CL_MCP_LOAD_TIMEOUT": ("60", "load_timeout", 60.0),
     "CL_MCP_ANSWER_WITHIN": ("5", "answer_within", 5.0),
