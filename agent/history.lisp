@@ -92,17 +92,25 @@ history."
 ;;; The primary value of each evaluation that returns is kept under the
 ;;; evaluation's number, for the last `+kept-values+' of them (a ring):
 ;;; `(cl-mcp-agent:value N)' reaches it from later code, even once `*' and
-;;; the others have moved on.
+;;; the others have moved on.  Under memory pressure the oldest give way
+;;; (see "Giving way" below): their entries then hold weak pointers.
 
 (defconstant +kept-values+ 100
   "How many evaluations' values are kept.")
 
-(defvar *kept-values* (make-array +kept-values+ :initial-element nil)
-  "A ring of (NUMBER . VALUE), one for each of the last evaluations that
+(defstruct (kept-entry (:constructor make-kept-entry (number value)))
+  "The value of evaluation NUMBER: VALUE itself, or, once it has given way
+to free memory, a weak pointer to it (WEAK true)."
+  (number 0 :type (integer 1) :read-only t)
+  (value nil)
+  (weak nil))
+
+(defvar *kept-entries* (make-array +kept-values+ :initial-element nil)
+  "A ring of `kept-entry', one for each of the last evaluations that
 returned, in the order they returned; nil in a slot not used yet.")
 
 (defvar *kept-next* 0
-  "The slot of `*kept-values*' the next value goes into.")
+  "The slot of `*kept-entries*' the next value goes into.")
 
 (defvar *evicted-below* 1
   "Evaluations numbered below this may have had their value pushed out of
@@ -128,6 +136,11 @@ the ring.")
                   (format stream "Evaluation ~D's value is no longer kept: only the last ~D ~
                                   evaluations' values are."
                           number +kept-values+))
+                 (:dropped
+                  (format stream "Evaluation ~D's value is no longer kept: it was dropped to ~
+                                  free memory (the heap was more than half full after a full ~
+                                  garbage collection, so the oldest values gave way)."
+                          number))
                  (:none
                   (format stream "Evaluation ~D has no value: it has not returned (it is ~
                                   running, or waiting at an error), or it never will (it ~
@@ -136,35 +149,109 @@ the ring.")
   (:documentation "`value' was asked for a value it does not keep."))
 
 (defun keep-value (number value)
-  "Keep VALUE as the value of evaluation NUMBER, in place of the oldest kept."
+  "Keep VALUE as the value of evaluation NUMBER, in place of the oldest kept;
+then let the oldest values give way if memory is short (`give-way')."
   (with-history-lock ()
-    (let ((old (aref *kept-values* *kept-next*)))
+    (let ((old (aref *kept-entries* *kept-next*)))
       (when old
-        (setf *evicted-below* (max *evicted-below* (1+ (car old))))))
-    (setf (aref *kept-values* *kept-next*) (cons number value)
-          *kept-next* (mod (1+ *kept-next*) +kept-values+))))
+        (setf *evicted-below* (max *evicted-below* (1+ (kept-entry-number old))))))
+    (setf (aref *kept-entries* *kept-next*) (make-kept-entry number value)
+          *kept-next* (mod (1+ *kept-next*) +kept-values+)))
+  (give-way))
 
 (defun value (number)
   "The primary value of evaluation NUMBER (its last form's, as `*' had it
 after that form), while it is among the last `+kept-values+' evaluations
-that returned.  Any other NUMBER is a `value-not-kept' error that says why."
+that returned and has not been dropped to free memory.  Any other NUMBER
+is a `value-not-kept' error that says why."
   (check-type number (integer 1))
   (let ((entry (with-history-lock ()
-                 (find number *kept-values* :key #'car))))
+                 (find number *kept-entries* :key (lambda (entry) (and entry (kept-entry-number entry)))))))
     (when entry
-      (return-from value (cdr entry)))
+      (if (kept-entry-weak entry)
+          (multiple-value-bind (object alive) (sb-ext:weak-pointer-value (kept-entry-value entry))
+            (when alive
+              (return-from value object)))
+          (return-from value (kept-entry-value entry))))
     (error 'value-not-kept
            :number number
            :reason (cond ((> number *evaluation-counter*) :future)
                          ((< number *reset-below*) :reset)
                          ((< number *evicted-below*) :evicted)
+                         (entry :dropped)
                          (t :none)))))
+
+;;;; Giving way
+;;;
+;;; Kept values must not exhaust the heap (a 200 MB array evaluated five
+;;; times in a 1 GiB heap did).  When a value is kept and the heap is more
+;;; than half full, a full collection tells what is really live; while it
+;;; is still more than half full, the oldest half of the values still held
+;;; are turned into weak pointers and the heap collected again.  A value
+;;; still referenced elsewhere (by `*', `**', `***', or the user's own
+;;; variables) costs nothing more and stays reachable by `value'; the rest
+;;; is freed, and `value' says it was dropped.
+;;;
+;;; Why here and not in an after-GC hook: SBCL signals heap exhaustion at
+;;; the allocation that does not fit, before any collection could run a
+;;; hook, so the room for the next value has to be made when the last one
+;;; is kept, in the evaluation's own thread.  Why the oldest half at a time:
+;;; each step costs a full collection.  Under lasting pressure (the user's
+;;; own data over half the heap), a full collection after every evaluation
+;;; would be too slow, so another is made only once the heap has grown by
+;;; a nursery's worth since the last one.
+
+(defparameter *crowded-fraction* 1/2
+  "The part of the dynamic space in use, after a full collection, above
+which the oldest kept values give way.")
+
+(defvar *give-way-lock* (sb-thread:make-mutex :name "cl-mcp giving way")
+  "Held while values give way: one thread at a time collects.")
+
+(defvar *usage-after-giving-way* 0
+  "Bytes of dynamic space in use after the last full collection made by
+`give-way', or less when the heap has been seen emptier since.")
+
+(defun heap-crowded-p ()
+  "True when more than `*crowded-fraction*' of the dynamic space is in use."
+  (> (sb-kernel:dynamic-usage) (* *crowded-fraction* (sb-ext:dynamic-space-size))))
+
+(defun weaken-oldest-half ()
+  "Turn the oldest half (at least one) of the kept values still held into
+weak pointers; false when none is held."
+  (with-history-lock ()
+    (let* ((held (loop for offset below +kept-values+
+                       for kept = (aref *kept-entries* (mod (+ *kept-next* offset) +kept-values+))
+                       when (and kept (not (kept-entry-weak kept)))
+                         collect kept))
+           (count (ceiling (length held) 2)))
+      (loop for kept in held
+            repeat count
+            do (setf (kept-entry-value kept) (sb-ext:make-weak-pointer (kept-entry-value kept))
+                     (kept-entry-weak kept) t))
+      (plusp count))))
+
+(defun give-way ()
+  "When the heap is crowded and has grown since the last time, collect it
+fully, and while it stays crowded let the oldest kept values give way."
+  (let ((usage (sb-kernel:dynamic-usage)))
+    (setf *usage-after-giving-way* (min usage *usage-after-giving-way*)))
+  (when (and (heap-crowded-p)
+             (> (sb-kernel:dynamic-usage)
+                (+ *usage-after-giving-way* (sb-ext:bytes-consed-between-gcs))))
+    ;; Another thread giving way does the same work: skip it.
+    (sb-thread:with-mutex (*give-way-lock* :wait-p nil)
+      (loop (sb-ext:gc :full t)
+            (unless (and (heap-crowded-p) (weaken-oldest-half))
+              (return)))
+      (setf *usage-after-giving-way* (sb-kernel:dynamic-usage)))))
 
 (defun forget-history ()
   "Forget cl-mcp's REPL history and the values kept (`soft-reset')."
   (with-history-lock ()
     (setf *repl-history* (make-list 9)
-          *kept-values* (make-array +kept-values+ :initial-element nil)
+          *kept-entries* (make-array +kept-values+ :initial-element nil)
           *kept-next* 0
           *reset-below* (1+ *evaluation-counter*)
-          *evicted-below* *reset-below*)))
+          *evicted-below* *reset-below*
+          *usage-after-giving-way* 0)))

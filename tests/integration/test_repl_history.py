@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
-from tests.integration.conftest import McpProcess
+from tests.integration.conftest import McpProcess, cl_mcp
 from tests.integration.devtools import MODES, cl_mcp_in
 
 # The number of the evaluation that runs this, as its second value.
@@ -30,7 +30,7 @@ def values_of(process, code):
 def numbered(process, code):
     """Evaluate CODE; its printed value and the evaluation's number."""
     text = values_of(process, NUMBERED.format(code))
-    value, number = text.split("\n")
+    value, number = text.rsplit("\n", 1)
     return value, int(number.removeprefix("=> "))
 
 
@@ -234,3 +234,23 @@ def test_the_programmers_slime_repl_keeps_its_own_history():
             process.close()
         emacs.stop()
         server.stop()
+
+
+DOUBLES_200_MB = "(make-array 25000000 :element-type 'double-float)"
+
+
+def test_kept_values_give_way_before_the_heap_is_exhausted():
+    """Six 200 MB values in a 1 GiB heap: the oldest give way, the last
+    three stay as `*`, `**` and `***`, and a value referenced elsewhere
+    stays reachable (today's ring of 100 exhausted the heap at the fifth)."""
+    with cl_mcp("--heap-size", "1024") as process:
+        values_of(process, "(defvar *mine*)")
+        _, mine = numbered(process, "(setf *mine* (list :mine))")
+        arrays = [numbered(process, DOUBLES_200_MB)[1] for _ in range(6)]
+        assert values_of(process, "(mapcar #'length (list * ** ***))") == "=> (25000000 25000000 25000000)"
+        text, is_error = process.eval(f"(cl-mcp-agent:value {arrays[0]})")
+        assert is_error
+        assert (f"Evaluation {arrays[0]}'s value is no longer kept: it was dropped to free memory"
+                in text)
+        assert values_of(process, f"(length (cl-mcp-agent:value {arrays[-1]}))") == "=> 25000000"
+        assert values_of(process, f"(cl-mcp-agent:value {mine})") == "=> (:MINE)"
