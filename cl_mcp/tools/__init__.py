@@ -3,7 +3,9 @@
 Definitions (name, description, inputSchema, annotations) come from
 cl_mcp/schemas/tools.json; the handlers live beside this file.  Every
 handler's result is fitted to the result budget (--max-result-chars) on its
-way out, which tools/list tells hosts that read a size hint.
+way out, which tools/list tells hosts that read a size hint; its arguments,
+once valid, come in with every integral float its schema types "integer"
+made an int (cl_mcp/integers.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any, Awaitable, Callable
 
 from cl_mcp import budget
 from cl_mcp.contracts import Schema, tool_definitions, tool_schema
+from cl_mcp.integers import Normalize, integers_of
 from cl_mcp.render import Rendered
 from cl_mcp.session import LispSession
 
@@ -52,6 +55,13 @@ def within_budget(handler: Handler) -> Handler:
     return run
 
 
+def with_integers(handler: Handler, normalize: Normalize) -> Handler:
+    """HANDLER, given its valid arguments with NORMALIZE's integers."""
+    async def run(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+        return await handler(session, normalize(arguments))
+    return run
+
+
 def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
     """Every tool, by name, with its argument validator compiled once; with
     MAX_RESULT_CHARS, each definition's `_meta` gives hosts that size hint."""
@@ -85,6 +95,10 @@ def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
         name = definition["name"]
         if max_result_chars is not None:
             definition = {**definition, "_meta": {hint: max_result_chars for hint in SIZE_HINTS}}
+        handler = within_budget(handlers[name])
+        normalize = integers_of(definition["inputSchema"])
+        if normalize is not None:
+            handler = with_integers(handler, normalize)
         tools[name] = ToolSpec(name, definition, tool_schema(definition["inputSchema"]),
-                               within_budget(handlers[name]), beside=name in BESIDE)
+                               handler, beside=name in BESIDE)
     return tools

@@ -1,0 +1,28 @@
+"""An integral float is an integer (JSON Schema says 1.0 is one): every
+tool gets it as an int, over real pipes against a real SBCL."""
+
+from tests.integration.conftest import cl_mcp
+
+
+def test_read_output_takes_an_integral_float_offset_and_length():
+    with cl_mcp() as process:
+        evaluated = process.call("evaluate-lisp", code='(format t "one~%two~%three~%")')
+        number = evaluated["structuredContent"]["number"]
+        result = process.call("read-output", evaluation=float(number), offset=2.0, length=1.0)
+        assert not result["isError"], result
+        assert result["structuredContent"]["lines"] == ["      2: two"]
+        assert result["structuredContent"]["evaluation"] == number
+        assert result["content"][0]["text"].startswith(f"[stdout of evaluation {number}: lines 2–2 of 3]")
+
+
+def test_await_evaluation_takes_an_integral_float_evaluation():
+    with cl_mcp() as process:
+        running = process.call("evaluate-lisp", code="(progn (sleep 1.5) :done)", **{"answer-within": 0.5})
+        assert running["structuredContent"]["running"], running
+        number = running["structuredContent"]["number"]
+        response = process.request("tools/call", {"name": "await-evaluation",
+                                                  "arguments": {"evaluation": float(number), "wait": 30.0}})
+        result = response["result"]
+        assert not result["isError"], result
+        assert result["content"][0]["text"] == "=> :DONE"
+        assert result["structuredContent"]["number"] == number

@@ -1,0 +1,57 @@
+"""integers_of: what a schema types "integer" comes out an int, at any
+depth, and nothing else changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from cl_mcp.contracts import tool_definitions
+from cl_mcp.integers import integers_of
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "count": {"type": "integer"},
+        "either": {"type": ["integer", "string"]},
+        "ratio": {"type": "number"},
+        "name": {"type": "string"},
+        "rows": {"type": "array", "items": {"type": "object", "properties": {"line": {"type": "integer"}}}},
+        "plain": {"type": "object", "properties": {"x": {"type": "number"}}},
+    },
+    "additionalProperties": {"type": "integer"},
+}
+
+
+def test_integral_floats_typed_integer_become_ints_at_any_depth() -> None:
+    normalized = integers_of(SCHEMA)({"count": 2.0, "either": 3.0, "ratio": 4.0, "name": "n",
+                                      "rows": [{"line": 5.0}, {"line": 6}], "plain": {"x": 7.0},
+                                      "extra": 8.0})
+    assert normalized == {"count": 2, "either": 3, "ratio": 4.0, "name": "n",
+                          "rows": [{"line": 5}, {"line": 6}], "plain": {"x": 7.0}, "extra": 8}
+    assert [type(normalized[key]) for key in ("count", "either", "ratio", "extra")] == [int, int, float, int]
+    assert type(normalized["rows"][0]["line"]) is int and type(normalized["plain"]["x"]) is float
+
+
+def test_a_declared_property_never_takes_additional_properties_rule() -> None:
+    assert type(integers_of(SCHEMA)({"ratio": 1.0})["ratio"]) is float
+
+
+def test_a_float_beyond_64_bits_becomes_an_int_of_its_value() -> None:
+    # orjson reads 100000000000000000000000000000 as 1e29.
+    count = integers_of(SCHEMA)({"count": 1e29})["count"]
+    assert type(count) is int and count == 1e29
+
+
+def test_a_schema_without_integers_needs_nothing() -> None:
+    assert integers_of({"type": "object", "properties": {"code": {"type": "string"}}}) is None
+
+
+def test_branches_it_cannot_follow_are_refused_at_build_time() -> None:
+    with pytest.raises(ValueError, match="anyOf"):
+        integers_of({"anyOf": [{"type": "integer"}, {"type": "string"}]})
+
+
+def test_every_tool_schema_is_followed() -> None:
+    followed = {definition["name"] for definition in tool_definitions()
+                if integers_of(definition["inputSchema"]) is not None}
+    assert {"read-output", "await-evaluation", "backtrace", "inspect"} <= followed
