@@ -249,33 +249,94 @@ run SBCL's own pass, which nothing stops."
        (= (length *circularity-variables*) 2)
        (not (typep object '(or number character symbol string bit-vector)))))
 
+(defun print-bounded (object printer out)
+  "Print OBJECT with PRINTER (`prin1' or `princ', called with OBJECT and a
+stream) into OUT, a `bounded-output-stream', under the printer variables
+in effect, *print-circle*'s first pass included; true when the printer
+ran to its end, false when OUT stopped it."
+  (flet ((print-into (stream)
+           (catch stream (funcall printer object stream) t)))
+    (if (circularity-pass-p object)
+        (destructuring-bind (table-variable counter-variable) *circularity-variables*
+          ;; The first pass prints the second's text without its labels,
+          ;; and each object the second pass meets costs it a character at
+          ;; least, so a quarter more than the stop of either covers what
+          ;; the second pass will print.
+          (let ((table (make-hash-table :test 'eq))
+                (stop (stop out)))
+            (progv (list table-variable counter-variable) (list table nil)
+              (print-into (make-instance 'first-pass-stream
+                                         :limit 0 :seen table
+                                         :stop (+ stop (ceiling stop 4) 1000)))
+              (progv (list counter-variable) (list 0)
+                (print-into out)))))
+        (print-into out))))
+
 (defun print-within (object printer keep past)
   "Print OBJECT with PRINTER (`prin1' or `princ', called with OBJECT and a
 stream) under the printer variables in effect, stopping it after KEEP +
 PAST characters.  Return the first KEEP characters, and what was cut: 0,
 the number of characters cut when printing ended within KEEP + PAST, or
 :STOPPED when the printer was stopped, so that the rest is unknown."
-  (let* ((stop (+ keep past))
-         (out (make-instance 'bounded-output-stream :limit keep :stop stop)))
-    (flet ((print-into (stream)
-             ;; True when PRINTER ran to its end.
-             (catch stream (funcall printer object stream) t)))
-      (let ((ended (if (circularity-pass-p object)
-                       (destructuring-bind (table-variable counter-variable) *circularity-variables*
-                         ;; The first pass prints the second's text without
-                         ;; its labels, and each object the second pass
-                         ;; meets costs it a character at least, so a quarter
-                         ;; more than STOP of either covers what the second
-                         ;; pass will print.
-                         (let ((table (make-hash-table :test 'eq)))
-                           (progv (list table-variable counter-variable) (list table nil)
-                             (print-into (make-instance 'first-pass-stream
-                                                        :limit 0 :seen table
-                                                        :stop (+ stop (ceiling stop 4) 1000)))
-                             (progv (list counter-variable) (list 0)
-                               (print-into out)))))
-                       (print-into out))))
-        (values (stream-text out) (if ended (dropped out) :stopped))))))
+  (let ((out (make-instance 'bounded-output-stream :limit keep :stop (+ keep past))))
+    (let ((ended (print-bounded object printer out)))
+      (values (stream-text out) (if ended (dropped out) :stopped)))))
+
+;;; A value cut by *print-length* or *print-level* says so, as one cut for
+;;; its size does: printed again with each one higher, it prints otherwise.
+;;; SBCL prints a cut as "..." or "#", so only a text holding one of them is
+;;; printed again, and only up to its first difference.
+
+(defclass comparing-stream (bounded-output-stream)
+  ((reference :initarg :reference :reader reference
+              :documentation "The text the writer is expected to write.")
+   (differs :initform nil :accessor differs
+            :documentation "True once a character written differs from
+REFERENCE's."))
+  (:documentation "A stream that keeps nothing: it compares what is
+written with REFERENCE and stops the writer at the first difference, or
+at REFERENCE's end (its stop)."))
+
+(defmethod sb-gray:stream-write-string :around ((stream comparing-stream) string
+                                                &optional (start 0) end)
+  "Stop at the first character that differs from the reference's."
+  (let* ((end (or end (length string)))
+         (at (written stream))
+         (reference (reference stream))
+         (compared (min end (+ start (max 0 (- (length reference) at))))))
+    (when (and (not (stopped stream))
+               (mismatch string reference :start1 start :end1 compared
+                                          :start2 at :end2 (+ at (- compared start))))
+      (setf (differs stream) t)
+      (stop-writer stream))
+    (call-next-method)))
+
+(defmethod sb-gray:stream-write-char :around ((stream comparing-stream) char)
+  "Stop at CHAR when it differs from the reference's."
+  (let ((at (written stream))
+        (reference (reference stream)))
+    (when (and (not (stopped stream))
+               (< at (length reference))
+               (char/= char (char reference at)))
+      (setf (differs stream) t)
+      (stop-writer stream)))
+  (call-next-method))
+
+(defun printer-cut-p (object text complete)
+  "True when *print-length* or *print-level* cut OBJECT's printed TEXT
+(COMPLETE: TEXT is the whole print, not its start): printed again with
+each one higher, it differs within TEXT or, COMPLETE, is longer.  A
+failure to print again counts as no cut."
+  (and (or *print-length* *print-level*)
+       (or (search "..." text) (find #\# text))
+       (ignore-errors
+        (let ((*print-length* (and *print-length* (1+ *print-length*)))
+              (*print-level* (and *print-level* (1+ *print-level*)))
+              (out (make-instance 'comparing-stream :limit 0 :stop (length text)
+                                                    :reference text)))
+          (let ((ended (print-bounded object #'prin1 out)))
+            (or (differs out)
+                (if ended (/= (written out) (length text)) complete)))))))
 
 (defun printed-prefix (object printer limit)
   "OBJECT printed with PRINTER (`prin1' or `princ'), at most LIMIT
@@ -336,12 +397,18 @@ were more than that.  A CUT of nil (`safe-print's marker) adds nothing."
                       text *print-overrun*))
     (t (format nil "~A~%… [~D more characters truncated]" text cut))))
 
+(defun printer-cut-marker ()
+  "The line that ends a value cut by the printer's limits (cl-mcp's
+render.py completes it with how to reach the value)."
+  (format nil "… [cut by *print-length* ~D or *print-level* ~D]" *print-length* *print-level*))
+
 (defun print-values (values limit)
   "VALUES printed under the contract's printer settings, as a list of
 strings of at most LIMIT characters in all: the value that crosses LIMIT
 is cut, and so are the later ones.  A cut value ends with a line that says
 how many characters were cut, or, when its printer was stopped
-`*print-overrun*' characters further on, that there were more than that."
+`*print-overrun*' characters further on, that there were more than that;
+a value cut by *print-length* or *print-level* with `printer-cut-marker'."
   (with-result-printing ()
     (let ((used 0))
       (loop for value in values
@@ -349,10 +416,13 @@ how many characters were cut, or, when its printer was stopped
             collect (multiple-value-bind (text cut)
                         (safe-print value (lambda (value)
                                             (print-within value #'prin1 room *print-overrun*)))
-                      (unless cut               ; safe-print's marker
-                        (setf (values text cut) (cap-string text room)))
-                      (incf used (length text))
-                      (marked-text text cut))))))
+                      (let ((by-printer (and cut (printer-cut-p value text (eql cut 0)))))
+                        (unless cut               ; safe-print's marker
+                          (setf (values text cut) (cap-string text room)))
+                        (incf used (length text))
+                        (if by-printer
+                            (format nil "~A~%~A" (marked-text text cut) (printer-cut-marker))
+                            (marked-text text cut))))))))
 
 (defparameter *message-limit* 100000
   "Characters of a condition's report kept, at most: far more than a

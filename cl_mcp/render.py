@@ -15,10 +15,22 @@ their usual sections.  Sections are separated by one blank line.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 TRUNCATION_MARKER = "… [{count} more characters truncated]"
+# The agent's last line of a value cut by *print-length* or *print-level*
+# (agent/output.lisp, `printer-cut-marker').
+PRINTER_CUT_MARKER = re.compile(r"\n(… \[cut by \*print-length\* \d+ or \*print-level\* \d+)\]\Z")
+
+
+def with_reach(value: str, number: int) -> str:
+    """VALUE, evaluation NUMBER's printed primary value, its printer-cut
+    marker (if any) saying how to reach the value itself, as a marker of a
+    value cut for the budget does."""
+    return PRINTER_CUT_MARKER.sub(
+        lambda match: f"\n{match[1]}; the value itself: (cl-mcp-agent:value {number})]", value)
 
 
 @dataclass(frozen=True, slots=True)

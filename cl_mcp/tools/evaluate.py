@@ -10,7 +10,7 @@ from typing import Any, Awaitable, Callable
 from cl_mcp import budget
 from cl_mcp.errors import SessionError
 from cl_mcp.outputs import Kept
-from cl_mcp.render import Rendered, error_result, evaluation_structure, render_evaluation
+from cl_mcp.render import Rendered, error_result, evaluation_structure, render_evaluation, with_reach
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, SExp, Symbol
 from cl_mcp.swank.client import DEFAULT_PACKAGE
@@ -110,6 +110,8 @@ def rendered_within(result: dict[str, Any], limit: int) -> Rendered:
     offsets = result.get("line-offsets") or {}
     number = result.get("number") if offsets else None
     values = list(result.get("values") or [])
+    if number is not None and values:
+        values[0] = with_reach(values[0], number)
     parts = {"stdout": result.get("stdout") or "", "stderr": result.get("stderr") or "",
              **{f"value {index}": value for index, value in enumerate(values)}}
     # Where each value starts in the kept "values" stream.

@@ -55,8 +55,51 @@ def test_a_huge_value_is_printed_up_to_the_limit_and_stopped(server, code, start
 def test_a_ten_million_element_list_is_cut_by_print_length(server):
     text, is_error = server.eval("(make-list 10000000)")
     assert not is_error
-    assert text.startswith("=> (NIL NIL") and text.endswith(" NIL ...)")
+    assert text.startswith("=> (NIL NIL") and " NIL ...)\n… [cut by *print-length* 100" in text
     assert text.count("NIL") == 100
+
+
+PRINTER_CUT = "\n… [cut by *print-length* 100 or *print-level* 10"
+
+
+def evaluated(process, code):
+    """The text of CODE's result and the evaluation's number."""
+    result = process.call("evaluate-lisp", code=code)
+    assert not result["isError"], result
+    return result["content"][0]["text"], result["structuredContent"]["number"]
+
+
+CUT_BY_THE_PRINTER = {
+    "*print-length*": ("(make-list 100000 :initial-element 7)", "(length *)", "=> 100000"),
+    "*print-level*": ("(let ((x 0)) (dotimes (i 12) (setf x (list x))) x)",
+                      "(loop for x = * then (first x) while (consp x) count t)", "=> 12"),
+    "both, in a vector": ("(vector (make-list 101) (let ((x 0)) (dotimes (i 12) (setf x (list x))) x))",
+                          "(length (aref * 0))", "=> 101"),
+}
+
+
+@pytest.mark.parametrize("code, measure, whole", CUT_BY_THE_PRINTER.values(), ids=CUT_BY_THE_PRINTER.keys())
+def test_a_value_cut_by_the_printer_says_how_to_reach_it(shared_server, code, measure, whole):
+    text, number = evaluated(shared_server, code)
+    assert text.endswith(f"{PRINTER_CUT}; the value itself: (cl-mcp-agent:value {number})]")
+    assert shared_server.eval(measure.replace("*", f"(cl-mcp-agent:value {number})", 1)) == (whole, False)
+
+
+@pytest.mark.parametrize("code", [
+    "(make-list 100 :initial-element 7)",
+    "(let ((x 0)) (dotimes (i 9) (setf x (list x))) x)",
+    '(list "..." #\\# (quote |...|) (make-hash-table) (vector 1 2))',
+    "(let ((l (list 1 2))) (list l l))",
+])
+def test_a_value_the_printer_did_not_cut_has_no_marker(shared_server, code):
+    text, _ = evaluated(shared_server, code)
+    assert "… [" not in text
+
+
+def test_only_the_primary_value_is_reachable(shared_server):
+    text, number = evaluated(shared_server, "(values (make-list 3) (make-list 200))")
+    assert text.startswith("=> (NIL NIL NIL)\n=> (NIL")
+    assert text.endswith(f" NIL ...){PRINTER_CUT}]")
 
 
 def test_a_value_cut_by_a_little_says_exactly_how_much(shared_server):
@@ -98,7 +141,7 @@ def test_a_long_circular_list_is_cut_by_print_length(shared_server):
     text, is_error = shared_server.eval(
         "(let ((l (make-list 1000000 :initial-element 0))) (setf (cdr (last l)) l) l)")
     assert not is_error
-    assert text.startswith("=> (0 0 0") and text.endswith(" 0 ...)")
+    assert text.startswith("=> (0 0 0") and " 0 ...)\n… [cut by *print-length* 100" in text
 
 
 def test_a_circular_structure(shared_server):
@@ -127,7 +170,8 @@ def test_a_huge_self_referencing_vector_is_stopped_with_its_labels(server):
     text, is_error = server.eval(code)
     assert not is_error
     assert text.startswith("=> #1=#(#(#(\"sss")
-    assert text.endswith(STOPPED)
+    # Each vector has 101 elements: *print-length* cut them too.
+    assert text.endswith(STOPPED + PRINTER_CUT + "; the value itself: (cl-mcp-agent:value 1)]")
     assert "#1#" in text
     labels = re.findall(r"#(\d+)([=#])", text)
     defined: set[str] = set()

@@ -1,6 +1,6 @@
 """The contract's result text, from agent plists (no Lisp involved)."""
 
-from cl_mcp.render import render_evaluation
+from cl_mcp.render import render_evaluation, with_reach
 from cl_mcp.tools.definitions import render_definitions
 from cl_mcp.tools.systems import render_load
 
@@ -79,3 +79,17 @@ def test_load_texts():
     assert missing.is_error
     assert missing.text == ('[ERROR] ASDF/FIND-COMPONENT:MISSING-COMPONENT\n'
                             'System "nonexistent-system" not found.')
+
+
+CUT = "(7 7 ...)\n… [cut by *print-length* 100 or *print-level* 10]"
+
+
+def test_a_printer_cut_marker_says_how_to_reach_the_value():
+    assert with_reach(CUT, 4) == ("(7 7 ...)\n… [cut by *print-length* 100 or *print-level* 10; "
+                                  "the value itself: (cl-mcp-agent:value 4)]")
+
+
+def test_only_the_agents_last_line_is_a_printer_cut_marker():
+    quoted = '"' + CUT + '"'
+    assert with_reach(quoted, 4) == quoted
+    assert with_reach("(1 2)", 4) == "(1 2)"
