@@ -86,6 +86,12 @@
 ;;;                                   describe-symbol-for-emacs asks
 ;;;   swank/sbcl::*mailboxes*, *mailbox-lock*, mailbox.thread   (by name)
 ;;;                                   Swank's per-thread mailboxes, pruned
+;;;   swank/source-file-cache::*source-file-cache*,
+;;;   swank/source-file-cache::source-cache-entry.text
+;;;                                   a file's text as it was compiled, kept
+;;;                                   under its pathname and namestring
+;;;                                   (`remember-source'), for the line a
+;;;                                   moved definition had
 ;;;
 ;;; SBCL
 ;;;   sb-debug::map-backtrace         walks the frames of an error

@@ -41,25 +41,32 @@ Emacs's beginning-of-defun keeps.  OFFSET itself when there is none."
           when (zerop start)
             return offset)))
 
-(defun reference-plist (name location files)
-  "A referrer NAME at Swank's LOCATION, the place of the reference inside
-it, as (:name N :file F :line L :column C :snippet S :reference-line RL
+(defun reference-plist (name dspec location files)
+  "A referrer NAME (printed; DSPEC as Swank gives it) at Swank's LOCATION,
+the place of the reference inside it, as (:name N :file F :line L :column C
+:snippet S :status S [:compiled-line CL] :reference-line RL
 :reference-column RC): the place is the top-level form that holds the
-reference.  Without a source file: (:name N :error MESSAGE)."
-  (let ((at (location-plist location files)))
-    (if (getf at :error)
+reference, in the file as it is now (see `resolved-location').  Without a
+source file: (:name N :error MESSAGE)."
+  (multiple-value-bind (source offset status compiled-line)
+      ;; The snippet is the reference's own, which need not name the
+      ;; referrer: the referrer's name is looked for only when it is gone.
+      (multiple-value-bind (source offset status compiled-line)
+          (resolved-location location files :characters t)
+        (if (and source (string= status "not-found"))
+            (resolved-location location files :name dspec :characters t)
+            (values source offset status compiled-line)))
+    (if (null source)
         (list :name name
-              :error (if (search "DEFINITION-SOURCE" (getf at :error))
+              :error (if (search "DEFINITION-SOURCE" offset)
                          "no source file (defined without one, e.g. through evaluate-lisp)"
-                         (getf at :error)))
-        (let* ((file (getf at :file))
-               (octets (gethash file files))
-               (reference (1- (second (assoc :position (rest location)))))
-               (start (top-level-form-start octets reference)))
+                         offset))
+        (let ((reference (place-plist source offset status compiled-line))
+              (start (top-level-form-start (source-file-octets source) offset)))
           (append (list :name name)
-                  (location-plist `(:location (:file ,file) (:position ,(1+ start))) files)
-                  (list :reference-line (getf at :line)
-                        :reference-column (getf at :column)))))))
+                  (place-plist source start status compiled-line)
+                  (list :reference-line (getf reference :line)
+                        :reference-column (getf reference :column)))))))
 
 ;;; Swank's who-calls, who-references, who-binds, who-sets and
 ;;; who-macroexpands are SB-INTROSPECT's: they decode the packed
@@ -170,7 +177,7 @@ relation this Swank does not implement, is a :status :error plist."
                                              (safe-print name (lambda (name)
                                                                 (let ((*print-pretty* nil))
                                                                   (prin1-to-string name))))
-                                             location files))
+                                             name location files))
                   :dropped (max 0 (- (length found) *reference-limit*)))))))))
 
 (defparameter *note-severities*
@@ -400,6 +407,35 @@ after ANSWER-WITHIN seconds, the load goes on in the background (see
 `call-within-window')."
   (call-within-window (lambda () (load-system-report name max-output tag)) answer-within tag))
 
+(defun remember-source (truename)
+  "Keep the text of the file at TRUENAME in Swank's source cache as it is
+now.  Swank looks the cache up by the pathname SBCL recorded when it finds
+a definition's position, and by its namestring when it reads the snippet:
+the one entry goes under both keys, or the two would disagree once the
+file is edited."
+  (let ((cache swank/source-file-cache::*source-file-cache*)
+        (namestring (namestring truename)))
+    (swank/source-file-cache:source-cache-get truename (file-write-date truename))
+    (let ((entry (gethash truename cache)))
+      (when entry
+        (setf (gethash namestring cache) entry)))))
+
+(defun remember-system-sources (name)
+  "Keep the text of every Lisp file of system NAME, and of the systems it
+depends on, in Swank's source cache as it is now that they are loaded (as
+Swank's compile-file does for the file it loads): their definitions are
+then found by their compiled text after the files are edited, and the
+line each had is known (see `resolved-location')."
+  (handler-case
+      (dolist (component (asdf:required-components (asdf:find-system name)
+                                                   :other-systems t
+                                                   :component-type 'asdf:cl-source-file))
+        (let ((file (asdf:component-pathname component)))
+          (when (and file (probe-file file))
+            (remember-source (truename file)))))
+    (serious-condition (condition)
+      (log-note "could not keep the sources of ~A: ~A" name (condition-message condition)))))
+
 (defun load-system-report (name max-output tag)
   "Load the ASDF system NAME (a string), through Quicklisp when it is
 available.  Return a plist: :status (:ok, :error, or :aborted when
@@ -422,6 +458,8 @@ system creates are libraries, not the session's own definitions."
                         (list :aborted)))))
     (setf *baseline-packages*
           (union *baseline-packages* (set-difference (list-all-packages) before)))
+    (when (eq (first outcome) :ok)
+      (remember-system-sources name))
     (multiple-value-bind (notes dropped) (system-notes name (nreverse notes))
       (list* :status (first outcome)
              :system name

@@ -64,8 +64,8 @@ return the error plist."
     (if failure failure (funcall function symbol))))
 
 (defun file-octets (file)
-  "The bytes of FILE: Swank's positions count bytes (SBCL's FILE-POSITION),
-not characters."
+  "The bytes of FILE: compiler notes count bytes (SBCL's FILE-POSITION on a
+file stream), definitions count characters (see `source-offset')."
   (with-open-file (in file :element-type '(unsigned-byte 8))
     (let ((octets (make-array (file-length in) :element-type '(unsigned-byte 8))))
       (subseq octets 0 (read-sequence octets in)))))
@@ -95,24 +95,284 @@ OCTETS, and the first `*snippet-lines*' lines from there (at most
               (string-right-trim '(#\Newline #\Space)
                                  (subseq snippet 0 (min (length snippet) *snippet-characters*)))))))
 
-(defun location-plist (location &optional files)
-  "Swank's LOCATION as (:file F :line L :column C :snippet S), or (:error
-MESSAGE) when it has no file and position.  FILES, an equal hash table,
-keeps file contents across the locations of one reply."
+(defstruct (source-file (:constructor make-source-file (path octets)))
+  "A file as it is now, read once for one reply: its bytes, and what is
+derived from them on first use."
+  path octets (%lowered nil) (%text nil))
+
+(defun file-source (path files)
+  "The `source-file' at PATH, kept in FILES (an equal hash table) across
+the places of one reply."
+  (or (gethash path files) (setf (gethash path files) (make-source-file path (file-octets path)))))
+
+(defun source-file-lowered (source)
+  "SOURCE's bytes with ASCII letters in lower case, for finding names."
+  (or (source-file-%lowered source)
+      (setf (source-file-%lowered source) (lowered-octets (source-file-octets source)))))
+
+(defun source-file-string (source)
+  "SOURCE's text."
+  (or (source-file-%text source)
+      (let ((octets (source-file-octets source)))
+        (setf (source-file-%text source) (utf-8-text octets 0 (length octets))))))
+
+;;;; Places that stay true after edits
+;;;
+;;; A definition's place is recorded when it is compiled, and the file may
+;;; have been edited since.  Swank gives the recorded position and a
+;;; snippet: the form's first characters as compiled (when Swank's source
+;;; cache holds that text) or as the file is now.  `resolve-offset' checks
+;;; the snippet against the file as it is now and, as SLIME does
+;;; (slime-isearch), looks for it near the recorded position when it is not
+;;; there; failing that, for a definition of the name (SLIME's
+;;; :function-name search).  The place says which it found: "unchanged",
+;;; "found-after-edit" (with the line it had), or "not-found" (the line it
+;;; had).
+;;; Everything is compared as bytes, so no regular expression can backtrack
+;;; over a long file.
+
+(deftype octets () '(simple-array (unsigned-byte 8) (*)))
+
+(defparameter +def-octets+ (coerce (map 'list #'char-code "(def") 'octets)
+  "The bytes every defining form opens with.")
+
+(defun octet-blank-p (octet)
+  (member octet '(32 9 10 13 12)))
+
+(defun skip-blanks-and-comments (octets start)
+  "The first byte at or after START that is neither blank nor in a line
+comment: where Swank's snippet starts (its read-snippet skips them)."
+  (let ((index start) (length (length octets)))
+    (loop
+      (cond ((>= index length) (return length))
+            ((octet-blank-p (aref octets index)) (incf index))
+            ((= (aref octets index) #.(char-code #\;))
+             (setf index (or (position 10 octets :start index) length)))
+            (t (return index))))))
+
+(defun line-start (octets offset)
+  "The offset of the first byte of the line holding OFFSET."
+  (let ((before (position 10 octets :end offset :from-end t)))
+    (if before (1+ before) 0)))
+
+(defun common-prefix-length (needle octets start)
+  "How many leading bytes of NEEDLE OCTETS holds at START."
+  (let ((mismatch (mismatch needle octets :start2 start)))
+    (if mismatch (min mismatch (- (length octets) start)) (length needle))))
+
+(defun occurrences (needle octets)
+  "Every offset where NEEDLE (not empty) starts in OCTETS, found by a scan
+for its first byte."
+  (declare (type octets needle octets))
+  (let ((first (aref needle 0)) (last (- (length octets) (length needle))))
+    (loop for start = (position first octets) then (position first octets :start (1+ start))
+          while (and start (<= start last))
+          unless (mismatch needle octets :start2 start :end2 (+ start (length needle)))
+            collect start)))
+
+(defun nearest (positions origin)
+  "The one of POSITIONS nearest ORIGIN, or nil."
+  (loop with best = nil
+        for position in positions
+        when (or (null best) (< (abs (- position origin)) (abs (- best origin))))
+          do (setf best position)
+        finally (return best)))
+
+(defun snippet-offset (snippet octets origin)
+  "Where SNIPPET (bytes) is in OCTETS, as SLIME's isearch finds it: the
+longest match of its start, at least its first line (a definition's
+opening line, which edits inside the form leave alone), nearest ORIGIN;
+nil when its first line is nowhere."
+  (let* ((opening (subseq snippet 0 (or (position 10 snippet) (length snippet))))
+         (candidates (and (plusp (length opening)) (occurrences opening octets)))
+         (lengths (mapcar (lambda (candidate) (common-prefix-length snippet octets candidate))
+                          candidates))
+         (best (reduce #'max lengths :initial-value 0)))
+    (nearest (loop for candidate in candidates for length in lengths
+                   when (= length best) collect candidate)
+             origin)))
+
+(defun symbol-octet-p (octet)
+  "True for a byte that can be part of a symbol's name as written."
+  (not (or (octet-blank-p octet) (member octet '#.(map 'list #'char-code "()'\";`")))))
+
+(defun lowered-octets (octets)
+  "OCTETS with ASCII letters in lower case, for comparing names."
+  (map 'octets (lambda (octet) (if (<= 65 octet 90) (+ octet 32) octet)) octets))
+
+(defun defining-opening-p (lowered name-start)
+  "True when the line of LOWERED (a file's bytes in lower case) holding
+NAME-START opens a definition of the name there: `(defSOMETHING ', then
+only blanks, open parentheses and `setf': what SLIME's :function-name
+search takes for one."
+  (let* ((open (skip-blanks-and-comments lowered (line-start lowered name-start)))
+         (word-end (position-if-not #'symbol-octet-p lowered :start (min (1+ open) name-start)
+                                                            :end name-start)))
+    (and (< (+ open 4) name-start)
+         (not (mismatch +def-octets+ lowered :start2 open :end2 (+ open 4)))
+         word-end
+         (let ((between (map 'string #'code-char (subseq lowered word-end name-start))))
+           (every (lambda (char) (member char '(#\Space #\Tab #\Newline #\()))
+                  (remove-setf between))))))
+
+(defun remove-setf (text)
+  "TEXT without its first `setf'."
+  (let ((at (search "setf" text)))
+    (if at (concatenate 'string (subseq text 0 at) (subseq text (+ at 4))) text)))
+
+(defun definition-offset (name lowered origin)
+  "Where a definition of NAME (a symbol's name, compared without case)
+opens in LOWERED, a file's bytes in lower case, nearest ORIGIN: `(defun
+NAME', `(defmethod (setf NAME)'...; nil when there is none."
+  (let ((needle (lowered-octets (sb-ext:string-to-octets name :external-format :utf-8))))
+    (and (plusp (length needle))
+         (nearest (loop for start in (occurrences needle lowered)
+                        for end = (+ start (length needle))
+                        when (and (or (= end (length lowered)) (not (symbol-octet-p (aref lowered end))))
+                                  (plusp start) (not (symbol-octet-p (aref lowered (1- start))))
+                                  (defining-opening-p lowered start))
+                          collect (skip-blanks-and-comments lowered (line-start lowered start)))
+                  origin))))
+
+(defun opening-line-names-p (lowered offset name)
+  "True when the line of LOWERED (a file's bytes in lower case) at OFFSET
+mentions NAME."
+  (let ((needle (lowered-octets (sb-ext:string-to-octets name :external-format :utf-8)))
+        (end (or (position 10 lowered :start offset) (length lowered))))
+    (search needle lowered :start2 offset :end2 end)))
+
+(defun resolve-offset (source recorded snippet name)
+  "Where the form recorded at byte RECORDED of the file whose `source-file'
+is SOURCE is now, and what was found: (values OFFSET STATUS), STATUS
+\"unchanged\" (SNIPPET, a string or nil, is whole at RECORDED),
+\"found-after-edit\", or \"not-found\" (OFFSET is then RECORDED).  NAME, a symbol's name or
+nil, is the definition's: a snippet found on a line that does not name it,
+while a definition of the name is elsewhere, was read from the edited file
+rather than the compiled one (Swank's source cache did not hold that)."
+  (let* ((octets (source-file-octets source))
+         (recorded (max 0 (min recorded (length octets))))
+         (at (skip-blanks-and-comments octets recorded))
+         (needle (and snippet (plusp (length (string-trim " " snippet)))
+                      (sb-ext:string-to-octets snippet :external-format :utf-8)))
+         (found (and needle (if (= (common-prefix-length needle octets at)
+                                   (min (length needle) (- (length octets) at)))
+                                at
+                                (snippet-offset needle octets recorded)))))
+    (flet ((place (offset) (values offset (if (and (= offset at) (eql found at)
+                                                   (= (common-prefix-length needle octets at)
+                                                      (min (length needle) (- (length octets) at))))
+                                              "unchanged"
+                                              "found-after-edit")))
+           (named () (and name (definition-offset name (source-file-lowered source) recorded))))
+      (cond ((and found (or (null name) (opening-line-names-p (source-file-lowered source) found name)))
+             (place found))
+            ((named) (place (named)))
+            (found (place found))
+            ((null needle) (values at "unchanged"))
+            (t (values recorded "not-found"))))))
+
+(defun character-to-octet-offset (source characters)
+  "The byte offset of character CHARACTERS (from 0) in SOURCE: Swank counts
+a definition's position in characters of the text it read."
+  (let ((octets (source-file-octets source)))
+    (if (every (lambda (octet) (< octet 128)) octets)
+        characters
+        (let ((text (source-file-string source)))
+          (length (sb-ext:string-to-octets text :external-format :utf-8
+                                                :end (min characters (length text))))))))
+
+(defun compiled-line (path characters)
+  "The line character CHARACTERS (from 0) was on in the text of PATH that
+Swank's source cache holds from when it was compiled, or nil."
+  (handler-case
+      (let ((entry (gethash path swank/source-file-cache::*source-file-cache*)))
+        (when entry
+          (let ((text (swank/source-file-cache::source-cache-entry.text entry)))
+            (1+ (count #\Newline text :end (min characters (length text)))))))
+    (serious-condition () nil)))
+
+(defun location-name (name)
+  "The symbol's name to look for when a definition of NAME moved: NAME's
+own, (SETF NAME)'s, a method's or a dspec's (DEFUN NAME ...); nil when
+there is none."
+  (typecase name
+    (null nil)
+    (symbol (symbol-name name))
+    (string name)
+    (cons (if (and (member (first name) '(setf :method :defun defun defmethod defmacro
+                                           defgeneric defvar defparameter defconstant
+                                           defclass defstruct deftype define-condition))
+                   (consp (rest name)))
+              (location-name (second name))
+              (location-name (first name))))
+    (t nil)))
+
+(defun buffer-place-message (buffer snippet)
+  "Why a definition compiled from an Emacs BUFFER that has no file has no
+place, with the first line of its SNIPPET."
+  (format nil "compiled from the Emacs buffer ~A, which has no file~@[; it begins: ~A~]"
+          buffer (and snippet (subseq snippet 0 (or (position #\Newline snippet)
+                                                     (min (length snippet) 200))))))
+
+(defun resolved-location (location files &key name characters)
+  "Where Swank's LOCATION is in its file as it is now (see
+`resolve-offset'; NAME, a definition's name, helps find it after edits):
+(values SOURCE OFFSET STATUS COMPILED-LINE), SOURCE a `source-file' and
+OFFSET in bytes; or (values nil WHY) when it has no file.  Understands
+(:file F) with (:position P), whose P counts characters when CHARACTERS (a
+definition's) and bytes otherwise (a compiler note's), and
+(:buffer-and-file B F) with (:offset START OFFSET) (C-c C-c in a buffer
+visiting F); (:buffer B) has no file.  FILES, an equal hash table, keeps
+each file read once per reply."
   (if (not (and (consp location) (eq (first location) :location)))
-      (list :error (if (and (consp location) (stringp (second location)))
-                       (second location)
-                       "no source location"))
-      (let ((file (second (assoc :file (rest location))))
-            (position (second (assoc :position (rest location)))))
-        (if (not (and file (integerp position) (probe-file file)))
-            (list :error "no source file for this definition")
-            (let* ((path (namestring (truename file)))
-                   (octets (if files
-                               (or (gethash path files) (setf (gethash path files) (file-octets path)))
-                               (file-octets path))))
-              (multiple-value-bind (line column snippet) (place-at octets (1- position))
-                (list :file path :line line :column column :snippet snippet)))))))
+      (values nil (if (and (consp location) (stringp (second location)))
+                      (second location)
+                      "no source location"))
+      (destructuring-bind (buffer position &optional hints) (rest location)
+        (let ((snippet (second (member :snippet hints)))
+              (file nil) (offset nil))
+          (case (first buffer)
+            (:file (setf file (second buffer)
+                         offset (and (eq (first position) :position) (integerp (second position))
+                                     (1- (second position)))))
+            (:buffer-and-file (setf file (third buffer)
+                                    offset (and (eq (first position) :offset)
+                                                (+ (1- (second position)) (third position)))
+                                    characters t))
+            (:buffer (return-from resolved-location
+                       (values nil (buffer-place-message (second buffer) snippet)))))
+          (if (not (and file offset (probe-file file)))
+              (values nil "no source file for this definition")
+              (let* ((source (file-source (namestring (truename file)) files))
+                     (recorded (if characters (character-to-octet-offset source offset) offset)))
+                (multiple-value-bind (found status)
+                    (resolve-offset source recorded snippet (location-name name))
+                  (let ((compiled (and characters (compiled-line file offset))))
+                    ;; The same text where it was, but lines added or removed
+                    ;; above it (comments that the snippet skips).
+                    (when (and (string= status "unchanged") compiled
+                               (/= compiled (place-at (source-file-octets source) found)))
+                      (setf status "found-after-edit"))
+                    (values source found status
+                            (unless (string= status "unchanged")
+                              (or compiled (place-at (source-file-octets source) recorded))))))))))))
+
+(defun place-plist (source offset status compiled-line)
+  "(:file F :line L :column C :snippet S :status STATUS [:compiled-line N])
+of byte OFFSET in SOURCE."
+  (multiple-value-bind (line column snippet) (place-at (source-file-octets source) offset)
+    (append (list :file (source-file-path source) :line line :column column :snippet snippet
+                  :status status)
+            (and compiled-line (list :compiled-line compiled-line)))))
+
+(defun location-plist (location files &key name characters)
+  "Swank's LOCATION as `place-plist' gives it, in its file as it is now
+(see `resolved-location'), or (:error WHY)."
+  (multiple-value-bind (source offset status compiled-line)
+      (resolved-location location files :name name :characters characters)
+    (if source
+        (place-plist source offset status compiled-line)
+        (list :error offset))))
 
 
 ;;;; Entry points: find-definition, describe-symbol
@@ -334,7 +594,7 @@ has required parameters."
 [:qualifiers :specializers] . PLACE), PLACE as `location-plist' gives it."
   (destructuring-bind (operator name &rest rest) dspec
     (let ((type (dspec-type-word operator))
-          (place (location-plist location files)))
+          (place (location-plist location files :name name :characters t)))
       (when (getf place :error)
         (setf place (list :error (if (search "DEFINITION-SOURCE" (getf place :error))
                                      "no source file (defined without one, e.g. by an evaluation)"

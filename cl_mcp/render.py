@@ -191,12 +191,32 @@ def render_evaluation(result: dict[str, Any]) -> Rendered:
 
 def place_structure(place: dict[str, Any]) -> dict[str, Any]:
     """A source place for structuredContent: `file` (absolute), `line` and
-    `column` (1-based), `snippet` (the first lines of the form there); or
-    `{"error": why}` when it has none (a definition made at the REPL)."""
+    `column` (1-based) and `snippet` (the first lines of the form there) in
+    the file as it is now, `place` (unchanged, found-after-edit or not-found
+    since it was compiled) and `compiledLine` (the line it had, unless unchanged);
+    or `{"error": why}` when it has none (a definition made at the REPL)."""
     if "file" not in place:
         return {"error": str(place.get("error") or "no source location")}
-    return {"file": place["file"], "line": place["line"], "column": place["column"],
-            "snippet": place.get("snippet") or ""}
+    structure = {"file": place["file"], "line": place["line"], "column": place["column"],
+                 "snippet": place.get("snippet") or ""}
+    if isinstance(place.get("status"), str):
+        structure["place"] = place["status"]
+    if isinstance(place.get("compiled-line"), int):
+        structure["compiledLine"] = place["compiled-line"]
+    return structure
+
+
+def place_change(place: dict[str, Any]) -> str:
+    """What became of a place since it was compiled, for the text: nothing
+    when it is where it was, else `(the file was edited since this was
+    compiled at line N)` or `(not found in the file as it is now; line N
+    when compiled)`."""
+    status, compiled = place.get("status"), place.get("compiled-line")
+    if status == "found-after-edit":
+        return f" (the file was edited since this was compiled at line {compiled})"
+    if status == "not-found":
+        return f" (not found in the file as it is now; line {compiled} when compiled)"
+    return ""
 
 
 def place_text(place: dict[str, Any], indent: str = "  ") -> str:
@@ -204,6 +224,6 @@ def place_text(place: dict[str, Any], indent: str = "  ") -> str:
     there is no place."""
     if "file" not in place:
         return f"{indent}(no source file: {place.get('error') or 'unknown'})"
-    lines = [f"{indent}{place['file']}:{place['line']}:{place['column']}"]
+    lines = [f"{indent}{place['file']}:{place['line']}:{place['column']}{place_change(place)}"]
     lines += [f"{indent}  {line}" for line in (place.get("snippet") or "").splitlines()]
     return "\n".join(lines)

@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, condition_structure, error_text, place_structure
+from cl_mcp.render import Rendered, condition_structure, error_text, place_change, place_structure
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, result_dict
-from cl_mcp.tools.evaluate import Work, rendered_running
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, result_dict
+from cl_mcp.tools.evaluate import Work, rendered_running, sent_to_background
+from cl_mcp.tools.window import answer_window, window_keywords
 
 # What each relation says about a referrer, in the result's first line.
 RELATION_VERBS = {
@@ -44,7 +45,8 @@ def reference_line(reference: dict[str, Any]) -> str:
         return f"{reference['name']}  ({reference.get('error') or 'no source file'})"
     at = (f" (reference at line {reference['reference-line']})"
           if reference["reference-line"] != reference["line"] else "")
-    return f"{reference['name']}  {reference['file']}:{reference['line']}:{reference['column']}{at}"
+    return (f"{reference['name']}  {reference['file']}:{reference['line']}:{reference['column']}{at}"
+            f"{place_change(reference)}")
 
 
 def render_xref(result: dict[str, Any]) -> Rendered:
@@ -157,19 +159,19 @@ async def compile_file(session: LispSession, arguments: dict[str, Any]) -> Rende
     path = arguments["path"]
     work = Work(f"Compiling {path} (number {{number}})", {"success": False, "loaded": False, "notes": []},
                 lambda result: compile_outcome(path, result))
-    window = arguments.get("answer-within") or session.config.answer_within
+    window = answer_window(arguments.get("answer-within"), session.config.answer_within,
+                           session.config.load_timeout)  # a long compilation goes on in the background
     try:
         async with session.turn():
             tag = session.new_tag()  # cancelling the call stops the compilation
             form = [Symbol("cl-mcp-agent:compile-file-of"), path,
-                    Keyword("load"), bool(arguments.get("load", True)), Keyword("tag"), tag]
-            if window < session.config.load_timeout:  # a long compilation goes on in the background
-                form += [Keyword("answer-within"), lisp_seconds(window)]
+                    Keyword("load"), bool(arguments.get("load", True)), Keyword("tag"), tag,
+                    *window_keywords(window)]
             result = result_dict(await session.call(form, session.config.load_timeout + DEADLINE_GRACE, tag))
     except SessionError as error:
         return compile_error(error.kind, error.message)
     if result.get("status") == "running":
-        session.background[result["number"]] = work
+        sent_to_background(session, result, work)
         return rendered_running(result, session.config.max_result_chars, work)
     return compile_outcome(path, result)
 

@@ -63,7 +63,7 @@ def test_a_function_at_its_line(lisp):
     assert structured["symbol"] == "CL-MCP-FIXTURE:GREET"
     assert structured["definitions"] == [{
         "type": "function", "name": "CL-MCP-FIXTURE:GREET", "file": SHAPES, "line": 6, "column": 1,
-        "snippet": '(defun greet (name)\n  "A greeting for NAME."\n  (format nil "~A, ~A!" *greeting* name))'}]
+        "snippet": '(defun greet (name)\n  "A greeting for NAME."\n  (format nil "~A, ~A!" *greeting* name))', "place": "unchanged"}]
     assert result["content"][0]["text"] == (
         "Definitions of CL-MCP-FIXTURE:GREET: 1\n\n"
         "function CL-MCP-FIXTURE:GREET\n"

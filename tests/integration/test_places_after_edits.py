@@ -1,0 +1,148 @@
+"""Places that stay true after edits: find-definition, xref and
+describe-symbol on split-sequence (Debian's cl-split-sequence, code nobody
+here wrote), copied to a temporary directory and loaded, then edited on
+disk without recompiling.  Every place is checked against the file as it
+is at that moment: its line holds the definition's first line.  In an
+image cl-mcp owns and in a programmer's image it attaches to."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
+
+SPLIT_SEQUENCE = Path("/usr/share/common-lisp/source/cl-split-sequence")
+_copies = itertools.count(1)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def lisp(request):
+    if not (SPLIT_SEQUENCE / "split-sequence.asd").exists():
+        pytest.fail("cl-split-sequence is not installed: run `make test`, which installs it")
+    with cl_mcp_in(request.param) as process:
+        yield process
+
+
+@pytest.fixture
+def library(lisp, tmp_path):
+    """A fresh copy of split-sequence, loaded from its directory: (process, directory)."""
+    directory = tmp_path / f"split-sequence-{next(_copies)}"
+    shutil.copytree(SPLIT_SEQUENCE, directory)
+    # Found first through the central registry, before Debian's copy.
+    text, is_error = lisp.eval(f'(push #p"{directory}/" asdf:*central-registry*)')
+    assert not is_error, text
+    loaded = lisp.call("load-system", system="split-sequence")
+    assert not loaded["isError"], loaded
+    return lisp, directory
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    path.write_text(text.replace(old, new))
+
+
+def line_of(path: Path, opening: str) -> int:
+    """The 1-based line of the file as it is now that starts with OPENING."""
+    lines = [number for number, line in enumerate(path.read_text().splitlines(), 1)
+             if line.lstrip().startswith(opening)]
+    assert len(lines) == 1, (opening, lines)
+    return lines[0]
+
+
+def definition(process, symbol: str, kind: str = "function") -> dict:
+    check_results_of(process, "find-definition")
+    result = checked_call(process, "find-definition", symbol=symbol)
+    found = [d for d in result["structuredContent"]["definitions"] if d["type"] == kind]
+    assert len(found) == 1, result
+    return found[0] | {"text": result["content"][0]["text"]}
+
+
+def test_an_unedited_file_is_unchanged(library):
+    process, directory = library
+    place = definition(process, "split-sequence:split-sequence")
+    assert place["file"] == str(directory / "api.lisp")
+    assert place["line"] == line_of(directory / "api.lisp", "(defun split-sequence ")
+    assert place["place"] == "unchanged" and "compiledLine" not in place
+    assert place["snippet"].startswith("(defun split-sequence ")
+
+
+def test_lines_added_above_a_definition(library):
+    process, directory = library
+    api = directory / "api.lisp"
+    compiled = line_of(api, "(defun split-sequence ")
+    edit(api, "(declaim (ftype", ";;; Four lines\n;;; added above\n(defvar *new* 1)\n\n(declaim (ftype")
+    place = definition(process, "split-sequence:split-sequence")
+    assert place["line"] == line_of(api, "(defun split-sequence ") == compiled + 4
+    assert (place["place"], place["compiledLine"]) == ("found-after-edit", compiled)
+    assert place["snippet"].startswith("(defun split-sequence ")
+    assert f"api.lisp:{compiled + 4}:1 (the file was edited since this was compiled at line {compiled})" in place["text"]
+
+
+def test_lines_added_inside_an_earlier_definition_and_removed_above(library):
+    process, directory = library
+    api = directory / "api.lisp"
+    edit(api, "  (check-tests test test-p test-not test-not-p)\n  (etypecase sequence\n    (list (split-list ",
+         "  (check-tests test test-p test-not test-not-p)\n  ;; a note\n  ;; another\n"
+         "  (etypecase sequence\n    (list (split-list ")
+    edit(api, "(define-condition simple-program-error (program-error simple-condition) ())\n\n", "")
+    for symbol, opening in (("split-sequence:split-sequence-if", "(defun split-sequence-if "),
+                            ("split-sequence::check-tests", "(defmacro check-tests"),
+                            ("split-sequence::list-long-enough-p", "(defun list-long-enough-p")):
+        place = definition(process, symbol, "macro" if "tests" in symbol else "function")
+        assert place["line"] == line_of(api, opening), (symbol, place)
+        assert place["snippet"].startswith(opening)
+
+
+def test_a_definition_edited_inside_is_still_found(library):
+    process, directory = library
+    api = directory / "api.lisp"
+    edit(api, "(defun check-bounds (sequence start end)\n  (progn",
+         ";; checks\n(defun check-bounds (sequence start end)\n  \"Bounds.\"\n  (progn")
+    place = definition(process, "split-sequence::check-bounds")
+    assert place["line"] == line_of(api, "(defun check-bounds ")
+    assert place["place"] == "found-after-edit"
+
+
+def test_a_deleted_definition_is_not_found_with_its_compiled_line(library):
+    process, directory = library
+    api = directory / "api.lisp"
+    compiled = line_of(api, "(defun list-long-enough-p")
+    edit(api, "(defun list-long-enough-p (list length)\n  (or (zerop length)\n"
+              "      (not (null (nthcdr (1- length) list)))))\n", "")
+    place = definition(process, "split-sequence::list-long-enough-p")
+    assert (place["place"], place["line"], place["compiledLine"]) == ("not-found", compiled, compiled)
+    assert f"line {compiled} when compiled" in place["text"]
+
+
+def test_xref_callers_after_edits(library):
+    process, directory = library
+    api = directory / "api.lisp"
+    edit(api, "(in-package :split-sequence)\n", "(in-package :split-sequence)\n\n;;; one\n;;; two\n")
+    check_results_of(process, "xref")
+    result = checked_call(process, "xref", symbol="split-sequence::check-bounds", relation="calls")
+    callers = {r["name"]: r for r in result["structuredContent"]["references"]}
+    assert sorted(callers) == ["SPLIT-SEQUENCE:SPLIT-SEQUENCE", "SPLIT-SEQUENCE:SPLIT-SEQUENCE-IF",
+                               "SPLIT-SEQUENCE:SPLIT-SEQUENCE-IF-NOT"]
+    lines = api.read_text().splitlines()
+    for name, caller in callers.items():
+        assert caller["file"] == str(api)
+        assert caller["line"] == line_of(api, f"(defun {name.split(':')[1].lower()} "), caller
+        assert lines[caller["referenceLine"] - 1].strip() == "(check-bounds sequence start end)"
+        assert caller["place"] == "found-after-edit"
+        assert caller["compiledLine"] == caller["referenceLine"] - 3
+
+
+def test_describe_symbol_after_edits(library):
+    process, directory = library
+    api = directory / "api.lisp"
+    edit(api, "(declaim (ftype", ";;; one line\n(declaim (ftype")
+    check_results_of(process, "describe-symbol")
+    result = checked_call(process, "describe-symbol", symbol="split-sequence:split-sequence")
+    location = result["structuredContent"]["location"]
+    assert location["line"] == line_of(api, "(defun split-sequence ")
+    assert location["place"] == "found-after-edit"
