@@ -435,25 +435,38 @@ so that a soft reset removes exactly that.")
 (defun present-symbols (package)
   "A set (an EQ hash table) of the symbols whose home is PACKAGE."
   (let ((symbols (make-hash-table :test #'eq)))
-    (do-symbols (symbol package)
-      (when (eq (symbol-package symbol) package)
-        (setf (gethash symbol symbols) t)))
+    (loop for symbol being the present-symbols of package
+          when (eq (symbol-package symbol) package)
+            do (setf (gethash symbol symbols) t))
     symbols))
+
+(defun loaded-systems ()
+  "The names of the modules (`*modules*') and ASDF systems the image calls
+loaded."
+  (append *modules* (asdf:already-loaded-systems)))
 
 (defun call-tracking-session (thunk)
   "Call THUNK, recording the CL-USER symbols and the packages it creates
-(also when it exits non-locally)."
+(also when it exits non-locally), unless it loaded a system or a module:
+what that created is the image's, as ASDF or `*modules*' say (see
+`soft-reset')."
   (let* ((user (find-package "COMMON-LISP-USER"))
          (symbols-before (present-symbols user))
-         (packages-before (list-all-packages)))
+         (packages-before (list-all-packages))
+         (loaded-before (loaded-systems)))
     (unwind-protect (funcall thunk)
-      (sb-thread:with-mutex (*registry-lock*)
-        (do-symbols (symbol user)
-          (when (and (eq (symbol-package symbol) user)
-                     (not (gethash symbol symbols-before)))
-            (pushnew symbol *session-symbols*)))
-        (dolist (package (set-difference (list-all-packages) packages-before))
-          (pushnew package *session-created-packages*))))))
+      (let ((symbols (loop for symbol being the present-symbols of user
+                           when (and (eq (symbol-package symbol) user)
+                                     (not (gethash symbol symbols-before)))
+                             collect symbol))
+            (packages (set-difference (list-all-packages) packages-before)))
+        (unless (or (and (null symbols) (null packages))
+                    (set-difference (loaded-systems) loaded-before :test #'string=))
+          (sb-thread:with-mutex (*registry-lock*)
+            (dolist (symbol symbols)
+              (pushnew symbol *session-symbols*))
+            (dolist (package packages)
+              (pushnew package *session-created-packages*))))))))
 
 (defun forget-definitions (symbol)
   "Remove the function, macro, variable and class SYMBOL names (a constant

@@ -94,12 +94,21 @@ it to the newest connection, which would otherwise be cl-mcp's).  Return t."
   (install-mailbox-pruning)
   t)
 
+(defun defined-by-a-file-p (package)
+  "Whether PACKAGE's `defpackage' was in a file that was loaded (ASDF may
+still call that file loaded, as after a load that failed part way)."
+  (ignore-errors
+   (sb-introspect:definition-source-pathname (sb-introspect:find-definition-source package))))
+
 (defun soft-reset ()
   "Remove what cl-mcp's evaluations created in a shared image (their CL-USER
 definitions and their packages) and abort the evaluations waiting at an
 error, and drop the objects the inspect tool keeps for their handles, the
 sources of the definitions find-definition keeps, cl-mcp's own values of
 the REPL's variables (`*', `+', `/' ...) and the values `value' keeps.
+What loading made stays, so that no system or module is left called loaded
+without its packages: an evaluation that loaded one recorded nothing (see
+`call-tracking-session'), and a package defined by a file is kept.
 Everything else in the image is left as it was.  Return t."
   (abort-all)
   (forget-inspected)
@@ -110,7 +119,7 @@ Everything else in the image is left as it was.  Return t."
         (packages (sb-thread:with-mutex (*registry-lock*)
                     (shiftf *session-created-packages* '()))))
     (dolist (package packages)
-      (when (package-name package)
+      (when (and (package-name package) (not (defined-by-a-file-p package)))
         (handler-case (delete-package package)
           (error (c) (log-note "could not delete package ~A: ~A" (package-name package) c)))))
     (dolist (symbol symbols)

@@ -216,3 +216,68 @@ def test_compiling_and_loading_through_cl_mcp_print_nothing_in_emacs(shared, tmp
     for seen in ("UNUSED", "two", "noisy", "fixture-", "compil"):
         assert seen.lower() not in repl.lower(), (seen, repl)
     assert emacs.debugger_windows() == 0
+
+
+def test_a_reset_keeps_the_systems_and_modules_the_session_loaded(shared):
+    """What loading a system or a module made belongs to the image: a soft
+    reset never leaves a system that ASDF, or a module that *modules*, calls
+    loaded without its packages."""
+    _, emacs, process = shared
+    emacs.slime_eval("(cl:progn (cl:defpackage :programmers-pkg (:use :cl)) cl:t)")
+    assert not process.eval("(defpackage :scratch-pkg (:use :cl)) (defun scratch-fn () 1)")[1]
+    for load in ("(asdf:load-system :cl-ppcre)", "(require :sb-sprof)"):
+        text, is_error = process.eval(load, timeout=120)
+        assert not is_error, text
+    assert not process.call("reset-session")["isError"]
+    # The session's own forms are forgotten.
+    assert process.eval("(list (find-package :scratch-pkg) (fboundp 'scratch-fn))") == ("=> (NIL NIL)", False)
+    whole = ("(list (not (null (asdf:component-loaded-p :cl-ppcre))) "
+             "(funcall (find-symbol \"SCAN-TO-STRINGS\" :cl-ppcre) \"b+\" \"abbc\") "
+             "(not (null (member \"SB-SPROF\" *modules* :test #'string=))) "
+             "(not (null (find-symbol \"START-PROFILING\" :sb-sprof))))")
+    assert process.eval(whole) == ('=> (T "bb" T T)', False)
+    assert emacs.slime_eval('(cl:funcall (cl:find-symbol "SCAN-TO-STRINGS" "CL-PPCRE") "b+" "abbc")') == '"bb"'
+    assert emacs.slime_eval('(cl:not (cl:null (cl:find-package "PROGRAMMERS-PKG")))') == "t"
+
+
+def test_a_reset_after_a_load_that_failed_lets_the_system_load_again(shared, tmp_path):
+    """ASDF remembers the files of a system that it loaded before one failed:
+    their packages stay, so that loading the system again finishes it."""
+    _, _, process = shared
+    (tmp_path / "half-loaded.asd").write_text(
+        '(asdf:defsystem "half-loaded" :serial t :components ((:file "package") (:file "body")))\n')
+    (tmp_path / "package.lisp").write_text("(defpackage :half-loaded (:use :cl) (:export #:ready))\n")
+    (tmp_path / "body.lisp").write_text(
+        "(in-package :half-loaded)\n"
+        '(when (find-symbol "*BREAK-THE-LOAD*" :cl-user) (error "the load breaks here"))\n'
+        "(defun ready () :ready)\n")
+    assert not process.eval(f'(asdf:load-asd "{tmp_path / "half-loaded.asd"}") '
+                            "(defvar *break-the-load* t)")[1]
+    text, is_error = process.eval('(asdf:load-system "half-loaded")', timeout=120)
+    assert is_error and "the load breaks here" in text, text
+    # The reset forgets *BREAK-THE-LOAD* (the session's) and aborts the load.
+    assert not process.call("reset-session")["isError"]
+    text, is_error = process.eval('(asdf:load-system "half-loaded") (funcall (find-symbol "READY" :half-loaded))',
+                                  timeout=120)
+    assert (text, is_error) == ("=> :READY", False)
+
+
+def test_a_reset_keeps_all_that_a_systems_load_made(shared, tmp_path):
+    """A package made by uiop:define-package has no defpackage in a file, and
+    a system may define things in CL-USER: what the evaluation that loaded it
+    created stays all the same."""
+    _, emacs, process = shared
+    (tmp_path / "facade.asd").write_text('(asdf:defsystem "facade" :components ((:file "facade")))\n')
+    (tmp_path / "facade.lisp").write_text(
+        "(uiop:define-package :facade (:use :cl) (:export #:hello))\n"
+        "(in-package :facade)\n"
+        "(defun hello () :hello)\n"
+        "(in-package :cl-user)\n"
+        "(defun facade-helper () :helper)\n")
+    text, is_error = process.eval(f'(asdf:load-asd "{tmp_path / "facade.asd"}") (asdf:load-system "facade")',
+                                  timeout=120)
+    assert not is_error, text
+    assert not process.call("reset-session")["isError"]
+    assert process.eval('(list (funcall (find-symbol "HELLO" :facade)) (facade-helper))') == \
+        ("=> (:HELLO :HELPER)", False)
+    assert emacs.slime_eval("(cl-user::facade-helper)") == ":helper"
