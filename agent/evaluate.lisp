@@ -446,14 +446,18 @@ thread while output may still be coming, so it only reads."
          (fill (fill-pointer buffer)))
     (or (ignore-errors (subseq buffer (max 0 (- fill *running-tail*)) fill)) "")))
 
-(defun running-report (evaluation)
+(defun running-report (evaluation &optional forgotten)
   "The report that EVALUATION is still running: its number, the
-milliseconds since it began, and for each stream with output its latest
-`*running-tail*' characters and its whole length (:stdout-length)."
+milliseconds since it began, for each stream with output its latest
+`*running-tail*' characters and its whole length (:stdout-length), and
+the numbers of the outcomes FORGOTTEN to make room for it (:forgotten,
+see `register-background')."
   (let ((report (list :status :running :number (evaluation-id evaluation)
                       :elapsed-ms (round (* 1000 (- (get-internal-real-time)
                                                     (evaluation-started evaluation)))
                                          internal-time-units-per-second))))
+    (when forgotten
+      (setf report (list* :forgotten forgotten report)))
     (loop for (key length-key stream) in (list (list :stdout :stdout-length (evaluation-stdout evaluation))
                                                (list :stderr :stderr-length (evaluation-stderr evaluation)))
           when (and stream (plusp (kept stream)))
@@ -483,14 +487,15 @@ that says so."
   (destructuring-bind (timeout kind window) token
     (declare (ignore kind))
     (setf (evaluation-deadline evaluation) nil)
-    (cond ((register-background evaluation)
-           (when timeout
-             (schedule-deadline evaluation (list timeout :timeout) (max 0 (- timeout window))))
-           (answer-directly evaluation (running-report evaluation)))
-          (t
-           (post-report evaluation (stretch-report evaluation :error
-                                                   :error (too-many-background-error evaluation window)))
-           (invoke-restart (evaluation-abort-restart evaluation) t)))))
+    (multiple-value-bind (registered forgotten) (register-background evaluation)
+      (cond (registered
+             (when timeout
+               (schedule-deadline evaluation (list timeout :timeout) (max 0 (- timeout window))))
+             (answer-directly evaluation (running-report evaluation forgotten)))
+            (t
+             (post-report evaluation (stretch-report evaluation :error
+                                                     :error (too-many-background-error evaluation window)))
+             (invoke-restart (evaluation-abort-restart evaluation) t))))))
 
 ;;; Loads and compilations run in their request's thread too, with an
 ;;; ABORT that throws to their own catch tag; the same window sends them to
@@ -504,7 +509,8 @@ request with `running-report' and goes on in the background like an
 evaluation, its report (numbered) posted for `await-evaluation-of'; this
 then returns :ANSWERED.  Without ANSWER-WITHIN, or a request of cl-mcp's
 to answer, WORK's report."
-  (let ((request (cl-mcp-request)))
+  (let ((request (cl-mcp-request))
+        (answer-within (window-first answer-within nil)))
     (unless (and answer-within request)
       (return-from call-within-window (funcall work)))
     (let ((evaluation (make-evaluation :thread sb-thread:*current-thread* :continuation request
@@ -530,8 +536,9 @@ to answer, WORK's report."
   "The report that no background evaluation ID has an outcome to take."
   (command-error "CL-MCP:NO-SUCH-EVALUATION"
                  (format nil "Evaluation ~D is not in the background: its outcome was taken ~
-                              already, it finished within its answer window, or the session ~
-                              was reset." id)))
+                              already, it finished within its answer window, the session ~
+                              was reset, or it was forgotten, finished, to keep at most ~D ~
+                              evaluations in the background." id *max-unclaimed*)))
 
 (defun stop-background (evaluation)
   "Abort EVALUATION, running in the background or waiting there at an
@@ -647,7 +654,9 @@ function returns then, :ANSWERED, reaches nobody."
 `await-evaluation-of' takes its outcome.  While `*max-background*'
 evaluations run there, the wait goes on."
   (or (and window (take-slot evaluation #'evaluation-report #'(setf evaluation-report) window))
-      (and window (register-background evaluation) (running-report evaluation))
+      (and window
+           (multiple-value-bind (registered forgotten) (register-background evaluation)
+             (and registered (running-report evaluation forgotten))))
       (await-report evaluation)))
 
 (defun invoke-restart-of (id restart &key values (timeout nil) (answer-within nil) (tag nil))
@@ -663,7 +672,7 @@ it goes on in the background and this returns `running-report'."
     (setf (evaluation-tag evaluation) tag)
     (with-running (tag evaluation)
       (post-command evaluation (list :restart restart values timeout))
-      (await-report-within evaluation answer-within))))
+      (await-report-within evaluation (window-first answer-within timeout)))))
 
 (defun backtrace-of (id &key (count *backtrace-frame-limit*))
   "The first COUNT frames of the waiting evaluation ID (the newest when
@@ -709,9 +718,13 @@ is active, so a thread that has moved on to other work is left alone."
 
 (defun cancel-evaluation (tag)
   "Abort the evaluation (or the load) a caller waits on under TAG, and wait
-(up to 5 s) until that caller has its answer.  Return t if there was one,
-else nil."
-  (let ((running (find-running tag)))
+(up to 5 s) until that caller has its answer.  One that went to the
+background from that call is stopped and forgotten too: its \"still
+running\" answer crossed the cancel, so its caller never learnt its
+number, and nobody else could stop it.  Return t if there was one, else
+nil."
+  (let ((running (find-running tag))
+        (cancelled nil))
     (when running
       (let ((interrupted nil))
         (loop repeat 500
@@ -719,7 +732,14 @@ else nil."
               do (unless interrupted
                    (setf interrupted (interrupt-running running)))
                  (sleep 0.01)))
-      t)))
+      (setf cancelled t))
+    (let ((orphan (find-background-tagged tag)))
+      (when orphan
+        (stop-background orphan)
+        (take-slot orphan #'evaluation-report nil 5)
+        (forget-background orphan)
+        (setf cancelled t)))
+    cancelled))
 
 (defun output-tail (tag)
   "The last non-empty line of output, at most 200 characters, of the

@@ -345,10 +345,21 @@ and doze while there are none."
       (when *watchdog-dozing*
         (sb-thread:condition-notify *deadline-set*)))))
 
+(defun window-first (window timeout)
+  "WINDOW, when work given an answer window of WINDOW seconds and a deadline
+of TIMEOUT seconds (nil or 0: none) answers \"still running\" at the
+window's close: the window closes first.  Else nil: the caller waits for
+the outcome.  The one statement of the rule in the image; cl-mcp's own is
+`answer_window' in cl_mcp/tools/window.py."
+  (and window
+       (or (null timeout) (not (plusp timeout)) (< window timeout))
+       window))
+
 (defun start-stretch (evaluation timeout)
   "Begin a stretch of running: fresh output capture, readings for timing,
 and a deadline TIMEOUT seconds away; or, when the evaluation has a request
-to answer within a shorter window, the window's close first."
+to answer within a shorter window (`window-first'), the window's close
+first."
   (reset-capture (evaluation-stdout evaluation))
   (reset-capture (evaluation-stderr evaluation))
   (setf (evaluation-warnings evaluation) '()
@@ -357,8 +368,9 @@ to answer within a shorter window, the window's close first."
         (list (get-internal-real-time) (get-internal-run-time)
               sb-ext:*gc-run-time* (sb-ext:get-bytes-consed)))
   (let ((timeout (and timeout (plusp timeout) timeout))
-        (window (and (evaluation-continuation evaluation) (evaluation-answer-within evaluation))))
-    (cond ((and window (or (null timeout) (< window timeout)))
+        (window (and (evaluation-continuation evaluation)
+                     (window-first (evaluation-answer-within evaluation) timeout))))
+    (cond (window
            (schedule-deadline evaluation (list timeout :answer window) window))
           (timeout
            (schedule-deadline evaluation (list timeout :timeout) timeout)))))
@@ -376,8 +388,9 @@ to answer within a shorter window, the window's close first."
 at the close of its answer window, with an error saying so.")
 
 (defparameter *max-unclaimed* 16
-  "Finished background evaluations kept for `await-evaluation-of' at most;
-past it, the oldest is forgotten.")
+  "Background evaluations kept for `await-evaluation-of' at most, running or
+finished: registering one more forgets the oldest finished one (those
+still running, at most `*max-background*', are never forgotten).")
 
 (defvar *background* '()
   "Evaluations sent to the background whose outcome nobody has taken yet,
@@ -390,7 +403,9 @@ newest first.  One with a report posted has finished (or waits at an error).")
 
 (defun register-background (evaluation)
   "Record EVALUATION as running in the background, its thread named for it
-(in attach mode, that is what the programmer's thread list shows); nil,
+(in attach mode, that is what the programmer's thread list shows), keeping
+`*max-unclaimed*'; return t and the numbers of the outcomes forgotten to
+make room (the caller tells cl-mcp, whose record mirrors this one).  Nil,
 and nothing recorded, when `*max-background*' run already."
   (sb-thread:with-mutex (*registry-lock*)
     (when (< (count-if-not #'evaluation-report *background*) *max-background*)
@@ -398,20 +413,32 @@ and nothing recorded, when `*max-background*' run already."
             (sb-thread:thread-name (evaluation-thread evaluation))
             (format nil "cl-mcp evaluation ~D (background)" (evaluation-id evaluation)))
       (push evaluation *background*)
-      (let ((finished (remove-if-not #'evaluation-report *background*)))
-        (when (> (length finished) *max-unclaimed*)
-          (setf *background* (remove (car (last finished)) *background*))))
-      t)))
+      (let ((forgotten '()))
+        (loop for oldest = (and (> (length *background*) *max-unclaimed*)
+                                (find-if #'evaluation-report *background* :from-end t))
+              while oldest
+              do (setf (evaluation-background oldest) nil
+                       *background* (remove oldest *background*))
+                 (push (evaluation-id oldest) forgotten))
+        (values t forgotten)))))
 
 (defun find-background (id)
   "The background evaluation numbered ID whose outcome is not yet taken."
   (sb-thread:with-mutex (*registry-lock*)
     (find id *background* :key #'evaluation-id)))
 
-(defun forget-background (evaluation)
-  "EVALUATION's outcome has been taken: stop keeping it."
+(defun find-background-tagged (tag)
+  "The background evaluation whose outcome is not yet taken that went there
+from the call tagged TAG."
   (sb-thread:with-mutex (*registry-lock*)
-    (setf *background* (remove evaluation *background*))))
+    (find tag *background* :key #'evaluation-tag :test #'equal)))
+
+(defun forget-background (evaluation)
+  "EVALUATION's outcome has been taken: stop keeping it.  Continued through
+a restart, it is in the foreground again until its next window closes."
+  (sb-thread:with-mutex (*registry-lock*)
+    (setf (evaluation-background evaluation) nil
+          *background* (remove evaluation *background*))))
 
 ;;;; What the session creates, in an image it shares (attach mode)
 ;;;

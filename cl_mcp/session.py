@@ -25,6 +25,7 @@ from cl_mcp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in
 from cl_mcp.outputs import OutputStore
 from cl_mcp.sexp import Keyword, SExp, Symbol
 from cl_mcp.swank.client import DEFAULT_PACKAGE, SwankConnection
+from cl_mcp.unclaimed import Unclaimed
 
 log = logging.getLogger("cl_mcp.session")
 
@@ -69,8 +70,8 @@ class LispSession:
         self.outputs = OutputStore(config.keep_output)
         # The work sent to the background whose outcome has not been kept
         # yet, by number: how its tool shows it (cl_mcp/tools/evaluate.py's
-        # `Work`).
-        self.background: dict[int, Any] = {}
+        # `Work`), and who keeps its outcome.
+        self.background: Unclaimed[Any] = Unclaimed()
 
     @property
     def shared(self) -> bool:

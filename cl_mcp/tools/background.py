@@ -23,9 +23,17 @@ from cl_mcp.tools.evaluate import EVALUATION, evaluation_rendered, keep_output, 
 ABORT_DEADLINE = 15.0  # the image gives an aborted evaluation 10 s to unwind
 
 
+def already_fetched(number: int, base: dict[str, Any]) -> Rendered:
+    """The answer to an await-evaluation that lost its outcome to another."""
+    return error_result("CL-MCP:ALREADY-FETCHED",
+                        f"The outcome of evaluation {number} was handed to another await-evaluation "
+                        f'call; read-output {{"evaluation": {number}}} reads its output.', base)
+
+
 async def await_evaluation(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     number = arguments["evaluation"]
-    work = session.background.get(number, EVALUATION)
+    work = session.background.work(number, EVALUATION)
+    stint = session.background.stint(number)
     window = session.config.answer_within
     wait = min(arguments.get("wait", window), window)
     abort = bool(arguments.get("abort", False))
@@ -36,12 +44,25 @@ async def await_evaluation(session: LispSession, arguments: dict[str, Any]) -> R
         result = result_dict(await session.call_beside(
             form, (ABORT_DEADLINE if abort else wait) + DEADLINE_GRACE))
         if result.get("status") != "running" and result.get("number") == number:
+            # Two overlapping calls may both be shown the outcome: the
+            # first to claim it keeps it, so its output is kept once.
+            if not session.background.claim(number, stint):
+                return already_fetched(number, work.base)
             # The outcome stays in the image until it is kept here: a call
             # cancelled before this point loses nothing.
-            result["line-offsets"] = await keep_output(session, result, session.call_beside)
-            await session.call_beside([Symbol("cl-mcp-agent:forget-outcome"), number], DEADLINE_GRACE)
+            try:
+                result["line-offsets"] = await keep_output(session, result, session.call_beside)
+            except BaseException:
+                session.background.release(number, stint)
+                raise
+            try:  # kept: the image may forget it, whatever happens to this call
+                await asyncio.shield(session.call_beside(
+                    [Symbol("cl-mcp-agent:forget-outcome"), number], DEADLINE_GRACE))
+            finally:
+                session.background.kept(number, stint)
+        elif result.get("status") != "running":
+            session.background.discard(number)
         if result.get("status") != "running":
-            session.background.pop(number, None)
             follow_package(session, result, explicit=True)
     except SessionError as error:
         return error_result(error.kind, error.message, work.base)

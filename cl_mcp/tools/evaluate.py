@@ -15,6 +15,7 @@ from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, SExp, Symbol
 from cl_mcp.swank.client import DEFAULT_PACKAGE
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, lisp_seconds, result_dict
+from cl_mcp.tools.window import answer_window, window_keywords
 
 log = logging.getLogger("cl_mcp.tools")
 
@@ -24,13 +25,12 @@ SLICE_DEADLINE = 30.0
 
 
 def evaluate_form(session: LispSession, code: str, package: str | None, capture_time: bool,
-                  timeout: float, tag: int, answer_within: float) -> list[SExp]:
+                  timeout: float, tag: int, window: float | None) -> list[SExp]:
     """The agent call, with only what differs from its defaults: Swank reads
     every request, and each keyword (a float most of all) costs microseconds."""
     form: list[SExp] = [Symbol("cl-mcp-agent:evaluate"), code,
-                        Keyword("timeout"), lisp_seconds(timeout), Keyword("tag"), tag]
-    if answer_within < timeout:
-        form += [Keyword("answer-within"), lisp_seconds(answer_within)]
+                        Keyword("timeout"), lisp_seconds(timeout), Keyword("tag"), tag,
+                        *window_keywords(window)]
     if (package or session.package) != DEFAULT_PACKAGE:
         form += [Keyword("package"), package or session.package]
     if package is not None:
@@ -50,13 +50,13 @@ async def evaluate(session: LispSession, code: str, package: str | None = None,
     it is answered "running" (see `rendered_running`) and runs on in the
     background."""
     timeout = timeout or session.config.eval_timeout
-    window = answer_within or session.config.answer_within
+    window = answer_window(answer_within, session.config.answer_within, timeout)
     async with session.turn():
         tag = session.new_tag()
         form = evaluate_form(session, code, package, capture_time, timeout, tag, window)
         result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
         if result.get("status") == "running":
-            session.background[result["number"]] = EVALUATION
+            sent_to_background(session, result, EVALUATION)
             return result
         result["line-offsets"] = await keep_output(session, result)
         follow_package(session, result, explicit=package is not None)
@@ -176,6 +176,12 @@ class Work:
 
 
 EVALUATION = Work("Evaluation {number}", {"success": False, "stdout": "", "stderr": "", "warnings": []})
+
+
+def sent_to_background(session: LispSession, running: dict[str, Any], work: Work) -> None:
+    """Record WORK, whose call answered RUNNING ("still running"), for
+    await-evaluation; and forget what the image forgot to make room."""
+    session.background.add(running["number"], work, running.get("forgotten") or ())
 
 
 def rendered_running(result: dict[str, Any], limit: int, work: Work = EVALUATION) -> Rendered:

@@ -10,7 +10,9 @@ from cl_mcp.render import Rendered, error_result, render_frames
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, result_dict, whole
-from cl_mcp.tools.evaluate import EVALUATION, evaluation_rendered, keep_output, rendered_within
+from cl_mcp.tools.evaluate import (EVALUATION, evaluation_rendered, keep_output, rendered_within,
+                                   sent_to_background)
+from cl_mcp.tools.window import answer_window, window_keywords
 
 
 async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Rendered:
@@ -23,13 +25,12 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
             form = [Symbol("cl-mcp-agent:invoke-restart-of"), whole(arguments.get("evaluation")),
                     whole(arguments["restart"]),
                     Keyword("values"), [Symbol("cl:quote"), arguments.get("values") or []],
-                    Keyword("timeout"), float(timeout), Keyword("tag"), tag]
-            window = session.config.answer_within
-            if window < timeout:  # a long continuation goes on in the background
-                form += [Keyword("answer-within"), float(window)]
+                    Keyword("timeout"), float(timeout), Keyword("tag"), tag,
+                    # A long continuation goes on in the background.
+                    *window_keywords(answer_window(None, session.config.answer_within, timeout))]
             result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
             if result.get("status") == "running":
-                session.background[result["number"]] = EVALUATION
+                sent_to_background(session, result, EVALUATION)
             else:
                 result["line-offsets"] = await keep_output(session, result)
                 follow_package(session, result, explicit=True)

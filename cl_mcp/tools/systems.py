@@ -8,9 +8,10 @@ from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_result, error_text
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import lisp_seconds, result_dict
+from cl_mcp.tools.agent import result_dict
 from cl_mcp.tools.code import note_structure, note_text
-from cl_mcp.tools.evaluate import Work, rendered_running
+from cl_mcp.tools.evaluate import Work, rendered_running, sent_to_background
+from cl_mcp.tools.window import answer_window, window_keywords
 
 RESET_TEXT = "Session reset. All definitions cleared."
 MAX_WARNINGS = 20
@@ -77,18 +78,18 @@ async def load_system(session: LispSession, arguments: dict[str, Any]) -> Render
     name = arguments["system"]
     work = Work(f"Loading system {name} (number {{number}})",
                 {"system": name, "loaded": False, "warnings": [], "notes": []}, render_load)
-    window = arguments.get("answer-within") or session.config.answer_within
+    window = answer_window(arguments.get("answer-within"), session.config.answer_within,
+                           session.config.load_timeout)  # a long load goes on in the background
     try:
         async with session.turn():
             tag = session.new_tag()
-            form = [Symbol("cl-mcp-agent:load-system"), name, Keyword("tag"), tag]
-            if window < session.config.load_timeout:  # a long load goes on in the background
-                form += [Keyword("answer-within"), lisp_seconds(window)]
+            form = [Symbol("cl-mcp-agent:load-system"), name, Keyword("tag"), tag,
+                    *window_keywords(window)]
             result = result_dict(await session.call(form, session.config.load_timeout, tag))
     except SessionError as error:
         return error_result(error.kind, error.message, work.base)
     if result.get("status") == "running":
-        session.background[result["number"]] = work
+        sent_to_background(session, result, work)
         return rendered_running(result, session.config.max_result_chars, work)
     if "system" not in result:  # stopped at its window: too many in the background
         return error_result(result["error"]["type"], result["error"]["message"], work.base)

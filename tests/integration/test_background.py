@@ -124,6 +124,58 @@ def test_past_the_limit_an_evaluation_is_stopped_with_a_clear_error(lisp):
     assert wait_for(lisp, number)["content"][0]["text"] == "=> NIL"
 
 
+def test_overlapping_awaits_hand_the_outcome_out_once(lisp):
+    """Both calls are waiting when it ends, and the image shows both the
+    outcome: one keeps it, the other is told where its output is."""
+    number = start(lisp, '(progn (write-line "one") (write-line "two") (sleep 2) :done)')
+    calls = [lisp.start_request("tools/call", {"name": "await-evaluation",
+                                               "arguments": {"evaluation": number, "wait": 30}})
+             for _ in range(2)]
+    refused, outcome = sorted(lisp.response(call)["result"]["content"][0]["text"] for call in calls)
+    assert refused == ("[ERROR] CL-MCP:ALREADY-FETCHED\n"
+                       f"The outcome of evaluation {number} was handed to another await-evaluation call; "
+                       f'read-output {{"evaluation": {number}}} reads its output.'), refused
+    assert outcome.startswith("[stdout]\none\ntwo\n\n=> :DONE"), outcome
+    output = lisp.call("read-output", evaluation=number)
+    assert output["structuredContent"]["lines"] == ["      1: one", "      2: two"]
+
+
+LONG_OUTPUT = "(dotimes (i 150000) (format t \"line ~7,'0D xxxxxxxx~%\" i))"  # 3.3 MB
+
+
+@pytest.mark.parametrize("pause", [0, 2])
+def test_a_continuation_of_background_work_keeps_its_whole_output(pause):
+    """It went to the background, stopped at an error there, and went on
+    through a restart: its output past the report's first 1,000,000
+    characters is kept as a foreground evaluation's is, whether the
+    continuation ends within its window or in the background again."""
+    process = McpProcess("--answer-within", "1")  # invoke-restart's window too
+    try:
+        process.initialize()
+        check_results_of(process, "evaluate-lisp")
+        number = start(process, f'(progn (write-line "before") (sleep 1.5) (restart-case (error "stop") '
+                                f"(continue () {LONG_OUTPUT} (sleep {pause}) :resumed)))")
+        assert outcome_of(process, process.call("await-evaluation", evaluation=number), number)["isError"]
+        outcome = outcome_of(process, process.call("invoke-restart", evaluation=number, restart="CONTINUE",
+                                                   timeout=30), number)
+        text = outcome["content"][0]["text"]
+        assert "\n=> :RESUMED" in text, text[-300:]
+        marker = next(line for line in text.splitlines() if "read-output" in line)
+        assert f'read-output {{"evaluation": {number}, "stream": "stdout", "offset": 356, ' in marker, marker
+        tail = process.call("read-output", evaluation=number, offset=150_000, length=5)["structuredContent"]
+        assert tail["totalLines"] == 150_001
+        assert tail["lines"] == [" 150000: line 0149998 xxxxxxxx", " 150001: line 0149999 xxxxxxxx"]
+    finally:
+        process.close()
+
+
+def outcome_of(process, result, number):
+    """RESULT, or once it says NUMBER still runs, its outcome."""
+    while result["structuredContent"].get("running"):  # each wait is at most the window
+        result = wait_for(process, number)
+    return result
+
+
 def test_quick_work_never_goes_to_the_background(lisp):
     result = lisp.call("evaluate-lisp", code="(+ 1 2)", **{"answer-within": 1})
     assert result["content"][0]["text"] == "=> 3"
