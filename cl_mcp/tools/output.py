@@ -1,14 +1,17 @@
 """read-output: the kept output of an earlier evaluation, by lines or by a
 regular expression, within the result budget (see cl_mcp/outputs.py).
-No call to the image: the output is kept on this side."""
+An evaluation's output is kept on this side once its outcome is; the
+output so far of one still running in the background is read from the
+image (output-slice), beside the session's turn."""
 
 from __future__ import annotations
 
-import re
+import asyncio
+from itertools import islice
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.linepattern import LinePattern
+from cl_mcp.linepattern import LinePattern, PatternError
 from cl_mcp.outputs import Lines, NotKept
 from cl_mcp.render import Rendered, condition_structure, error_text
 from cl_mcp.session import LispSession
@@ -47,15 +50,7 @@ def search(lines: Lines, pattern: LinePattern, limit: int) -> tuple[list[str], i
     (``-``), groups apart separated by ``--``, as long as they fit in
     LIMIT; the number of matching lines, and the first matching line not
     shown (or None)."""
-    matching: list[int] = []
-    for start in pattern.starts(lines.text):
-        if start == len(lines.text) and start:
-            break  # past a final newline: no line starts there
-        number = lines.line_at(start)
-        if not matching or matching[-1] != number:
-            matching.append(number)
-            if len(matching) >= MAX_MATCHES:
-                break
+    matching = list(islice(pattern.lines(lines.text), MAX_MATCHES))
     wanted = sorted({each for number in matching
                      for each in range(max(1, number - CONTEXT), min(len(lines), number + CONTEXT) + 1)})
     is_match = set(matching)
@@ -120,10 +115,15 @@ async def read_output(session: LispSession, arguments: dict[str, Any]) -> Render
     if pattern_text is not None:
         try:
             pattern = LinePattern(pattern_text)
-        except re.error as error:
+        except PatternError as error:
             return read_error(arguments, "CL-MCP:INVALID-PATTERN",
-                              f"The pattern {pattern_text!r} is not a regular expression: {error}.")
-        shown, count, next_line = search(lines, pattern, limit)
+                              f"The pattern {pattern_text!r} cannot be searched: {error}. Patterns "
+                              "are RE2's syntax: Python's without backreferences or lookaround, "
+                              "so that a search takes time linear in the output.")
+        # RE2 lets go of the GIL while it searches: over megabytes, a pattern
+        # its DFA cannot cache (e.g. [xy]*x[xy]{30}z) takes seconds, which
+        # must not hold the event loop (ping, cancel, the other calls).
+        shown, count, next_line = await asyncio.to_thread(search, lines, pattern, limit)
         heading = (f"[{what}: {count:,} line{'s' if count != 1 else ''} of {len(lines):,} match "
                    f"/{pattern_text}/]")
         closing = (f"… matches from line {next_line} on not shown: "

@@ -81,7 +81,11 @@ def test_what_read_output_cannot_give_is_an_error_that_says_why(lisp):
     assert unknown["isError"]
     assert "No output of evaluation 999999 is kept" in unknown["content"][0]["text"]
     bad = lisp.call("read-output", evaluation=1, pattern="(")
-    assert bad["isError"] and "is not a regular expression" in bad["content"][0]["text"]
+    assert bad["isError"] and "cannot be searched: missing ): (." in bad["content"][0]["text"]
+    refused = lisp.call("read-output", evaluation=1, pattern=r"(a)\1")
+    assert refused["isError"]
+    assert "cannot be searched: invalid escape sequence: \\1. Patterns are RE2's syntax: Python's " \
+           "without backreferences or lookaround" in refused["content"][0]["text"]
 
 
 def test_tools_list_gives_the_budget_as_a_size_hint(lisp):

@@ -1,32 +1,46 @@
-"""LinePattern: a pattern anchored at line starts, searched by its newline,
-finds the lines the plain MULTILINE search finds."""
+"""LinePattern: RE2 finds the lines Python's MULTILINE search finds; a
+pattern anchored at line starts, searched by its newline, finds the lines
+the plain search finds; a pattern that backtracking makes exponential
+takes linear time; a pattern RE2 refuses says why."""
 
 from __future__ import annotations
 
 import re
+import time
 
-from hypothesis import given, strategies as st
+import pytest
+from hypothesis import assume, example, given, strategies as st
 
-from cl_mcp.linepattern import LinePattern, branches_at_top
+from cl_mcp.linepattern import LinePattern, PatternError, branches_at_top
 from cl_mcp.outputs import Lines
 from cl_mcp.tools.output import search
 
 # Atoms that never match a newline, so that no match spans lines and both
 # ways of searching must give the same lines.
-ATOMS = ["a", "|", "b", "[ab]", "a*", "b+", "(a|b)", "(?:ab|b)", ".", "$", "^", "a?", r"\w", "[|]", "(?#|)"]
+ATOMS = ["a", "|", "b", "[ab]", "a*", "b+", "(a|b)", "(?:ab|b)", ".", "$", "^", "a?", r"\w", "[|]"]
+# RE2's own syntax, where a scan for the top-level "|" could go wrong.
+RE2_ATOMS = [*ATOMS, r"\Q(|\E", r"\Qa", "[[:alpha:](|]", "[[:alpha:]]", "[a[]", "[[:a]", "[]|(]", "[^]|]",
+             "(", ")", "(?i)", "(?i:a|B)", r"\|", "*", "{2}", r"[\]|]", r"\z"]
 
 
 def plain_lines(pattern: str, text: str) -> list[int]:
+    """PATTERN's lines in TEXT by Python's re (an empty TEXT has none, and
+    no line starts past a final newline)."""
     lines = Lines(text)
     found = [lines.line_at(match.start()) for match in re.finditer(pattern, text, re.MULTILINE)
-             if not (match.start() == len(text) and text)]
+             if text and not (match.start() == len(text) and text.endswith("\n"))]
     return sorted(set(found))
 
 
 def fast_lines(pattern: str, text: str) -> list[int]:
-    lines = Lines(text)
-    return sorted({lines.line_at(start) for start in LinePattern(pattern).starts(text)
-                   if not (start == len(text) and text)})
+    return list(LinePattern(pattern).lines(text))
+
+
+def unanchored_lines(pattern: str, text: str) -> list[int]:
+    """PATTERN's lines in TEXT, searched as written, never by its newline."""
+    plain = LinePattern(pattern)
+    plain.after_newline = None
+    return list(plain.lines(text))
 
 
 @given(st.lists(st.sampled_from(ATOMS), max_size=4).map("".join),
@@ -34,6 +48,44 @@ def fast_lines(pattern: str, text: str) -> list[int]:
 def test_an_anchored_pattern_finds_the_lines_the_plain_search_finds(rest: str, text: str) -> None:
     pattern = "^" + rest
     assert fast_lines(pattern, text) == plain_lines(pattern, text)
+
+
+@given(st.lists(st.sampled_from(ATOMS), max_size=4).map("".join),
+       st.text(alphabet="ab\n", max_size=40))
+def test_any_pattern_finds_the_lines_pythons_search_finds(pattern: str, text: str) -> None:
+    assert fast_lines(pattern, text) == plain_lines(pattern, text)
+
+
+@given(st.lists(st.sampled_from(RE2_ATOMS), max_size=5).map("".join),
+       st.text(alphabet="ab|(]\nA", max_size=40))
+@example(r"\Q(\E|b", "ab\nab")
+@example("[[:alpha:](]|b", "ab\nab")
+def test_searched_by_its_newline_or_as_written_the_lines_are_the_same(rest: str, text: str) -> None:
+    pattern = "^" + rest
+    try:
+        LinePattern(pattern)
+    except PatternError:
+        assume(False)
+    assert fast_lines(pattern, text) == unanchored_lines(pattern, text)
+
+
+def test_an_exponential_pattern_for_backtracking_takes_linear_time() -> None:
+    text = ("a" * 100_000 + "!\n") * 10
+    started = time.perf_counter()
+    assert fast_lines("(a+)+$", text) == []
+    assert time.perf_counter() - started < 1.0  # Python's re: 2.6 s for 25 a's, doubling with each
+
+
+@pytest.mark.parametrize("pattern, reason", [
+    (r"(a)\1", r"invalid escape sequence: \1"),
+    ("a(?=b)", "invalid perl operator: (?="),
+    ("(?<=a)b", "invalid perl operator: (?<="),
+    ("(", "missing ): ("),
+])
+def test_a_pattern_re2_refuses_says_why(pattern: str, reason: str) -> None:
+    with pytest.raises(PatternError) as refused:
+        LinePattern(pattern)
+    assert str(refused.value) == reason
 
 
 def test_an_anchored_pattern_is_searched_by_its_newline() -> None:
@@ -55,8 +107,9 @@ def test_branches_at_top_skips_groups_classes_escapes_and_comments() -> None:
     assert not branches_at_top("[]|]")
     assert not branches_at_top("[^]|]")
     assert not branches_at_top(r"a\|b")
-    assert not branches_at_top("(?#(|)x")
-    assert branches_at_top("(?#()a|b")
+    assert not branches_at_top(r"\Qa|b\E")
+    assert branches_at_top(r"\Q(\E|b")
+    assert branches_at_top("[[:alpha:](]|b")
 
 
 def test_line_one_and_the_last_line_are_found() -> None:

@@ -1,0 +1,61 @@
+"""read-output's pattern cannot stall the server: a pattern that makes a
+backtracking search exponential answers at once, and a search that takes
+long over megabytes leaves ping and the other calls answered meanwhile."""
+
+import json
+
+import pytest
+
+from tests.integration.conftest import McpProcess
+
+QUICK = 10.0  # seconds: far beyond what these searches take, far below what backtracking takes
+
+
+@pytest.fixture(scope="module")
+def lisp():
+    process = McpProcess()
+    process.initialize()
+    yield process
+    process.proc.kill()  # before the fix, still searching
+    process.proc.wait()
+
+
+def output_of(lisp, code: str) -> int:
+    result = lisp.call("evaluate-lisp", code=code)
+    assert not result["isError"], result
+    return result["structuredContent"]["number"]
+
+
+def search_with_ping(lisp, number: int, pattern: str) -> tuple[dict, bool]:
+    """read-output of PATTERN over NUMBER's output with a ping sent right
+    after it: the search's result, and whether ping was answered first."""
+    searching = lisp.start_request("tools/call", {"name": "read-output",
+                                                  "arguments": {"evaluation": number, "pattern": pattern}})
+    pinging = lisp.start_request("ping")
+    assert lisp.response(pinging, QUICK)["result"] == {}
+    result = lisp.response(searching, QUICK)["result"]
+    answers = [json.loads(line).get("id") for line in lisp.raw_lines]
+    return result, [each for each in answers if each in (searching, pinging)] == [pinging, searching]
+
+
+def test_a_pattern_exponential_for_backtracking_answers_at_once(lisp):
+    # Python's re took 2.6 s over 25 a's and a "!", doubling with each a.
+    number = output_of(lisp, '(progn (write-string (make-string 100000 :initial-element #\\a)) '
+                             '(write-line "!") (write-line "aaaa"))')
+    result, _ = search_with_ping(lisp, number, "(a+)+$")
+    assert not result["isError"], result
+    assert result["structuredContent"]["matches"] == 1
+    assert result["structuredContent"]["lines"][-1] == "      2: aaaa"
+
+
+def test_ping_is_answered_while_a_long_search_runs(lisp):
+    # 3 MB of random x and y: RE2's DFA cannot cache this pattern's states,
+    # and its NFA takes about a second; the search runs beside the loop.
+    number = output_of(lisp, '(let ((*random-state* (sb-ext:seed-random-state 7)) '
+                             '(line (make-string 99))) '
+                             '(dotimes (i 30000) (dotimes (j 99) (setf (char line j) (if (zerop (random 2)) #\\x #\\y))) '
+                             '(write-line line)) :done)')
+    result, ping_first = search_with_ping(lisp, number, "[xy]*x[xy]{30}z")
+    assert ping_first, "the search answered before ping"
+    assert not result["isError"], result
+    assert result["structuredContent"]["matches"] == 0
