@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import ipaddress
 import logging
-import math
 import os
 import signal
 import sys
@@ -21,10 +20,6 @@ from cl_mcp.session import LispSession, SessionConfig
 from cl_mcp.stdio import StdioTransport, claim_stdout, reopen_closed_stdin
 
 log = logging.getLogger("cl_mcp")
-
-# After stdin closes, running requests get this long to answer before exit
-# (unless stdin was a file: see eof_grace).
-EOF_GRACE = 1.5
 
 
 def bounded_int(low: int, high: int) -> Callable[[str], int]:
@@ -192,16 +187,6 @@ def warn_if_remote(connect: tuple[str, int] | None) -> None:
                 "then --connect %d", host, port, port, port, host, port)
 
 
-def eof_grace(transport: StdioTransport) -> float:
-    """How long running requests may go on once stdin has ended.  The end of
-    a pipe means the client has gone.  The end of a stdin the loop cannot
-    watch (a file, /dev/null) is the end of a script, and its answers are
-    still wanted: the requests finish, each within its own deadline."""
-    if transport.input_is_live or transport.broken:
-        return EOF_GRACE
-    return math.inf
-
-
 async def first_of(*awaitables: Awaitable[object]) -> None:
     """Wait until one of AWAITABLES is done, and cancel the others."""
     tasks = [asyncio.ensure_future(awaitable) for awaitable in awaitables]
@@ -236,8 +221,11 @@ async def serve(config: SessionConfig, out_fd: int) -> int:
 
     await first_of(transport.input_ended(), stop.wait())
     if not stop.is_set():
-        log.info("stdin closed; shutting down")
-        await first_of(server.finish(timeout=eof_grace(transport)), stop.wait())
+        # Every request read before the end is answered, each within its own
+        # deadline (a first start may first compile the agent), unless
+        # nobody reads the answers any more or a signal says stop now.
+        log.info("stdin closed; answering the requests under way, then shutting down")
+        await first_of(server.finish(timeout=None), stop.wait(), transport.output_lost())
     if stop.is_set():
         log.info("signal received; shutting down")
     await server.finish(timeout=0)

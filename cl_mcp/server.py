@@ -7,8 +7,9 @@ line arrives, and goes on as a task of its own once it has to wait, so
 `ping` and `tools/list` are answered while an evaluation runs; evaluations
 queue in the session in arrival order, because parsing, validation and each
 request's first step happen in the order lines arrive.  The calls queued
-for the session are bounded in number and in bytes (`CallQueue`): past the
-bounds a call is refused at once with SERVER_BUSY.
+for the session are bounded in number and in bytes (intake.py): past the
+bounds a call is refused at once with SERVER_BUSY.  Tool calls that become
+MCP tasks are wired in task_calls.py.
 
 Revisions: 2024-11-05 to 2025-11-25 open with `initialize` (the legacy
 era); 2026-07-28 requests carry their version and client capabilities in
@@ -24,29 +25,29 @@ import asyncio
 import functools
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Coroutine
 
 import orjson
 
 from cl_mcp import __version__, budget, jsonrpc
 from cl_mcp.eager import start_eagerly
-from cl_mcp.contracts import error_location, first_error, params_schema, shared_type
+from cl_mcp.contracts import error_location, first_error, shared_type
 from cl_mcp.errors import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
-    SERVER_BUSY,
     UNSUPPORTED_PROTOCOL_VERSION,
     JsonRpcError,
 )
+from cl_mcp.intake import CallQueue, QueuedCall
 from cl_mcp.jsonrpc import OversizedLine
 from cl_mcp.render import Rendered, invalid_arguments
+from cl_mcp.request import META_CAPABILITIES, Request, check_params
 from cl_mcp.session import LispSession
-from cl_mcp.tasks import EXTENSION, EXTENSION_VERSION, RELATED_TASK, Task, TaskRegistry
+from cl_mcp.task_calls import TASK_TOOLS, TASKS_VERSION, TaskCalls, Then
+from cl_mcp.tasks import EXTENSION, EXTENSION_VERSION
 from cl_mcp.tools import ToolSpec, build_tools
-from cl_mcp.tools.background import follow_to_outcome
 
 log = logging.getLogger("cl_mcp.server")
 
@@ -60,38 +61,14 @@ BATCH_VERSION = "2025-03-26"
 ARGUMENT_ERRORS_VERSION = "2025-11-25"
 
 META_VERSION = "io.modelcontextprotocol/protocolVersion"
-META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
 META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 
-# Tasks: 2025-11-25's experimental ones, asked for with `task` in a call's
-# params; from 2026-07-28 on the io.modelcontextprotocol/tasks extension, where
-# the server turns a call still running at its answer window into a task.
-TASKS_VERSION = "2025-11-25"
-TASK_TOOLS = frozenset({"evaluate-lisp", "load-system", "compile-file"})
-# A 2025-11-25 task's work goes to the background after this long, so that
-# the session's other calls need not wait for it (unless the call gives its
-# own answer-within).
-TASK_ANSWER_WITHIN = 1.0
-# How long past the answer window a 2026-07-28 call waits for its outcome
-# before it answers with a task: the image's window closes first.
-TASK_GRACE = 1.0
+# Its arrival stops every task made before it (task_calls.py).
+RESET_TOOL = "reset-session"
 
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 PROGRESS_INTERVAL = 0.5  # seconds; the issue asks for at least one a second
 TOOLS_TTL_MS = 3_600_000  # the tool list never changes while cl-mcp runs
-
-# Intake limits for the calls that wait for the session or hold it (every
-# tools/call).  A queued call keeps its whole request in memory until it
-# has run, so a client that sends calls faster than the image runs them
-# would grow cl-mcp without limit: 400 calls of 200 KB behind one evaluation
-# took it to 104 MiB.  The bytes bound the large requests; the count bounds
-# the small ones (each holds a task, its coroutine frames and a lock
-# waiter: about 5 KiB) and leaves room for a burst of quick calls sent in
-# one go (tests/integration/test_load.py sends 750).  Past either bound a
-# call is refused at once; a call is always admitted when none is queued,
-# whatever its size up to jsonrpc.MAX_LINE_BYTES.
-MAX_QUEUED_CALLS = 1024
-MAX_QUEUED_BYTES = 32 * 2**20
 
 INSTRUCTIONS = (
     "A live, persistent Common Lisp (SBCL) image. Use evaluate-lisp to run code; "
@@ -111,23 +88,6 @@ INSTRUCTIONS = (
 )
 
 Send = Callable[[Any], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One request, with the protocol revision it is served under."""
-
-    id: Any
-    method: str
-    params: Any
-    version: str
-    modern: bool
-
-    @property
-    def progress_token(self) -> str | int | None:
-        meta = self.params.get("_meta") if isinstance(self.params, dict) else None
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
-        return token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
 
 
 def _now() -> float:
@@ -154,88 +114,6 @@ def _tool_name(params: Any) -> str:
     return name if isinstance(name, str) else "?"
 
 
-def _mib(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB"
-
-
-@dataclass(eq=False, slots=True)
-class QueuedCall:
-    """A tools/call from its arrival until it ends: waiting for the session,
-    then holding it."""
-
-    request_id: Any
-    tool: str
-    size: int  # bytes of the line that carried it
-    arrived: float  # event-loop time
-    started: float | None = None  # when it took the session
-
-    def running_for(self, now: float) -> float:
-        # `started` is noted when the call before it ends, one event-loop
-        # pass after it has; in that pass this call has only just started.
-        return now - self.started if self.started is not None else 0.0
-
-
-class CallQueue:
-    """The tools/calls that wait for the session or hold it, oldest first,
-    and the intake limits on them.
-
-    Its order is the session's: every tools/call reaches the session's FIFO
-    lock in its first step, and first steps run as lines are read, in
-    arrival order (eager.py).  A call that ends without reaching the lock
-    (invalid params, an unknown tool) has already ended when the server
-    would add it, so it is never added.  The oldest unfinished call
-    therefore holds the session, and the others wait in this order.  Pure
-    bookkeeping: the caller gives the time."""
-
-    def __init__(self) -> None:
-        self._calls: dict[QueuedCall, asyncio.Future[Any]] = {}  # in arrival order
-        self.bytes = 0
-
-    def refusal(self, size: int) -> JsonRpcError | None:
-        """The busy error for a call of SIZE bytes, or None to admit it."""
-        count = len(self._calls)
-        if count >= MAX_QUEUED_CALLS:
-            reason = f"{count} calls are queued (the limit)"
-        elif count and self.bytes + size > MAX_QUEUED_BYTES:
-            reason = (f"{count} queued calls hold {_mib(self.bytes)} of requests and this one "
-                      f"{_mib(size)}, past the limit of {_mib(MAX_QUEUED_BYTES)}")
-        else:
-            return None
-        return JsonRpcError(
-            SERVER_BUSY, f"Server busy: {reason}; try again when earlier calls have finished",
-            {"queuedCalls": count, "queuedBytes": self.bytes, "requestBytes": size,
-             "maxQueuedCalls": MAX_QUEUED_CALLS, "maxQueuedBytes": MAX_QUEUED_BYTES})
-
-    def add(self, call: QueuedCall, task: asyncio.Future[Any], now: float) -> None:
-        """CALL, run by TASK, has reached the session's lock."""
-        self._calls[call] = task
-        self.bytes += call.size
-        self._note_start(now)
-
-    def remove(self, call: QueuedCall, now: float) -> None:
-        """CALL has ended; the next one takes the session."""
-        del self._calls[call]
-        self.bytes -= call.size
-        self._note_start(now)
-
-    def ahead_of(self, call: QueuedCall) -> list[QueuedCall]:
-        """The unfinished calls before CALL, oldest (the running one) first."""
-        ahead = []
-        for other, task in self._calls.items():
-            if other is call:
-                break
-            if not task.done():
-                ahead.append(other)
-        return ahead
-
-    def _note_start(self, now: float) -> None:
-        for call, task in self._calls.items():
-            if not task.done():
-                if call.started is None:
-                    call.started = now
-                return
-
-
 class McpServer:
     def __init__(self, session: LispSession, send: Send) -> None:
         self.session = session
@@ -245,7 +123,7 @@ class McpServer:
         self._inflight: dict[Any, tuple[str, asyncio.Future[Any]]] = {}
         self._cancelled: set[Any] = set()
         self._calls = CallQueue()
-        self._task_registry = TaskRegistry(self._spawn_later, self._task_changed)
+        self._task_calls = TaskCalls(session, send, self._calls, self._call_result)
         self.protocol_version = LATEST_LEGACY
         self.initialized = False
         self.client_info: dict[str, Any] = {}
@@ -257,11 +135,7 @@ class McpServer:
             "logging/setLevel": self._set_level,
             "tools/list": self._tools_list,
             "tools/call": self._tools_call,
-            "tasks/get": self._tasks_get,
-            "tasks/result": self._tasks_result,
-            "tasks/list": self._tasks_list,
-            "tasks/cancel": self._tasks_cancel,
-            "tasks/update": self._tasks_update,
+            **self._task_calls.methods(),
         }
         self._notifications: dict[str, Callable[[Any], None]] = {
             "notifications/initialized": lambda params: None,
@@ -386,24 +260,21 @@ class McpServer:
         return requested, True
 
     def _start(self, request: Request, size: int,
-               run: Callable[[Request, QueuedCall | None], Coroutine[Any, Any, Any]],
+               run: Callable[[Request], Coroutine[Any, Any, Any]],
                ) -> asyncio.Future[Any] | dict[str, Any]:
         """Start REQUEST (SIZE bytes) with RUN: its task, or the busy error
         when it is a tools/call past the intake limits.  Nothing of a
         refused request is kept."""
         spec = self._tools.get(_tool_name(request.params))
-        if request.method != "tools/call" or (spec is not None and spec.beside):
-            return self._track(request, self._spawn(run(request, None)))
-        busy = self._calls.refusal(size)
-        if busy is not None:
-            return jsonrpc.error_message(request.id, busy.code, busy.message, busy.data)
-        now = _now()
-        call = QueuedCall(request.id, _tool_name(request.params), size, now)
-        task = self._track(request, self._spawn(run(request, call)))
-        if not task.done():  # it waits for the session's lock, or holds it
-            self._calls.add(call, task, now)
-            task.add_done_callback(lambda done: self._calls.remove(call, _now()))
-        return task
+        if request.method == "tools/call" and not (spec is not None and spec.beside):
+            busy = self._calls.refusal(size)
+            if busy is not None:
+                return jsonrpc.error_message(request.id, busy.code, busy.message, busy.data)
+            now = _now()
+            # Admitted before its first step, which reaches the session's lock.
+            request.queued = QueuedCall(request.id, _tool_name(request.params), size, now)
+            self._calls.add(request.queued, now)
+        return self._track(request, self._spawn(run(request)))
 
     def _track(self, request: Request, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
         """Make the request cancellable from the moment it is accepted, even
@@ -430,24 +301,16 @@ class McpServer:
             task.add_done_callback(self._tasks.discard)
         return task
 
-    def _spawn_later(self, work: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
-        """Start WORK after the current request's answer: a task begins
-        `working`, and its first status is the one its creation reports."""
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     # ------------------------------------------------------------ one request
 
-    async def _answer(self, request: Request, call: QueuedCall | None) -> None:
-        response = await self._respond(request, call)
+    async def _answer(self, request: Request) -> None:
+        response = await self._respond(request)
         if response is not None:
             self._send(response)
 
-    async def _respond(self, request: Request, call: QueuedCall | None) -> dict[str, Any] | None:
-        """Run one request (CALL: its place in the queue, for a tools/call);
-        its one response, or None when it was cancelled."""
+    async def _respond(self, request: Request) -> dict[str, Any] | None:
+        """Run one request; its one response, or None when it was cancelled."""
+        call = request.queued
         ticker = None
         if request.progress_token is not None and call is not None:
             ticker = asyncio.ensure_future(self._report_progress(request, call))
@@ -477,6 +340,8 @@ class McpServer:
             # Progress stops before the response goes out: none may follow it.
             if ticker is not None:
                 ticker.cancel()
+            if call is not None and not call.in_task:
+                self._calls.remove(call, _now())
 
     def _cancel(self, params: Any) -> None:
         """notifications/cancelled: stop the request it names; unknown and
@@ -516,11 +381,13 @@ class McpServer:
         text = f"running for {call.running_for(_now()):.1f} s"
         return text + (f"; latest output: {tail}" if tail else "")
 
-    async def finish(self, timeout: float) -> None:
-        """Let running requests answer for up to TIMEOUT seconds, then cancel
-        the rest (each still gets its one response)."""
-        if self._tasks:
+    async def finish(self, timeout: float | None) -> None:
+        """Let the requests under way answer, for up to TIMEOUT seconds (None:
+        each within its own deadline), then stop every task and cancel the
+        requests left (each still gets its one response)."""
+        if self._tasks and timeout != 0:
             await asyncio.wait(set(self._tasks), timeout=timeout)
+        await self._task_calls.stop_all()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -541,16 +408,6 @@ class McpServer:
 
     # ------------------------------------------------------------ methods
 
-    def _check_params(self, schema: str, params: Any) -> dict[str, Any]:
-        params = {} if params is None else params
-        try:
-            violation = first_error(params_schema(schema), params)
-        except RecursionError:
-            raise JsonRpcError(INVALID_PARAMS, "Invalid params: nested too deeply to validate") from None
-        if violation is not None:
-            raise JsonRpcError(INVALID_PARAMS, "Invalid params", error_location(violation, "params"))
-        return params
-
     def _server_info(self, version: str) -> dict[str, Any]:
         info: dict[str, Any] = {"name": "cl-mcp", "version": __version__}
         if version >= "2025-06-18":
@@ -567,7 +424,7 @@ class McpServer:
         return capabilities
 
     async def _initialize(self, request: Request) -> dict[str, Any]:
-        params = self._check_params("initialize-params", request.params)
+        params = check_params("initialize-params", request.params)
         requested = params["protocolVersion"]
         self.protocol_version = requested if requested in LEGACY_VERSIONS else LATEST_LEGACY
         self.client_info = params.get("clientInfo") or {}
@@ -594,7 +451,7 @@ class McpServer:
         return {}
 
     async def _set_level(self, request: Request) -> dict[str, Any]:
-        params = self._check_params("set-level-params", request.params)
+        params = check_params("set-level-params", request.params)
         if params["level"] not in LOG_LEVELS:
             raise JsonRpcError(INVALID_PARAMS, f"Invalid log level: {params['level']}",
                                {"path": "params.level", "allowed": list(LOG_LEVELS)})
@@ -602,7 +459,7 @@ class McpServer:
         return {}
 
     async def _tools_list(self, request: Request) -> dict[str, Any]:
-        params = self._check_params("tools-list-params", request.params)
+        params = check_params("tools-list-params", request.params)
         if "cursor" in params:
             # One page holds every tool, so no cursor was ever handed out.
             raise JsonRpcError(INVALID_PARAMS, "Invalid cursor", {"cursor": params["cursor"]})
@@ -633,132 +490,40 @@ class McpServer:
         if isinstance(params, dict) and "arguments" not in params:
             # MCP makes arguments optional; a tool without any is called so.
             params = {**params, "arguments": {}}
-        params = self._check_params("tools-call-params", params)
+        params = check_params("tools-call-params", params)
         spec = self._tools.get(params["name"])
         if spec is None:
             raise JsonRpcError(INVALID_PARAMS, f"Unknown tool: {params['name']}")
         arguments = params["arguments"]
         if request.version == TASKS_VERSION and "task" in params:
-            if spec.name not in TASK_TOOLS:  # its taskSupport is "forbidden"
-                raise JsonRpcError(METHOD_NOT_FOUND, f"Tool {spec.name} cannot run as a task")
-            task = self._task_registry.create(
-                spec.name, request.version, params["task"].get("ttl"),
-                lambda task: self._call_result(request, spec, arguments, task))
-            return {"task": task.shape()}
-        if request.modern and spec.name in TASK_TOOLS and self._takes_tasks(request):
-            return await self._call_or_task(request, spec, arguments)
-        return await self._call_result(request, spec, arguments, None)
+            return self._task_calls.requested(request, spec, arguments, params["task"].get("ttl"))
+        if request.modern and spec.name in TASK_TOOLS and self._task_calls.takes_tasks(request):
+            return await self._task_calls.call_or_task(request, spec, arguments)
+        return await self._call_result(request, spec, arguments)
 
     async def _call_result(self, request: Request, spec: ToolSpec, arguments: dict[str, Any],
-                           task: Task | None) -> dict[str, Any]:
-        """The CallToolResult of SPEC called with ARGUMENTS; for TASK, the
-        outcome of an evaluation that went on in the background."""
+                           then: Then | None = None) -> dict[str, Any]:
+        """The CallToolResult of SPEC called with ARGUMENTS; THEN, when
+        given, makes the final result of the rendered one (a task follows
+        an evaluation that went on in the background to its outcome)."""
         if request.version >= ARGUMENT_ERRORS_VERSION:
             invalid = self._argument_problems(spec, arguments)
             if invalid is not None:
                 return self._tool_result(request, invalid, invalid.text)
         else:
             self._check_arguments(spec, arguments)
-        if task is not None and request.version == TASKS_VERSION:
-            arguments = {"answer-within": TASK_ANSWER_WITHIN, **arguments}
+        if spec.name == RESET_TOOL:
+            self._task_calls.stop_for_reset()
         rendered = await spec.handler(self.session, arguments)
-        if task is not None:
-            rendered = await follow_to_outcome(self.session, rendered,
-                                               lambda message: self._task_registry.note(task, message))
+        if then is not None:
+            rendered = await then(rendered)
         text = rendered.text
         # The notice goes with a call that ran in the image, never with one
         # refused before it got there.
         notice = self.session.take_lost_state()
         if notice:
             text = budget.fit_text(f"{text}\n\n[session]\n{notice}", self.session.config.max_result_chars)
-        result = self._tool_result(request, rendered, text)
-        if task is not None and request.version == TASKS_VERSION:
-            result["_meta"] = {RELATED_TASK: {"taskId": task.task_id}}
-        return result
-
-    # ------------------------------------------------------------ tasks
-
-    @staticmethod
-    def _takes_tasks(request: Request) -> bool:
-        """A 2026-07-28 request whose client declared the tasks extension."""
-        capabilities = (_meta(request.params) or {}).get(META_CAPABILITIES) or {}
-        extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
-        return isinstance(extensions, dict) and EXTENSION in extensions
-
-    async def _call_or_task(self, request: Request, spec: ToolSpec,
-                            arguments: dict[str, Any]) -> dict[str, Any]:
-        """2026-07-28, the client taking tasks: the call's result when it
-        comes within the answer window, else a task that carries the work
-        on (the server decides, as the extension has it)."""
-        task = self._task_registry.create(spec.name, request.version, None,
-                                          lambda task: self._call_result(request, spec, arguments, task))
-        assert task.runner is not None
-        try:
-            await asyncio.wait({task.runner}, timeout=self.session.config.answer_within + TASK_GRACE)
-        except asyncio.CancelledError:
-            self._task_registry.cancel(task)
-            self._task_registry.forget(task)
-            raise
-        if not task.terminal:
-            return {**task.shape(), "resultType": "task"}
-        self._task_registry.forget(task)
-        if task.error is not None:
-            raise JsonRpcError(task.error["code"], task.error["message"], task.error.get("data"))
-        assert task.result is not None
-        return task.result
-
-    def _task_changed(self, task: Task) -> None:
-        """notifications/tasks/status, for a 2025-11-25 task (2026-07-28's
-        notifications/tasks need subscriptions/listen, which cl-mcp lacks)."""
-        if task.revision == TASKS_VERSION:
-            self._send(jsonrpc.notification("notifications/tasks/status", task.shape()))
-
-    def _task_of(self, request: Request) -> Task:
-        """The task REQUEST names; tasks exist from 2025-11-25 on."""
-        if not request.modern and self.protocol_version != TASKS_VERSION:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
-        return self._task_registry.get(self._check_params("task-params", request.params)["taskId"])
-
-    async def _tasks_get(self, request: Request) -> dict[str, Any]:
-        task = self._task_of(request)
-        return task.detailed() if request.modern else task.shape()
-
-    async def _tasks_result(self, request: Request) -> dict[str, Any]:
-        """2025-11-25: what the call would have answered, once it has."""
-        if request.modern:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
-        task = self._task_of(request)
-        await task.finished.wait()
-        if task.error is not None:
-            raise JsonRpcError(task.error["code"], task.error["message"], task.error.get("data"))
-        result = task.result or {"content": [{"type": "text", "text": "[ERROR] CL-MCP:CANCELLED\n"
-                                              "The task was cancelled."}], "isError": True}
-        return {**result, "_meta": {RELATED_TASK: {"taskId": task.task_id}}}
-
-    async def _tasks_list(self, request: Request) -> dict[str, Any]:
-        if request.modern or self.protocol_version != TASKS_VERSION:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
-        params = self._check_params("tools-list-params", request.params)
-        tasks, cursor = self._task_registry.page(params.get("cursor"))
-        return {"tasks": [task.shape() for task in tasks], **({"nextCursor": cursor} if cursor else {})}
-
-    async def _tasks_cancel(self, request: Request) -> dict[str, Any]:
-        task = self._task_of(request)
-        if request.modern:  # an acknowledgement; cancelling is cooperative
-            self._task_registry.cancel(task)
-            return {}
-        if task.terminal:
-            raise JsonRpcError(INVALID_PARAMS, f"Task {task.task_id} has already ended ({task.status})",
-                               {"taskId": task.task_id, "status": task.status})
-        self._task_registry.cancel(task)
-        return task.shape()
-
-    async def _tasks_update(self, request: Request) -> dict[str, Any]:
-        """2026-07-28: cl-mcp's tasks never ask for input; acknowledged."""
-        if not request.modern:
-            raise JsonRpcError(METHOD_NOT_FOUND, f"Method not found: {request.method}")
-        self._task_of(request)
-        return {}
+        return self._tool_result(request, rendered, text)
 
     @staticmethod
     def _argument_problems(spec: ToolSpec, arguments: dict[str, Any]) -> Rendered | None:

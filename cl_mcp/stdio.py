@@ -116,6 +116,7 @@ class StdioTransport:
         self._out: asyncio.WriteTransport | None = None
         self._in: asyncio.BaseTransport | None = None
         self._input_ended: asyncio.Future[None] | None = None
+        self._output_broken: asyncio.Future[None] | None = None
         self.broken = False
         # Whether stdin is watched by the event loop (a pipe, a socket, a
         # terminal): its end means the client has gone.  Otherwise (a file,
@@ -125,6 +126,7 @@ class StdioTransport:
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
         self._input_ended = loop.create_future()
+        self._output_broken = loop.create_future()
         self.input_is_live = _loop_can_watch(loop, self._in_fd)
         if self.input_is_live:
             self._in, _ = await loop.connect_read_pipe(
@@ -173,16 +175,26 @@ class StdioTransport:
             self._input_ended.set_result(None)
 
     def _output_lost(self) -> None:
+        self._note_broken()
+        if self._input_ended is not None and not self._input_ended.done():
+            self._input_ended.set_result(None)
+
+    def _note_broken(self) -> None:
         if not self.broken:
             self.broken = True
             log.info("stdout closed by the client")
-        if self._input_ended is not None and not self._input_ended.done():
-            self._input_ended.set_result(None)
+        if self._output_broken is not None and not self._output_broken.done():
+            self._output_broken.set_result(None)
 
     async def input_ended(self) -> None:
         """Wait until stdin ends (or stdout breaks, which ends reading too)."""
         assert self._input_ended is not None
         await asyncio.shield(self._input_ended)
+
+    async def output_lost(self) -> None:
+        """Wait until nobody reads stdout any more: no answer can arrive."""
+        assert self._output_broken is not None
+        await asyncio.shield(self._output_broken)
 
     def write(self, data: bytes) -> None:
         """Send one encoded message.  A vanished reader is noted, not raised."""
@@ -198,8 +210,7 @@ class StdioTransport:
                 while view:
                     view = view[os.write(self._out_fd, view):]
         except (BrokenPipeError, ConnectionResetError):
-            self.broken = True
-            log.info("stdout closed by the client")
+            self._note_broken()
 
     async def drain(self, timeout: float = 2.0) -> None:
         """Wait (bounded) until everything written has left the process."""

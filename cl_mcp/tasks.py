@@ -10,20 +10,27 @@ evaluation.  Two revisions shape it differently on the wire (docs/tools.md,
 pollInterval) and 2026-07-28's `io.modelcontextprotocol/tasks` extension
 (the server decides, `resultType: "task"`, the outcome inline in
 `tasks/get`, ttlMs and pollIntervalMs).  This module keeps the state and
-says how it looks in each; the server answers the methods.
+says how it looks in each; cl_mcp/task_calls.py makes tasks of tool calls
+and answers the methods.
+
+A task's ttl counts from its creation, but only an ended task is forgotten
+for it: one still working stays visible and cancellable until it ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import secrets
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Coroutine
 
-from cl_mcp.errors import INVALID_PARAMS, JsonRpcError
+from cl_mcp.errors import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
+
+log = logging.getLogger("cl_mcp.tasks")
 
 EXTENSION = "io.modelcontextprotocol/tasks"
 RELATED_TASK = "io.modelcontextprotocol/related-task"
@@ -63,7 +70,8 @@ class Task:
         return self.status in TERMINAL
 
     def expired(self, now: float) -> bool:
-        return now > self.created + self.ttl_ms / 1000
+        """An ended task whose ttl has run out; a working one never expires."""
+        return self.terminal and now > self.created + self.ttl_ms / 1000
 
     def shape(self) -> dict[str, Any]:
         """The Task object as the task's revision names its fields."""
@@ -87,7 +95,8 @@ class Task:
         return task
 
 
-Work = Callable[["Task"], Coroutine[Any, Any, dict[str, Any]]]
+# The coroutine that carries a task's tool call out: its CallToolResult.
+TaskJob = Callable[["Task"], Coroutine[Any, Any, dict[str, Any]]]
 
 
 class TaskRegistry:
@@ -101,30 +110,44 @@ class TaskRegistry:
         self._tasks: dict[str, Task] = {}  # in creation order
         self._ids = itertools.count(1)
 
-    def create(self, tool: str, revision: str, ttl_ms: int | None, work: Work) -> Task:
-        """A task running WORK, which returns the CallToolResult."""
+    def create(self, tool: str, revision: str, ttl_ms: int | None) -> Task:
+        """A new task, `working`; `run` starts its job."""
         self._prune()
         task = Task(f"{next(self._ids)}-{secrets.token_hex(8)}", tool, revision,
                     min(ttl_ms, MAX_TTL_MS) if ttl_ms is not None else DEFAULT_TTL_MS)
         self._tasks[task.task_id] = task
-        task.runner = self._spawn(self._run(task, work))
         return task
 
-    async def _run(self, task: Task, work: Work) -> None:
+    def run(self, task: Task, job: TaskJob) -> asyncio.Future[Any]:
+        """Start JOB, which returns TASK's CallToolResult; its runner."""
+        task.runner = self._spawn(self._run(task, job))
+        return task.runner
+
+    async def _run(self, task: Task, job: TaskJob) -> None:
+        """Carry JOB out and settle TASK with its outcome, whatever it is."""
         try:
-            result = await work(task)
+            result = await job(task)
         except asyncio.CancelledError:
             self.settle(task, "cancelled", "The task was cancelled.")
             raise
         except JsonRpcError as error:
-            task.error = {"code": error.code, "message": error.message,
-                          **({"data": error.data} if error.data is not None else {})}
-            self.settle(task, "failed", error.message)
-            return
-        task.result = result
-        # 2025-11-25 counts a tool error as a failed task, 2026-07-28 as completed.
-        failed = bool(result.get("isError")) and task.revision < EXTENSION_VERSION
-        self.settle(task, "failed" if failed else "completed", None)
+            self._fail(task, error)
+        except Exception as error:  # a bug: the task fails with it rather than work forever
+            log.exception("internal error in task %s (%s)", task.task_id, task.tool)
+            self._fail(task, JsonRpcError(INTERNAL_ERROR, "Internal error", {"detail": str(error)[:500]}))
+        else:
+            task.result = result
+            # 2025-11-25 counts a tool error as a failed task, 2026-07-28 as completed.
+            failed = bool(result.get("isError")) and task.revision < EXTENSION_VERSION
+            self.settle(task, "failed" if failed else "completed", None)
+        finally:
+            # Whatever else ends the job (GeneratorExit, SystemExit) ends the task too.
+            self.settle(task, "failed", "The task ended without an outcome.")
+
+    def _fail(self, task: Task, error: JsonRpcError) -> None:
+        task.error = {"code": error.code, "message": error.message,
+                      **({"data": error.data} if error.data is not None else {})}
+        self.settle(task, "failed", error.message)
 
     def note(self, task: Task, message: str) -> None:
         """A working TASK's status message (how far it is)."""
@@ -163,22 +186,24 @@ class TaskRegistry:
         end = start + PAGE_SIZE
         return tasks[start:end], (str(end) if end < len(tasks) else None)
 
-    def cancel(self, task: Task) -> None:
-        """Stop TASK's work; it is cancelled from now on."""
-        self.settle(task, "cancelled", "The task was cancelled by request.")
+    def cancel(self, task: Task, message: str = "The task was cancelled by request.") -> None:
+        """Stop TASK's work; it is cancelled from now on, saying MESSAGE."""
+        self.settle(task, "cancelled", message)
         if task.runner is not None and not task.runner.done():
             task.runner.cancel()
 
-    def stop_all(self) -> None:
-        """The session is resetting or ending: cancel every running task."""
-        for task in list(self._tasks.values()):
-            if not task.terminal:
-                self.cancel(task)
+    def stop_all(self, message: str) -> list[asyncio.Future[Any]]:
+        """The session is being reset or is ending: cancel every working
+        task, saying MESSAGE; their runners, still unwinding."""
+        stopped = [task for task in self._tasks.values() if not task.terminal]
+        for task in stopped:
+            self.cancel(task, message)
+        return [task.runner for task in stopped if task.runner is not None and not task.runner.done()]
 
     def _prune(self) -> None:
         now = time.time()
         for task_id, task in list(self._tasks.items()):
-            if task.terminal and task.expired(now):
+            if task.expired(now):
                 del self._tasks[task_id]
         finished = [task_id for task_id, task in self._tasks.items() if task.terminal]
         for task_id in finished[:max(0, len(finished) - MAX_FINISHED)]:

@@ -1,6 +1,6 @@
-"""Any stdin: a process manager's /dev/null, a file of requests, a closed
-descriptor.  Each is read to its end, then cl-mcp exits 0, with no
-traceback and no SBCL left behind."""
+"""Any stdin: a process manager's /dev/null, a file of requests, a pipe, a
+closed descriptor.  Each is read to its end, every request read is
+answered, then cl-mcp exits 0, with no traceback and no SBCL left behind."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ REQUESTS = [
     {"jsonrpc": "2.0", "method": "notifications/initialized"},
     {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
      "params": {"name": "evaluate-lisp", "arguments": {"code": "(+ 1 2)"}}},
-    # Longer than the 1.5 s that a closed pipe leaves running requests.
+    # Still running when the input ends.
     {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
      "params": {"name": "evaluate-lisp", "arguments": {"code": "(sleep 2) :slept"}}},
 ]
@@ -90,6 +90,24 @@ def test_requests_in_a_file_are_all_answered_into_a_file(cache_dir, tmp_path):
     assert by_id[2].get("result", by_id[2]) == {"content": [{"type": "text", "text": "=> 3"}],
                                                 "isError": False, "structuredContent": ANY}
     assert by_id[3].get("result", by_id[3])["content"] == [{"type": "text", "text": "=> :SLEPT"}]
+
+
+def test_requests_piped_in_are_answered_on_a_first_run(tmp_path):
+    """The end of a pipe waits for the requests read before it, however long
+    the image takes to start: on a first run (an empty HOME, so no cache) it
+    compiles the agent and saves its core before the call can run."""
+    home = tmp_path / "home"
+    home.mkdir()
+    environment = {name: value for name, value in os.environ.items() if name != "XDG_CACHE_HOME"}
+    piped = "".join(json.dumps(message) + "\n" for message in REQUESTS[:3])
+    out = subprocess.run(cl_mcp_command(), input=piped.encode(), env={**environment, "HOME": str(home)},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    assert out.returncode == 0 and "Traceback" not in out.stderr.decode("utf-8", "replace")
+    by_id = {m["id"]: m for m in map(json.loads, out.stdout.splitlines()) if "id" in m}
+    assert sorted(by_id) == [1, 2]
+    assert by_id[2].get("result", by_id[2])["content"][0]["text"].partition("\n")[0] == "=> 3"
+    assert list((home / ".cache" / "cl-mcp").glob("*.core")), "not a first run: no core was saved"
+    assert processes_naming(str(home)) == []
 
 
 def test_a_remote_connect_is_warned_about_on_stderr(cache_dir):

@@ -4,12 +4,15 @@ io.modelcontextprotocol/tasks extension (the server turns a call still
 running at its answer window into a task)."""
 
 import json
+import threading
 import time
 
 import pytest
 
-from tests.integration.conftest import McpProcess
+from cl_mcp.errors import SERVER_BUSY
+from tests.integration.conftest import McpProcess, cl_mcp
 from tests.integration.devtools import FIXTURE
+from tests.integration.test_intake import PeakSampler, is_python, resident_kib
 
 MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
           "io.modelcontextprotocol/clientCapabilities": {}}
@@ -43,6 +46,13 @@ def status_notifications(process, task_id):
     return [message["params"]["status"] for message in messages
             if message.get("method") == "notifications/tasks/status"
             and message["params"]["taskId"] == task_id]
+
+
+# Without the intake limits on task calls cl-mcp grew ~90 MiB in the flood
+# below (every call and its 2 MB kept); with them ~45 MiB: 32 MiB of queued
+# requests, up to 1024 queued jobs (each a task, its runner's frames and a
+# lock waiter), and transient copies of the line being parsed.
+TASK_FLOOD_GROWTH_LIMIT_KIB = 64 * 1024
 
 
 # ---------------------------------------------------------------- 2025-11-25
@@ -128,6 +138,115 @@ def test_what_cannot_be_a_task(legacy):
     assert legacy.request("tasks/update", {"taskId": "x", "inputResponses": {}})["error"]["code"] == -32601
 
 
+def first_line(result):
+    """The first line of a call's text: the value, whatever notes follow it."""
+    return result["content"][0]["text"].partition("\n")[0]
+
+
+def line(request_id, params):
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                       "params": params}).encode() + b"\n"
+
+
+def test_a_task_runs_in_arrival_order(legacy):
+    legacy.eval("(defparameter cl-user::*task-order* nil)")
+    task = {"name": "evaluate-lisp", "arguments": {"code": "(push :first cl-user::*task-order*)"},
+            "task": {"ttl": 60_000}}
+    plain = {"name": "evaluate-lisp", "arguments": {"code": "(push :second cl-user::*task-order*)"}}
+    legacy.send_raw(line("order-task", task) + line("order-plain", plain))  # one write
+    task_id = legacy.response("order-task")["result"]["task"]["taskId"]
+    assert first_line(legacy.response("order-plain")["result"]) == "=> (:SECOND :FIRST)"
+    assert first_line(legacy.request("tasks/result", {"taskId": task_id})["result"]) == "=> (:FIRST)"
+
+
+def test_a_task_working_past_its_ttl_stays_known_until_it_ends(legacy):
+    task_id = start_task(legacy, "evaluate-lisp", {"code": "(sleep 3)"}, ttl=0)
+    time.sleep(0.2)
+    assert task_status(legacy, task_id)["status"] == "working"
+    assert legacy.request("tasks/cancel", {"taskId": task_id})["result"]["status"] == "cancelled"
+    # Ended, and its ttl long run out: forgotten.
+    assert legacy.request("tasks/get", {"taskId": task_id})["error"]["code"] == -32602
+
+
+def test_a_reset_cancels_the_tasks_made_before_it():
+    with cl_mcp() as process:
+        before = start_task(process, "evaluate-lisp", {"code": "(sleep 20)"})
+        deadline = time.monotonic() + 30
+        while "running" not in task_status(process, before).get("statusMessage", ""):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        reset = {"name": "reset-session", "arguments": {}}
+        after = {"name": "evaluate-lisp", "arguments": {"code": ":after-the-reset"}, "task": {"ttl": 60_000}}
+        process.send_raw(line("reset", reset) + line("after", after))
+        assert process.response("reset")["result"]["isError"] is False
+        cancelled = task_status(process, before)
+        assert cancelled["status"] == "cancelled", cancelled
+        assert cancelled["statusMessage"] == "The task was cancelled: the session was reset."
+        after_id = process.response("after")["result"]["task"]["taskId"]
+        result = process.request("tasks/result", {"taskId": after_id})["result"]
+        assert first_line(result) == "=> :AFTER-THE-RESET"
+
+
+def test_leaving_cl_mcp_cancels_the_working_tasks_without_waiting_for_them():
+    process = McpProcess()
+    process.initialize("2025-11-25")
+    task_id = start_task(process, "evaluate-lisp", {"code": "(sleep 30)"})
+    deadline = time.monotonic() + 30
+    while "running" not in task_status(process, task_id).get("statusMessage", ""):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    started = time.monotonic()
+    assert process.close() == 0
+    assert time.monotonic() - started < 5
+    statuses = [m["params"] for m in map(json.loads, list(process.raw_lines))
+                if m.get("method") == "notifications/tasks/status"]
+    assert statuses == [{**statuses[0], "status": "cancelled",
+                         "statusMessage": "The task was cancelled: cl-mcp is shutting down."}]
+
+
+def test_a_flood_of_task_calls_is_refused_past_the_intake_limits():
+    """The issue's reproduction: while (sleep 3) holds the session, 40 task
+    calls of 2 MB and 1,200 small ones; the limits apply to them as to any
+    call, and memory stays within them."""
+    with cl_mcp("--log-level", "warning") as process:
+        pid = process.proc.pid
+        assert is_python(pid)
+        process.eval("(+ 1 2)")
+        baseline = resident_kib(pid)
+        sleeper = process.start_request("tools/call", {"name": "evaluate-lisp",
+                                                       "arguments": {"code": "(sleep 3)"}})
+        big_code = f'(length "{"x" * 2_000_000}")'
+        big = [(f"big-{i}", big_code) for i in range(40)]
+        small = [(f"small-{i}", "(+ 1 2)") for i in range(1200)]
+        lines = [line(request_id, {"name": "evaluate-lisp", "arguments": {"code": code},
+                                   "task": {"ttl": 600_000}})
+                 for request_id, code in big + small]
+        sampler = PeakSampler(pid)
+        writer = threading.Thread(target=lambda: [process.send_raw(data) for data in lines])
+        writer.start()
+        try:
+            responses = {request_id: process.response(request_id, timeout=120) for request_id, _ in big + small}
+        finally:
+            peak = sampler.stop()
+            writer.join(30)
+        assert process.response(sleeper)["result"]["isError"] is False
+
+        def refused(prefix):
+            return [r for request_id, r in responses.items() if request_id.startswith(prefix) and "error" in r]
+
+        assert all(r["error"]["code"] == SERVER_BUSY for r in refused("big") + refused("small"))
+        assert 0 < len(refused("big")) < 40 and refused("small"), (len(refused("big")), len(refused("small")))
+        created = [r["result"]["task"]["taskId"] for r in responses.values() if "result" in r]
+        assert len(created) <= 1024
+        last = process.request("tasks/result", {"taskId": created[-1]}, timeout=120)["result"]
+        assert first_line(last) == "=> 3"
+        assert first_line(process.call("evaluate-lisp", code="(+ 1 2)")) == "=> 3"
+        growth = peak - baseline
+        print(f"cl-mcp VmRSS: baseline {baseline} KiB, peak {peak} KiB (+{growth} KiB); "
+              f"{len(created)} tasks made, {len(responses) - len(created)} refused")
+        assert growth < TASK_FLOOD_GROWTH_LIMIT_KIB
+
+
 # ---------------------------------------------------------------- 2026-07-28
 
 @pytest.fixture(scope="module")
@@ -176,6 +295,17 @@ def test_modern_cancel_and_the_methods_it_lacks(modern):
         assert response["error"]["code"] == -32601, method
     ack = modern.request("tasks/update", {"taskId": task_id, "inputResponses": {}, "_meta": WITH_TASKS})
     assert ack["result"]["resultType"] == "complete"
+
+
+def test_a_call_that_may_become_a_task_runs_in_arrival_order(modern):
+    modern_call(modern, "(defparameter cl-user::*modern-order* nil)", MODERN)
+    first = {"name": "evaluate-lisp", "arguments": {"code": "(push :first cl-user::*modern-order*)"},
+             "_meta": WITH_TASKS}
+    second = {"name": "evaluate-lisp", "arguments": {"code": "(push :second cl-user::*modern-order*)"},
+              "_meta": MODERN}
+    modern.send_raw(line("modern-first", first) + line("modern-second", second))  # one write
+    assert first_line(modern.response("modern-first")["result"]) == "=> (:FIRST)"
+    assert first_line(modern.response("modern-second")["result"]) == "=> (:SECOND :FIRST)"
 
 
 def test_no_task_for_a_client_without_the_extension(modern):

@@ -13,9 +13,10 @@ import tracemalloc
 from collections import Counter, defaultdict
 from typing import Any, Awaitable, Callable
 
-from cl_mcp import server as server_module
+from cl_mcp import intake, server as server_module
 from cl_mcp.errors import SERVER_BUSY
-from cl_mcp.server import MAX_QUEUED_BYTES, MAX_QUEUED_CALLS, CallQueue, McpServer, QueuedCall
+from cl_mcp.intake import MAX_QUEUED_BYTES, MAX_QUEUED_CALLS, CallQueue, QueuedCall
+from cl_mcp.server import McpServer
 from cl_mcp.session import SessionConfig
 from cl_mcp.sexp import Keyword
 from cl_mcp.swank.client import DEFAULT_PACKAGE
@@ -37,6 +38,7 @@ class FakeSession:
         self.open_all = False  # the test is over: no call waits any more
         self.running: str | None = None
         self.tail_polls: list[str | None] = []  # the code running at each output_tail
+        self.started: list[str] = []  # the code of each call, in the order they reached the image
 
     def turn(self) -> asyncio.Lock:
         return self._turns
@@ -46,6 +48,7 @@ class FakeSession:
 
     async def call(self, form: Any, deadline: float, tag: int | None = None) -> Any:
         code = form[1]  # (cl-mcp-agent:evaluate CODE ...)
+        self.started.append(code)
         self.running = code
         if self.open_all:
             self.gates[code].set()
@@ -177,7 +180,7 @@ def test_a_call_past_the_limit_in_a_batch_gets_the_busy_error_as_its_part():
 # ---------------------------------------------------------------- the byte limit
 
 def test_a_call_that_would_pass_the_byte_limit_is_refused(monkeypatch):
-    monkeypatch.setattr(server_module, "MAX_QUEUED_BYTES", 1 << 20)
+    monkeypatch.setattr(intake, "MAX_QUEUED_BYTES", 1 << 20)
 
     async def body(h: Harness) -> None:
         first = h.call(1, "(hold)", padding=600_000)
@@ -202,7 +205,7 @@ def test_a_call_that_would_pass_the_byte_limit_is_refused(monkeypatch):
 
 
 def test_a_call_is_always_admitted_when_none_is_queued_whatever_its_size(monkeypatch):
-    monkeypatch.setattr(server_module, "MAX_QUEUED_BYTES", 1 << 20)
+    monkeypatch.setattr(intake, "MAX_QUEUED_BYTES", 1 << 20)
 
     async def body(h: Harness) -> None:
         h.call(1, "(big)", padding=2 << 20)
@@ -222,7 +225,7 @@ def test_a_call_is_always_admitted_when_none_is_queued_whatever_its_size(monkeyp
 def test_a_refused_call_leaves_nothing_behind(monkeypatch):
     """Twenty refused calls of 1 MiB each: the server's memory does not grow
     by their size (each is parsed, answered and dropped)."""
-    monkeypatch.setattr(server_module, "MAX_QUEUED_BYTES", 1 << 20)
+    monkeypatch.setattr(intake, "MAX_QUEUED_BYTES", 1 << 20)
 
     async def body(h: Harness) -> None:
         h.call(1, "(hold)", padding=1 << 20)
@@ -250,7 +253,7 @@ def test_the_queue_alone_admits_any_size_when_empty_and_counts_what_it_holds():
         queue = CallQueue()
         assert queue.refusal(60 << 20) is None
         big = QueuedCall(1, "evaluate-lisp", 60 << 20, loop.time())
-        queue.add(big, loop.create_future(), loop.time())
+        queue.add(big, loop.time())
         assert queue.refusal(1) is not None
         queue.remove(big, loop.time())
         assert queue.bytes == 0 and queue.refusal(MAX_QUEUED_BYTES) is None
@@ -296,4 +299,85 @@ def test_a_queued_call_reports_where_it_waits_without_asking_the_image(monkeypat
         sent = len(h.progress("tok"))
         await asyncio.sleep(0.05)
         assert len(h.progress("tok")) == sent  # none after the response
+    run(body)
+
+
+# ---------------------------------------------------------------- task calls
+
+def task_call(h: Harness, request_id: Any, code: str, padding: int = 0) -> bytes:
+    """A 2025-11-25 tools/call evaluate-lisp CODE asking for a task."""
+    arguments: dict[str, Any] = {"code": code}
+    if padding:
+        arguments["package"] = "P" * padding
+    return h.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                   "params": {"name": "evaluate-lisp", "arguments": arguments, "task": {"ttl": 60_000}}})
+
+
+def initialize(h: Harness, version: str) -> None:
+    h.send({"jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+        "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}})
+
+
+def status_notifications(h: Harness) -> list[dict[str, Any]]:
+    return [m["params"] for m in h.sent
+            if isinstance(m, dict) and m.get("method") == "notifications/tasks/status"]
+
+
+def test_task_calls_count_against_the_count_limit_until_their_work_is_done():
+    async def body(h: Harness) -> None:
+        initialize(h, "2025-11-25")
+        for i in range(MAX_QUEUED_CALLS):
+            task_call(h, i, "(hold)")
+        created = [h.responses(i)[0]["result"]["task"] for i in range(MAX_QUEUED_CALLS)]
+        assert {task["status"] for task in created} == {"working"}
+        task_call(h, "extra-task", "(+ 1 2)")
+        h.call("extra-call", "(+ 1 2)")
+        for request_id in ("extra-task", "extra-call"):
+            [refused] = h.responses(request_id)
+            assert refused["error"]["code"] == SERVER_BUSY
+            assert refused["error"]["data"]["queuedCalls"] == MAX_QUEUED_CALLS
+        h.session.gates["(hold)"].set()
+        await until(lambda: len(status_notifications(h)) == MAX_QUEUED_CALLS)
+        assert {n["status"] for n in status_notifications(h)} == {"completed"}
+        h.session.gates["(after)"].set()
+        task_call(h, "after", "(after)")
+        assert "task" in h.responses("after")[0]["result"]
+    run(body)
+
+
+def test_task_calls_count_against_the_byte_limit(monkeypatch):
+    monkeypatch.setattr(intake, "MAX_QUEUED_BYTES", 1 << 20)
+
+    async def body(h: Harness) -> None:
+        initialize(h, "2025-11-25")
+        task_call(h, 1, "(hold)", padding=600_000)
+        task_call(h, 2, "(second)", padding=600_000)
+        assert "task" in h.responses(1)[0]["result"]
+        [refused] = h.responses(2)
+        assert refused["error"]["code"] == SERVER_BUSY
+        assert refused["error"]["message"].startswith("Server busy: 1 queued calls hold 0.6 MiB")
+    run(body)
+
+
+def test_a_task_takes_its_place_in_line_at_arrival_and_is_first_seen_working():
+    async def body(h: Harness) -> None:
+        initialize(h, "2025-11-25")
+        h.call(1, "(hold)")
+        h.session.gates["(quick)"].set()
+        task_call(h, "task", "(task)")
+        h.call(2, "(plain)")
+        h.session.gates["(hold)"].set()
+        h.session.gates["(task)"].set()
+        h.session.gates["(plain)"].set()
+        await until(lambda: bool(h.responses(2)) and bool(status_notifications(h)))
+        assert h.session.started == ["(hold)", "(task)", "(plain)"]
+        # A job that ends in its first step: its CreateTaskResult still says
+        # working, and its status notification follows it.
+        h.sent.clear()
+        task_call(h, "quick", "(quick)")
+        assert h.session.started[-1] == "(quick)"
+        assert h.sent[0]["id"] == "quick" and h.sent[0]["result"]["task"]["status"] == "working"
+        await until(lambda: len(h.sent) == 2)
+        assert h.sent[1]["method"] == "notifications/tasks/status"
+        assert h.sent[1]["params"]["status"] == "completed"
     run(body)
