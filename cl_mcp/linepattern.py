@@ -100,7 +100,9 @@ class LinePattern:
         """The numbers (from 1) of the lines of TEXT in which a match
         starts, in order; after a match, the search starts again at the
         next line."""
-        data = text.encode("utf-8")  # RE2 searches UTF-8; a newline is the same byte
+        # RE2 searches UTF-8, where a newline is the same byte; a lone
+        # surrogate (a str may hold one) becomes bytes RE2 matches as bytes.
+        data = text.encode("utf-8", "surrogatepass")
         end = len(data)
         if not end:
             return  # no lines

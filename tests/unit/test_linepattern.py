@@ -129,3 +129,10 @@ def test_an_empty_line_pattern_does_not_count_the_end_of_a_final_newline() -> No
     shown, count, _ = search(lines, LinePattern("^$"), 10_000)
     assert count == 1
     assert "      2: " in shown
+
+
+def test_non_ascii_text_and_a_lone_surrogate_keep_their_line_numbers() -> None:
+    text = "é\ud800\nλ b\n日本 b\n"
+    assert fast_lines("b", text) == [2, 3]
+    assert fast_lines("^λ", text) == [2]
+    assert fast_lines("^.$", "é\nab\nλ") == [1, 3]
