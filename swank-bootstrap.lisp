@@ -71,8 +71,12 @@
 ;;;                                   C-c C-k gathers them
 ;;;   swank::make-compiler-note       `load-system': a note, as
 ;;;                                   `collect-notes' makes it
-;;;   swank::compilation-result-notes, compilation-result-faslfile
-;;;                                   what `collect-notes' returns
+;;;   swank::compilation-result-notes, compilation-result-faslfile,
+;;;   compilation-result-successp     what `collect-notes' returns
+;;;   swank::*buffer-package*, swank::*buffer-readtable*
+;;;                                   `compile-form-of': the package and
+;;;                                   readtable compile-string-for-emacs reads
+;;;                                   in, as a buffer's for C-c C-c
 ;;;   swank::fasl-pathname            where SLIME puts a file's fasl
 ;;;   swank::apropos-symbols          `apropos-of': the symbols a pattern
 ;;;                                   matches, as M-x slime-apropos finds them
@@ -181,7 +185,8 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
            #:inspect-of)
   ;; Development tools: cross-references and compiling a file.
   (:export #:xref-of
-           #:compile-file-of)
+           #:compile-file-of
+           #:compile-form-of)
   ;; Development tools: finding and describing a name's definitions.
   (:export #:find-definition-of
            #:describe-symbol-of)
@@ -213,6 +218,7 @@ cl-mcp after loading them, so that attaching again does not reload them.")
     "definitions"  ; the session's definitions
     "names"        ; names and places; find-definition, describe-symbol
     "code"         ; xref, compile-file, load-system
+    "forms"        ; compile-form: one top-level form, as C-c C-c
     "browse"       ; apropos, macroexpand, inspect
     "setup")       ; setting an image up, resetting a session
   "The agent's parts (agent/NAME.lisp), in loading order: each uses only

@@ -46,7 +46,7 @@ const SDK_VERSION = JSON.parse(
 
 const TOOLS = [
   "evaluate-lisp", "invoke-restart", "backtrace", "eval-in-frame", "list-definitions",
-  "reset-session", "load-system", "xref", "compile-file", "apropos", "macroexpand",
+  "reset-session", "load-system", "xref", "compile-file", "compile-form", "apropos", "macroexpand",
   "inspect", "find-definition", "describe-symbol", "read-output", "await-evaluation",
 ];
 // The tools cl-mcp runs as MCP tasks (2025-11-25: execution.taskSupport "optional")
@@ -918,7 +918,8 @@ async function sessionErrors(files, type) {
     "evaluate-lisp": { code: "(+ 1 2)" }, "invoke-restart": { restart: 0 }, "backtrace": {},
     "eval-in-frame": { frame: 0, code: "1" }, "list-definitions": {}, "reset-session": {},
     "load-system": { system: "cl-mcp-fixture" }, "xref": { symbol: "car" },
-    "compile-file": { path: join(files, "clean.lisp") }, "apropos": { pattern: "car" },
+    "compile-file": { path: join(files, "clean.lisp") },
+    "compile-form": { path: join(files, "clean.lisp"), line: 1 }, "apropos": { pattern: "car" },
     "macroexpand": { form: "(when t 1)" }, "inspect": { code: "1" },
     "find-definition": { symbol: "car" }, "describe-symbol": { symbol: "car" },
     "await-evaluation": { evaluation: 1 },

@@ -146,3 +146,64 @@ def test_describe_symbol_after_edits(library):
     location = result["structuredContent"]["location"]
     assert location["line"] == line_of(api, "(defun split-sequence ")
     assert location["place"] == "found-after-edit"
+
+
+# ---------------------------------------------------------------- compile-form
+
+def compile_form(process, path: Path, line: int) -> dict:
+    check_results_of(process, "compile-form")
+    return checked_call(process, "compile-form", path=str(path), line=line)
+
+
+def test_compile_form_places_its_definitions_in_the_file(library):
+    process, directory = library
+    api = directory / "api.lisp"
+    edit(api, "(defun split-sequence-if (", ";;; moved down\n\n(defun split-sequence-if (")
+    line = line_of(api, "(defun split-sequence-if ")
+    result = compile_form(process, api, line + 2)  # a line inside the form
+    structure = result["structuredContent"]
+    assert not result["isError"], result
+    assert (structure["success"], structure["line"], structure["package"]) == (True, line, "SPLIT-SEQUENCE")
+    assert structure["defined"] == ["function SPLIT-SEQUENCE:SPLIT-SEQUENCE-IF"]
+    assert structure["notes"] == []
+    assert f"Compiled the form at {api}:{line}-" in result["content"][0]["text"]
+    text, _ = process.eval('(find-symbol "SPLIT-SEQUENCE-IF" "CL-USER")')
+    assert text.startswith("=> NIL\n=> NIL\n"), text
+    edit(api, ";;; moved down\n", ";;; moved down\n;;; and again\n")
+    place = definition(process, "split-sequence:split-sequence-if")
+    assert (place["file"], place["line"]) == (str(api), line + 1)
+    check_results_of(process, "describe-symbol")
+    described = checked_call(process, "describe-symbol", symbol="split-sequence:split-sequence-if")
+    assert described["structuredContent"]["location"]["line"] == line + 1
+    check_results_of(process, "xref")
+    callers = checked_call(process, "xref", symbol="split-sequence::check-bounds", relation="calls")
+    caller = next(r for r in callers["structuredContent"]["references"]
+                  if r["name"] == "SPLIT-SEQUENCE:SPLIT-SEQUENCE-IF")
+    assert (caller["file"], caller["line"]) == (str(api), line + 1)
+
+
+def test_compile_form_notes_are_at_their_lines_in_the_file(library):
+    process, directory = library
+    api = directory / "api.lisp"
+    edit(api, "  (or (zerop length)\n", "  (or (zerop length)\n      (print *no-such-variable*)\n")
+    line = line_of(api, "(defun list-long-enough-p")
+    result = compile_form(process, api, line)
+    notes = result["structuredContent"]["notes"]
+    warnings = [n for n in notes if n["severity"] == "warning"]
+    assert warnings and warnings[0]["file"] == str(api), notes
+    assert warnings[0]["line"] == line + 2 and "*NO-SUCH-VARIABLE*" in warnings[0]["message"]
+    assert result["structuredContent"]["success"] is True  # warnings do not fail it
+
+
+def test_compile_form_errors_give_the_line(library):
+    process, directory = library
+    api = directory / "api.lisp"
+    first_blank = api.read_text().splitlines().index("") + 1
+    result = compile_form(process, api, first_blank)
+    assert result["isError"] and "is not inside a top-level form" in result["content"][0]["text"]
+    edit(api, "(defun check-bounds (sequence start end)\n", "(defun check-bounds (sequence start end)\n  (let ((x\n")
+    line = line_of(api, "(defun check-bounds ")
+    result = compile_form(process, api, line + 3)
+    assert result["isError"]
+    assert result["structuredContent"]["error"]["type"] == "CL-MCP:READ-ERROR"
+    assert f"The form at line {line} does not read" in result["content"][0]["text"]

@@ -31,7 +31,7 @@ def test_sdk_client(mode, expected_version):
         asyncio.wait_for(session(mode), 120))
     assert version == expected_version
     assert names == {"evaluate-lisp", "list-definitions", "reset-session", "load-system",
-                     "invoke-restart", "backtrace", "eval-in-frame", "xref", "compile-file",
+                     "invoke-restart", "backtrace", "eval-in-frame", "xref", "compile-file", "compile-form",
                      "apropos", "macroexpand", "inspect", "find-definition", "describe-symbol",
                      "read-output", "await-evaluation"}
     assert (evaluated.is_error, evaluated.content[0].text) == (False, "=> 144")

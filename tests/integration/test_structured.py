@@ -124,6 +124,7 @@ EVERY_TOOL = {
     "load-system": {"system": "alexandria"}, "invoke-restart": {"restart": "ABORT"},
     "backtrace": {}, "eval-in-frame": {"frame": 0, "code": "1"},
     "xref": {"symbol": "car"}, "compile-file": {"path": "/tmp/none.lisp"},
+    "compile-form": {"path": "/tmp/none.lisp", "line": 1},
     "apropos": {"pattern": "car"}, "macroexpand": {"form": "(when a b)"},
     "inspect": {"code": "1"}, "find-definition": {"symbol": "car"},
     "describe-symbol": {"symbol": "car"},

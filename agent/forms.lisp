@@ -1,0 +1,213 @@
+;;;; agent/forms.lisp --- compile-form: one top-level form of a file, as C-c C-c
+;;;;
+;;;; SLIME's C-c C-c compiles the top-level form around point, read in the
+;;;; buffer's package (the nearest `in-package' above it), through
+;;;; `swank:compile-string-for-emacs', which records the buffer, the file and
+;;;; the form's position with every definition it makes.  `compile-form-of'
+;;;; does the same for a line of a file as it is on disk, so find-definition,
+;;;; xref and describe-symbol then place those definitions in the file.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define.
+
+(in-package #:cl-mcp-agent)
+
+(defun skip-lisp-blanks (text index)
+  "The index of the first character at or after INDEX of TEXT that is not
+blank or in a comment (`;' to the end of the line, or a `#| |#' block, which
+nests)."
+  (let ((length (length text)))
+    (loop
+      (cond ((>= index length) (return length))
+            ((member (char text index) '(#\Space #\Tab #\Newline #\Return #\Page))
+             (incf index))
+            ((char= (char text index) #\;)
+             (setf index (or (position #\Newline text :start index) length)))
+            ((and (char= (char text index) #\#) (< (1+ index) length)
+                  (char= (char text (1+ index)) #\|))
+             (let ((depth 1))
+               (incf index 2)
+               (loop while (and (plusp depth) (< index length))
+                     do (cond ((and (char= (char text index) #\|) (< (1+ index) length)
+                                    (char= (char text (1+ index)) #\#))
+                               (decf depth) (incf index 2))
+                              ((and (char= (char text index) #\#) (< (1+ index) length)
+                                    (char= (char text (1+ index)) #\|))
+                               (incf depth) (incf index 2))
+                              (t (incf index))))))
+            (t (return index))))))
+
+(defun line-at (text index)
+  "The 1-based line of character INDEX of TEXT."
+  (1+ (count #\Newline text :end (min index (length text)))))
+
+(defun line-index (text line)
+  "The index of the first character of LINE (1-based) of TEXT, or nil past
+its end."
+  (let ((index 0))
+    (loop repeat (1- line)
+          do (setf index (position #\Newline text :start index))
+             (unless index (return-from line-index nil))
+             (incf index))
+    index))
+
+(define-condition unreadable-form (error)
+  ((line :initarg :line :reader unreadable-form-line)
+   (message :initarg :message :reader unreadable-form-message))
+  (:report (lambda (condition stream)
+             (format stream "The form at line ~D does not read: ~A"
+                     (unreadable-form-line condition) (unreadable-form-message condition))))
+  (:documentation "A top-level form of a file that the reader cannot read."))
+
+(defun top-level-form-bounds (text index)
+  "The (START . END) character offsets of the top-level forms of TEXT up to
+the one that ends after INDEX, in order; read with *READ-SUPPRESS*, so no
+symbol is interned and no #. is evaluated.  A form that does not read
+signals `unreadable-form' with its first line."
+  (with-input-from-string (in text)
+    (let ((forms '()))
+      (loop
+        (let ((start (skip-lisp-blanks text (file-position in))))
+          (when (>= start (length text))
+            (return (nreverse forms)))
+          (file-position in start)
+          (handler-case (let ((*read-suppress* t))
+                          (read-preserving-whitespace in))
+            (error (condition)
+              (error 'unreadable-form :line (line-at text start)
+                                      :message (condition-message condition))))
+          (push (cons start (file-position in)) forms)
+          (when (> (file-position in) index)
+            (return (nreverse forms))))))))
+
+(defun in-package-name (text start)
+  "The package name an `in-package' form at START of TEXT gives, or nil when
+the form there is not one."
+  (let ((opening (string-downcase (subseq text start (min (length text) (+ start 30))))))
+    (when (some (lambda (prefix) (eql 0 (search prefix opening)))
+                '("(in-package " "(cl:in-package " "(common-lisp:in-package "))
+      (handler-case
+          (let ((*read-eval* nil) (*package* (find-package "COMMON-LISP-USER")))
+            (let ((form (read-from-string text t nil :start start)))
+              (and (consp form) (consp (rest form)) (string (second form)))))
+        (serious-condition () nil)))))
+
+(defun form-package (text forms)
+  "The package the last of FORMS ((START . END) in TEXT) is read in: that of
+the nearest `in-package' form above it, as SLIME finds a buffer's package;
+CL-USER when there is none.  A second value names a package that does not
+exist."
+  (loop for (start . nil) in (reverse (butlast forms))
+        for name = (in-package-name text start)
+        when name
+          do (return-from form-package
+               (let ((package (find-package name)))
+                 (values package (and (null package) name)))))
+  (values (find-package "COMMON-LISP-USER") nil))
+
+(defun defined-names (text start end package)
+  "What the form from START to END of TEXT defines, as \"TYPE NAME\" strings
+(see `definition-forms'): read in PACKAGE, the names printed as from
+CL-USER."
+  (handler-case
+      (let ((form (let ((*package* package))
+                    (read-from-string text t nil :start start :end end)))
+            (*package* (find-package "COMMON-LISP-USER")))
+        (and (consp form)
+             (loop for (type . definition) in (definition-forms form)
+                   collect (format nil "~A ~A" type (printed-name (definition-form-name definition))))))
+    (serious-condition () '())))
+
+(defun buffer-note-in-file (note file text)
+  "NOTE, one of Swank's compiler notes for a form compiled from a string,
+with its (:buffer NAME) (:offset POSITION OFFSET) place turned into the
+place in FILE, whose text is TEXT: POSITION is the form's (1-based, in
+characters) and OFFSET counts characters from it; a note's place in a
+file counts bytes."
+  (let ((location (getf note :location)))
+    (if (and (consp location) (eq (first location) :location)
+             (eq (first (second location)) :buffer)
+             (eq (first (third location)) :offset))
+        (destructuring-bind (position offset) (rest (third location))
+          (list* :location `(:location (:file ,file)
+                                       (:position ,(1+ (length (sb-ext:string-to-octets
+                                                                text :external-format :utf-8
+                                                                     :end (min (length text)
+                                                                               (+ position (or offset 0) -1)))))))
+                 (loop for (key value) on note by #'cddr
+                       unless (eq key :location) append (list key value))))
+        note)))
+
+(defun compile-form-of (path line &key (max-output 20000))
+  "Compile the top-level form of the file at PATH (absolute) that holds
+LINE, as SLIME's C-c C-c does: read in the package of the nearest
+`in-package' above it, through `swank:compile-string-for-emacs', so the
+definitions it makes record the file and the form's place.  Return a
+plist: :status (:ok, or :error when it did not compile), :success, :line
+and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
+:notes (see `note-plist', placed in the file) and :dropped; or a :status
+:error plist when the form cannot be found or read."
+  (let ((problem (source-file-problem path)))
+    (when problem (return-from compile-form-of problem)))
+  (let* ((file (namestring (truename path)))
+         (text (with-open-file (in file :external-format (or (swank/backend:guess-external-format file)
+                                                             :utf-8))
+                 (let* ((buffer (make-string (file-length in)))
+                        (end (read-sequence buffer in)))
+                   (subseq buffer 0 end))))
+         (index (line-index text line)))
+    (unless index
+      (return-from compile-form-of
+        (name-error "CL-MCP:NO-FORM" (format nil "~A has ~D lines; there is no line ~D."
+                                             file (line-at text (length text)) line))))
+    (handler-case
+        (let* ((forms (top-level-form-bounds text index))
+               (form (car (last forms))))
+          (unless (and form (<= (line-at text (car form)) line (line-at text (cdr form))))
+            (return-from compile-form-of
+              (name-error "CL-MCP:NO-FORM"
+                          (format nil "Line ~D of ~A is not inside a top-level form~@[; the next one starts at line ~D~]."
+                                  line file (and form (line-at text (car form)))))))
+          (multiple-value-bind (package missing) (form-package text forms)
+            (if missing
+                (name-error "PACKAGE-ERROR"
+                            (format nil "The package ~A of the in-package above line ~D does not exist: load its system first."
+                                    missing line))
+                (%compile-form file text (car form) (cdr form) package max-output))))
+      (unreadable-form (condition)
+        (name-error "CL-MCP:READ-ERROR" (princ-to-string condition))))))
+
+(defun %compile-form (file text start end package max-output)
+  "`compile-form-of' of the form from START to END of TEXT, FILE's text."
+  (let* ((stdout (make-capped-output-stream max-output))
+         (failure nil)
+         (string (subseq text start end))
+         (result
+           (block compiling
+             (flet ((fail (condition)
+                      (setf failure (describe-error condition nil))
+                      (return-from compiling nil)))
+               (with-standard-streams (stdout stdout)
+                 (with-debugger-calling (#'fail)
+                   (let ((swank::*buffer-package* package)
+                         (swank::*buffer-readtable* *readtable*))
+                     (swank:compile-string-for-emacs
+                      string (file-namestring file)
+                      `((:position ,(1+ start)) (:line ,(line-at text start) 1))
+                      file nil))))))))
+    (multiple-value-bind (notes dropped)
+        (note-plists (mapcar (lambda (note) (buffer-note-in-file note file text))
+                             (and result (swank::compilation-result-notes result))))
+      (let ((success (and result (not failure) (swank::compilation-result-successp result)
+                          (notany #'failing-severity-p notes) t)))
+        (list* :status (if success :ok :error)
+               :success success
+               :file file
+               :line (line-at text start)
+               :end-line (line-at text end)
+               :package (package-name package)
+               :defined (defined-names text start end package)
+               :notes notes
+               :dropped dropped
+               (and failure (list :error failure)))))))

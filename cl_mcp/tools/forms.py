@@ -1,0 +1,71 @@
+"""compile-form: one top-level form of a file, as SLIME's C-c C-c compiles
+the form around point (the agent's `compile-form-of`).  The definitions it
+makes record the file and the form's place, so find-definition, xref and
+describe-symbol place them in the file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cl_mcp.render import Rendered, condition_structure, error_text
+from cl_mcp.session import LispSession
+from cl_mcp.errors import SessionError
+from cl_mcp.sexp import Symbol
+from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict
+from cl_mcp.tools.code import note_structure, note_text
+
+
+def _strings(value: Any) -> list[str]:
+    return [item for item in value or [] if isinstance(item, str)]
+
+
+def render_compiled_form(result: dict[str, Any]) -> Rendered:
+    """``Compiled the form at FILE:LINE-END (package P): N notes``, what it
+    defined, then one block per note."""
+    notes = [result_dict(note) for note in result.get("notes") or []]
+    dropped = result.get("dropped") or 0
+    success = result.get("success") is True
+    defined = _strings(result.get("defined"))
+    error = result.get("error") if isinstance(result.get("error"), dict) else None
+    total = len(notes) + dropped
+    count = f"{total} note" + ("" if total == 1 else "s")
+    place = f"{result['file']}:{result['line']}" + (
+        f"-{result['end-line']}" if result["end-line"] != result["line"] else "")
+    head = f"{'Compiled' if success else 'Compiling'} the form at {place} (package {result['package']})"
+    head += f": {count}" if success else f" failed: {count}"
+    sections = [error_text("CL-MCP:COMPILATION-FAILED", head) if not success else head]
+    if error:
+        sections.append(error_text(error["type"], error["message"]))
+    sections[-1] += "\ndefined: " + (", ".join(defined) if defined else "nothing named")
+    sections += [note_text(note) for note in notes]
+    if dropped:
+        sections.append(f"… and {dropped} more notes, not listed")
+    structure: dict[str, Any] = {
+        "success": success, "file": result["file"], "line": result["line"],
+        "endLine": result["end-line"], "package": result["package"], "defined": defined,
+        "notes": [note_structure(note) for note in notes]}
+    if error:
+        structure["error"] = condition_structure(error["type"], error["message"])
+    if dropped:
+        structure["truncated"] = dropped
+    return Rendered("\n\n".join(sections), not success, structure)
+
+
+def compile_form_error(kind: str, message: str) -> Rendered:
+    """A tool error whose structured content still fits the outputSchema."""
+    return Rendered(error_text(kind, message), True,
+                    {"success": False, "defined": [], "notes": [],
+                     "error": condition_structure(kind, message)})
+
+
+async def compile_form(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """Compile the top-level form of a file that holds a line."""
+    form = [Symbol("cl-mcp-agent:compile-form-of"), arguments["path"], arguments["line"]]
+    try:
+        async with session.turn():
+            result = result_dict(await session.call(form, session.config.load_timeout + DEADLINE_GRACE))
+    except SessionError as error:
+        return compile_form_error(error.kind, error.message)
+    if "success" not in result:  # no form there, or it does not read
+        return compile_form_error(result["error"]["type"], result["error"]["message"])
+    return render_compiled_form(result)
