@@ -7,6 +7,8 @@ nothing may hold a --max-background slot that nobody can abort."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from cl_mcp.session import LispSession, SessionConfig
 from cl_mcp.tools.evaluate import evaluate
 from tests.integration.attach_fixtures import SwankServer, temporary_home
+from tests.integration.conftest import McpProcess
 
 WINDOW = 0.5
 LEFT_IN_THE_BACKGROUND = "(length cl-mcp-agent::*background*)"
@@ -61,3 +64,41 @@ def test_a_cancel_crossing_the_window_stops_it_in_a_shared_image(monkeypatch):
     finally:
         swank.stop()
 
+
+
+def stopped_across_the_window(process: McpProcess, cancel) -> None:
+    """Freeze cl-mcp (SIGSTOP: the image runs on) until the call's 1 s
+    window has closed in the image, send the cancel CANCEL makes, and let
+    cl-mcp go on: it finds the "still running" answer and the cancel
+    waiting together, and whichever it reads first, the call has not
+    answered when the cancel lands."""
+    time.sleep(0.3)  # the call is in the image
+    os.kill(process.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.7)
+        cancel()
+    finally:
+        os.kill(process.proc.pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("how", ["notifications/cancelled", "tasks/cancel"])
+def test_a_cancel_crossing_the_window_through_the_server(how):
+    process = McpProcess()
+    try:
+        process.initialize()
+        assert process.eval(LEFT_IN_THE_BACKGROUND) == ("=> 0", False)  # the image is up
+        params = {"name": "evaluate-lisp", "arguments": {"code": "(sleep 20)", "answer-within": 1}}
+        if how == "tasks/cancel":
+            task = process.request("tools/call", {**params, "task": {"ttl": 60_000}})["result"]["task"]
+            stopped_across_the_window(process, lambda: process.start_request(
+                "tasks/cancel", {"taskId": task["taskId"]}))
+        else:
+            request = process.start_request("tools/call", params)
+            stopped_across_the_window(process, lambda: process.notify(
+                "notifications/cancelled", {"requestId": request}))
+        deadline = time.monotonic() + 10
+        while process.eval(LEFT_IN_THE_BACKGROUND) != ("=> 0", False):
+            assert time.monotonic() < deadline, "the evaluation runs on in the background"
+            time.sleep(0.2)
+    finally:
+        process.close()
