@@ -259,56 +259,63 @@ goes on in the background (see `call-within-window')."
                (list :status :aborted :success nil :loaded nil :notes '() :dropped 0))))
        answer-within tag)))
 
+(defun call-with-failure (stdout thunk)
+  "Call THUNK with the standard streams going to STDOUT and the debugger
+kept out: (values ITS-VALUE nil), or (values nil FAILURE) when it
+signalled an error, FAILURE as `describe-error' gives it."
+  (let ((failure nil))
+    (values (block calling
+              (flet ((fail (condition)
+                       (setf failure (describe-error condition nil))
+                       (return-from calling nil)))
+                (with-standard-streams (stdout stdout)
+                  (with-debugger-calling (#'fail)
+                    (funcall thunk)))))
+            failure)))
+
 (defun %compile-file-of (pathname load max-output)
   "`compile-file-of' of the file at PATHNAME, which exists."
-  (let* ((stdout (make-capped-output-stream max-output))
-         (loaded nil)
-         (failure nil)
-         (result
-           (block compiling
-             (flet ((fail (condition)
-                      (setf failure (describe-error condition nil))
-                      (return-from compiling nil)))
-               (with-standard-streams (stdout stdout)
-                 (with-debugger-calling (#'fail)
-                   (let ((*package* (find-package "COMMON-LISP-USER")))
-                     (swank::collect-notes
-                      (lambda ()
-                        (multiple-value-bind (fasl warnings-p failure-p)
-                            (swank/backend:swank-compile-file
-                             pathname (swank::fasl-pathname pathname '()) nil
-                             (or (swank/backend:guess-external-format pathname) :default))
-                          (declare (ignore warnings-p failure-p))
-                          (values t nil fasl)))))))))))
-    (multiple-value-bind (notes dropped) (note-plists (and result (swank::compilation-result-notes result)))
-      (let* ((fasl (and result (swank::compilation-result-faslfile result)))
-             (success (and fasl (not failure) (notany #'failing-severity-p notes) t)))
-        (when (and success load)
-          (let ((load-result
-                  (block loading
-                    (flet ((fail (condition)
-                             (setf failure (describe-error condition nil))
-                             (return-from loading nil)))
-                      (with-standard-streams (stdout stdout)
-                        (with-debugger-calling (#'fail)
-                          (swank::collect-notes
-                           (lambda ()
-                             (swank/backend:with-compilation-hooks ()
-                               (load fasl))
-                             (values t t nil)))))))))
-            (setf loaded (and load-result (not failure) t))
-            (when load-result
-              (multiple-value-bind (more more-dropped)
-                  (note-plists (swank::compilation-result-notes load-result))
-                (setf notes (append notes more)
-                      dropped (+ dropped more-dropped))))))
-        (list* :status (if (and success (not failure)) :ok :error)
-               :success success
-               :fasl fasl
-               :loaded loaded
-               :notes notes
-               :dropped dropped
-               (and failure (list :error failure)))))))
+  (let ((stdout (make-capped-output-stream max-output))
+        (loaded nil))
+    (multiple-value-bind (result failure)
+        (call-with-failure
+         stdout
+         (lambda ()
+           (let ((*package* (find-package "COMMON-LISP-USER")))
+             (swank::collect-notes
+              (lambda ()
+                (multiple-value-bind (fasl warnings-p failure-p)
+                    (swank/backend:swank-compile-file
+                     pathname (swank::fasl-pathname pathname '()) nil
+                     (or (swank/backend:guess-external-format pathname) :default))
+                  (declare (ignore warnings-p failure-p))
+                  (values t nil fasl)))))))
+      (multiple-value-bind (notes dropped) (note-plists (and result (swank::compilation-result-notes result)))
+        (let* ((fasl (and result (swank::compilation-result-faslfile result)))
+               (success (and fasl (not failure) (notany #'failing-severity-p notes) t)))
+          (when (and success load)
+            (multiple-value-bind (load-result load-failure)
+                (call-with-failure stdout
+                                   (lambda ()
+                                     (swank::collect-notes
+                                      (lambda ()
+                                        (swank/backend:with-compilation-hooks ()
+                                          (load fasl))
+                                        (values t t nil)))))
+              (setf failure load-failure
+                    loaded (and load-result (not failure) t))
+              (when load-result
+                (multiple-value-bind (more more-dropped)
+                    (note-plists (swank::compilation-result-notes load-result))
+                  (setf notes (append notes more)
+                        dropped (+ dropped more-dropped))))))
+          (list* :status (if (and success (not failure)) :ok :error)
+                 :success success
+                 :fasl fasl
+                 :loaded loaded
+                 :notes notes
+                 :dropped dropped
+                 (and failure (list :error failure))))))))
 
 ;;;; Entry point: loading systems
 

@@ -180,22 +180,15 @@ and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
 
 (defun %compile-form (file text start end package max-output)
   "`compile-form-of' of the form from START to END of TEXT, FILE's text."
-  (let* ((stdout (make-capped-output-stream max-output))
-         (failure nil)
-         (string (subseq text start end))
-         (result
-           (block compiling
-             (flet ((fail (condition)
-                      (setf failure (describe-error condition nil))
-                      (return-from compiling nil)))
-               (with-standard-streams (stdout stdout)
-                 (with-debugger-calling (#'fail)
-                   (let ((swank::*buffer-package* package)
-                         (swank::*buffer-readtable* *readtable*))
-                     (swank:compile-string-for-emacs
-                      string (file-namestring file)
-                      `((:position ,(1+ start)) (:line ,(line-at text start) 1))
-                      file nil))))))))
+  (multiple-value-bind (result failure)
+      (call-with-failure (make-capped-output-stream max-output)
+                         (lambda ()
+                           (let ((swank::*buffer-package* package)
+                                 (swank::*buffer-readtable* *readtable*))
+                             (swank:compile-string-for-emacs
+                              (subseq text start end) (file-namestring file)
+                              `((:position ,(1+ start)) (:line ,(line-at text start) 1))
+                              file nil))))
     (multiple-value-bind (notes dropped)
         (note-plists (mapcar (lambda (note) (buffer-note-in-file note file text))
                              (and result (swank::compilation-result-notes result))))
