@@ -1,6 +1,6 @@
 # The two commands of README.md: `make run` and `make test`.  Each installs
 # what is missing first: SBCL and Swank from Debian (plus, for the tests,
-# Alexandria, cl-ppcre, split-sequence, Emacs and SLIME; for `make bench`, yason), and a venv with cl-mcp.
+# Alexandria, cl-ppcre, split-sequence, FiveAM, RT, Emacs and SLIME; for `make bench`, yason), and a venv with cl-mcp.
 
 VENV := .venv
 PYTHON ?= python3
@@ -10,6 +10,8 @@ ALEXANDRIA := /usr/share/common-lisp/source/alexandria/alexandria.asd
 CL_PPCRE := /usr/share/common-lisp/source/cl-ppcre/cl-ppcre.asd
 SPLIT_SEQUENCE := /usr/share/common-lisp/source/cl-split-sequence/split-sequence.asd
 YASON := /usr/share/common-lisp/source/yason/yason.asd
+FIVEAM := /usr/share/common-lisp/source/fiveam/fiveam.asd
+RT := /usr/share/common-lisp/source/rt/rt.asd
 SLIME_EL := /usr/share/emacs/site-lisp/elpa-src/slime-*/slime.el
 
 .PHONY: run test bench profile setup lisp test-lisp bench-lisp venv clean interop
@@ -48,7 +50,7 @@ lisp:
 	$(call debian,sbcl cl-swank,! command -v sbcl >/dev/null || [ ! -f $(SWANK_LOADER) ])
 
 test-lisp: lisp
-	$(call debian,cl-alexandria cl-ppcre cl-split-sequence emacs-nox slime,[ ! -f $(ALEXANDRIA) ] || [ ! -f $(CL_PPCRE) ] || [ ! -f $(SPLIT_SEQUENCE) ] || ! command -v emacs >/dev/null || ! ls $(SLIME_EL) >/dev/null 2>&1)
+	$(call debian,cl-alexandria cl-ppcre cl-split-sequence cl-fiveam cl-rt emacs-nox slime,[ ! -f $(ALEXANDRIA) ] || [ ! -f $(FIVEAM) ] || [ ! -f $(RT) ] || [ ! -f $(CL_PPCRE) ] || [ ! -f $(SPLIT_SEQUENCE) ] || ! command -v emacs >/dev/null || ! ls $(SLIME_EL) >/dev/null 2>&1)
 
 # yason, for bench/lisp_server.lisp (the Lisp-native baseline)
 bench-lisp: lisp
