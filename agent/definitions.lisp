@@ -43,13 +43,15 @@ written (strings quoted); at most `*lambda-list-limit*' characters, then
                      (write-char #\) out))
                (t (prin1 part out)))))
     (handler-case
-        (let ((lambda-list (sb-introspect:function-lambda-list function-designator))
-              (*print-pretty* nil)
-              (*print-length* 20)
-              (*print-level* 4))
-          (if lambda-list
-              (printed-prefix lambda-list #'write-part *lambda-list-limit*)
-              "()"))
+        (multiple-value-bind (lambda-list unknown)
+            (sb-introspect:function-lambda-list function-designator)
+          (let ((*print-pretty* nil)
+                (*print-length* 20)
+                (*print-level* 4))
+            ;; Code compiled with (debug 0) keeps no lambda list: NIL, unknown.
+            (cond (unknown "(...)")
+                  (lambda-list (printed-prefix lambda-list #'write-part *lambda-list-limit*))
+                  (t "()"))))
       (serious-condition () "(...)"))))
 
 (defun variable-text (symbol)

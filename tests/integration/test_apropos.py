@@ -18,7 +18,8 @@ def lisp(request):
     session's own in CL-USER, embedded or attached."""
     with cl_mcp_in(request.param) as process:
         load_fixture(process)
-        assert process.eval("(defun greet-from-the-repl (who) who)") == ("=> GREET-FROM-THE-REPL", False)
+        text, is_error = process.eval("(defun greet-from-the-repl (who) who)")
+        assert text.startswith("=> GREET-FROM-THE-REPL") and not is_error
         check_results_of(process, "apropos")
         yield process
 
@@ -96,3 +97,15 @@ def test_unknown_package_is_an_error_and_nothing_is_interned(lisp):
     assert not result["isError"] and result["structuredContent"]["symbols"] == []
     assert result["content"][0]["text"] == 'No symbol whose name contains "zqxnothingcalledthis" names anything.'
     assert lisp.eval('(find-symbol "ZQXNOTHINGCALLEDTHIS" "CL-USER")') == ("=> NIL\n=> NIL", False)
+
+
+def test_an_unknown_arglist_is_printed_as_documented(lisp):
+    """A function compiled with (debug 0) keeps no lambda list: SBCL says it
+    is unknown, which prints (...), not () as for a function of none."""
+    assert lisp.eval("(defun arglist-kept-nowhere (a b) (declare (optimize (debug 0))) (+ a b))"
+                     " (defun arglist-of-none () 1)")[1] is False
+    result = apropos(lisp, pattern="arglist-kept-nowhere")
+    assert [s["arglist"] for s in result["structuredContent"]["symbols"]] == ["(...)"]
+    assert "COMMON-LISP-USER::ARGLIST-KEPT-NOWHERE  function  (...)" in result["content"][0]["text"]
+    result = apropos(lisp, pattern="arglist-of-none")
+    assert [s["arglist"] for s in result["structuredContent"]["symbols"]] == ["()"]
