@@ -134,18 +134,35 @@ to NAME, as SB-INTROSPECT's who-* functions list them: (NAME-OF-REFERRER
             xrefs)))))
     found))
 
+(defun specializing-methods (symbol)
+  "Each method specialized directly on the class SYMBOL names, as (NAME
+LOCATION METHOD), NAME its generic function's: Swank's who-specializes
+names a method by its generic function alone and keeps one method of
+each, so AREA's primary and :AROUND methods on CIRCLE were one line."
+  (let ((class (find-class symbol nil)))
+    (and class
+         (loop for method in (sb-mop:specializer-direct-methods class)
+               for function = (sb-mop:method-generic-function method)
+               when function
+                 collect (list (sb-mop:generic-function-name function)
+                               (swank/backend:find-source-location method)
+                               method)))))
+
 (defun xref-references (relation symbol)
   "Swank's cross-references of RELATION to SYMBOL: (NAME LOCATION) lists,
-as `swank::xref-doit' returns them."
-  (if (and (member relation *packed-relations*) (referrers-readable-p))
-      (swank/sbcl::sanitize-xrefs
-       (mapcar #'swank/sbcl::source-location-for-xref-data (referrers relation symbol)))
-      (swank::xref-doit relation symbol)))
+as `swank::xref-doit' returns them; for :specializes, (NAME LOCATION
+METHOD) lists (see `specializing-methods')."
+  (cond ((eq relation :specializes) (specializing-methods symbol))
+        ((and (member relation *packed-relations*) (referrers-readable-p))
+         (swank/sbcl::sanitize-xrefs
+          (mapcar #'swank/sbcl::source-location-for-xref-data (referrers relation symbol))))
+        (t (swank::xref-doit relation symbol))))
 
 (defun xref-of (text relation &key package)
   "The definitions that stand in RELATION (one of `*xref-relations*') to
 the symbol TEXT names, read in PACKAGE: a plist :status :ok, :symbol,
-:relation, :references (see `reference-plist'), and :dropped, the number
+:relation, :references (see `reference-plist'; with a method's
+:qualifiers and :specializers for :specializes), and :dropped, the number
 of referrers past `*reference-limit*'.  An unknown symbol or package, or a
 relation this Swank does not implement, is a :status :error plist."
   (with-resolved-symbol text package
@@ -171,13 +188,16 @@ relation this Swank does not implement, is a :status :error plist."
             (list :status :ok
                   :symbol (symbol-designator symbol)
                   :relation relation
-                  :references (loop for (name location) in found
+                  :references (loop for (name location method) in found
                                     repeat *reference-limit*
-                                    collect (reference-plist
-                                             (safe-print name (lambda (name)
-                                                                (let ((*print-pretty* nil))
-                                                                  (prin1-to-string name))))
-                                             name location files))
+                                    collect (append
+                                             (reference-plist
+                                              (safe-print name (lambda (name)
+                                                                 (let ((*print-pretty* nil))
+                                                                   (prin1-to-string name))))
+                                              (if method (list 'defmethod name) name)
+                                              location files)
+                                             (and method (method-signature-plist method))))
                   :dropped (max 0 (- (length found) *reference-limit*)))))))))
 
 (defparameter *note-severities*

@@ -713,15 +713,19 @@ gathered from the direct slots of every class in its precedence list."
     (class (class-name specializer))
     (t specializer)))
 
+(defun method-signature-plist (method)
+  "METHOD's (:qualifiers Q :specializers S), printed."
+  (list :qualifiers (mapcar #'printed-name (method-qualifiers method))
+        :specializers (mapcar (lambda (s) (printed-name (specializer-name s)))
+                              (sb-mop:method-specializers method))))
+
 (defun method-plists (function)
-  "The first `*method-limit*' methods of generic FUNCTION as (:qualifiers
-Q :specializers S) plists, and how many there are in all."
+  "The first `*method-limit*' methods of generic FUNCTION as
+`method-signature-plist's, and how many there are in all."
   (let ((methods (sb-mop:generic-function-methods function)))
     (values (loop for method in methods
                   repeat *method-limit*
-                  collect (list :qualifiers (mapcar #'printed-name (method-qualifiers method))
-                                :specializers (mapcar (lambda (s) (printed-name (specializer-name s)))
-                                                      (sb-mop:method-specializers method))))
+                  collect (method-signature-plist method))
             (length methods))))
 
 (defun describe-symbol-of (text &key package)

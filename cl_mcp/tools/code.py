@@ -30,22 +30,41 @@ RELATION_VERBS = {
 def reference_structure(reference: dict[str, Any]) -> dict[str, Any]:
     """One referrer for structuredContent: its name and the place of the
     top-level form that holds the reference (or why it has none), and the
-    line and column of the reference itself."""
+    line and column of the reference itself; a method (specializes) has its
+    qualifiers and specializers."""
     structure = {"name": reference["name"], **place_structure(reference)}
+    if "specializers" in reference:
+        structure["qualifiers"] = _strings(reference.get("qualifiers"))
+        structure["specializers"] = _strings(reference["specializers"])
     if "file" in reference:
         structure["referenceLine"] = reference["reference-line"]
         structure["referenceColumn"] = reference["reference-column"]
     return structure
 
 
+def _strings(value: Any) -> list[str]:
+    """A Lisp list of strings (NIL arrives as an empty list)."""
+    return [item for item in value or [] if isinstance(item, str)]
+
+
+def referrer_title(reference: dict[str, Any]) -> str:
+    """The referrer's name; a method's with its qualifiers and specializers,
+    ``AREA :AROUND (CIRCLE T)``."""
+    if "specializers" not in reference:
+        return str(reference["name"])
+    qualifiers = "".join(f" {q}" for q in _strings(reference.get("qualifiers")))
+    return f"{reference['name']}{qualifiers} ({' '.join(_strings(reference['specializers']))})"
+
+
 def reference_line(reference: dict[str, Any]) -> str:
     """``NAME  FILE:LINE:COLUMN (reference at line L)``, or the reason it has
     no place."""
+    title = referrer_title(reference)
     if "file" not in reference:
-        return f"{reference['name']}  ({reference.get('error') or 'no source file'})"
+        return f"{title}  ({reference.get('error') or 'no source file'})"
     at = (f" (reference at line {reference['reference-line']})"
           if reference["reference-line"] != reference["line"] else "")
-    return (f"{reference['name']}  {reference['file']}:{reference['line']}:{reference['column']}{at}"
+    return (f"{title}  {reference['file']}:{reference['line']}:{reference['column']}{at}"
             f"{place_change(reference)}")
 
 

@@ -78,10 +78,31 @@ def test_each_relation(lisp, symbol, relation, expected):
 def test_methods_specialized_on_a_class(lisp):
     result = xref(lisp, symbol="cl-mcp-fixture:circle", relation="specializes")
     found = places(result)
-    assert ("(DEFMETHOD CL-MCP-FIXTURE:AREA)", SHAPES, 28, 28) in found
+    assert ("CL-MCP-FIXTURE:AREA", SHAPES, 28, 28) in found
     area = next(r for r in result["structuredContent"]["references"] if "AREA" in r["name"])
     assert area["snippet"].startswith("(defmethod area ((shape circle))")
-    assert "Definitions that specialize on CL-MCP-FIXTURE:CIRCLE:" in result["content"][0]["text"]
+    assert (area["qualifiers"], area["specializers"]) == ([], ["CL-MCP-FIXTURE:CIRCLE"])
+    lines = result["content"][0]["text"].splitlines()
+    assert lines[0].startswith("Definitions that specialize on CL-MCP-FIXTURE:CIRCLE:")
+    assert f"CL-MCP-FIXTURE:AREA (CL-MCP-FIXTURE:CIRCLE)  {SHAPES}:28:1" in lines
+
+
+def test_each_method_specialized_on_a_class_with_its_signature(lisp):
+    """Two methods of one generic function on the class are two referrers,
+    each with its qualifiers and specializers (Swank's who-specializes gave
+    one, named (DEFMETHOD PROBE-AREA))."""
+    text, is_error = lisp.eval("(progn (defclass probe-shape () ()) (defgeneric probe-area (shape scale))"
+                               " (defmethod probe-area ((shape probe-shape) scale) scale)"
+                               " (defmethod probe-area :around ((shape probe-shape) (scale integer)) scale))")
+    assert not is_error, text
+    result = xref(lisp, symbol="probe-shape", relation="specializes")
+    methods = sorted((r["name"], r["qualifiers"], r["specializers"])
+                     for r in result["structuredContent"]["references"])
+    assert methods == [("PROBE-AREA", [], ["PROBE-SHAPE", "T"]),
+                       ("PROBE-AREA", [":AROUND"], ["PROBE-SHAPE", "INTEGER"])]
+    text = result["content"][0]["text"]
+    assert "PROBE-AREA :AROUND (PROBE-SHAPE INTEGER)  (no source file" in text
+    assert "PROBE-AREA (PROBE-SHAPE T)  (no source file" in text
 
 
 def test_none_found_is_not_an_error(lisp):
