@@ -150,6 +150,8 @@
 ;;;   setsockopt(fd, IPPROTO_TCP = 6, TCP_NODELAY = 1, &1, 4)
 ;;;                                   `set-connection-nodelay'
 ;;;   getsockopt(fd, SOL_SOCKET = 1, SO_PEERCRED = 17, &ucred, &12)
+;;;   sb-int:encapsulate, sb-int:encapsulated-p   run-tests' hooks on FiveAM's
+;;;                                   RUN and RT's DO-ENTRY (as TRACE wraps)
 ;;;                                   `unix-peer-uid': struct ucred is three
 ;;;                                   32-bit words, pid uid gid
 ;;;   /proc/net/tcp                   `tcp-peer-uid': local and remote
@@ -194,6 +196,8 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
   ;; with the programmer (attached).
   (:export #:serve-cl-mcp
            #:set-connection-nodelay
+  ;; Development tools: running a project's tests.
+  (:export #:run-tests-of)
            #:open-lane
            #:prepare-embedded-image
            #:prepare-attached-connection
@@ -229,6 +233,7 @@ what the parts before it define.")
 is returned.  It is compiled to a name of its own and renamed, so two
 images starting at once never load a half-written file, and made writable
 by its owner only, whatever the umask, or cl-mcp would refuse it next time."
+    "tests"        ; run-tests: FiveAM's and RT's results, as an evaluation
   (let* ((fasl (format nil "~A-~A.fasl" stem (lisp-implementation-version)))
          (temp (format nil "~A.~D.tmp" fasl (sb-posix:getpid))))
     (unless (probe-file fasl)

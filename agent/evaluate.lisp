@@ -63,6 +63,11 @@ NUMBER (see `output-buffers'), which may still be running; else nil."
   (let ((buffer (buffer stream)))
     (subseq buffer 0 (min (fill-pointer buffer) *inline-output*))))
 
+(defvar *report-additions* nil
+  "Nil, or a function of no arguments whose plist `stretch-report' adds to
+the reports of evaluations begun in its binding's extent (run-tests: its
+results, once the run is over).")
+
 (defun stretch-report (evaluation status &rest more)
   "The plist describing the stretch that just ended, numbered with the
 evaluation's number.  Empty output, no warnings and an unchanged package
@@ -90,6 +95,8 @@ longer than `*inline-output*' also gives its :stdout-length (or
       (unless (eq *package* (evaluation-package evaluation)) (add :package-changed t))
       (when (evaluation-capture-time evaluation)
         (add :timing (apply #'timing-since (evaluation-readings evaluation)))))
+    (when *report-additions*
+      (setf report (append report (funcall *report-additions*))))
     report))
 
 (defun image-exiting-p ()

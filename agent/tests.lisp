@@ -1,0 +1,374 @@
+;;;; agent/tests.lisp --- run-tests: a project's tests, their results read from the framework
+;;;;
+;;;; A run is an evaluation (`evaluate' of a call to `run-tests-now'), so its
+;;;; output is kept, it waits at an error, and it goes to the background at
+;;;; the close of its answer window as any evaluation does.  The results
+;;;; come from the frameworks' own data, never from their printout:
+;;;;  - FiveAM: the result objects `5am:run' returns (one per check), caught
+;;;;    by an encapsulation of `5am:run' that records them only inside a run
+;;;;    of ours, so that `asdf:test-system' (which calls `5am:run!') is seen
+;;;;    too;
+;;;;  - RT (and SBCL's SB-RT, which alexandria-tests uses): its entries,
+;;;;    pending after the run when they failed, and the values each was
+;;;;    compared with (an encapsulation of its `equalp-with-case', which RT
+;;;;    calls once per entry that did not signal).
+;;;; A test's place is found by its name in the files of the loaded systems
+;;;; that depend on its framework: FiveAM and RT keep no source location.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define.
+
+(in-package #:cl-mcp-agent)
+
+(defstruct (test-run (:constructor make-test-run (system test debug)))
+  "One run-tests call: what to run, and what the frameworks reported."
+  system test debug
+  (frameworks '())        ; names of the frameworks seen running, first first
+  (fiveam-results '())    ; 5am:run's result lists, newest first
+  (rt-compared (make-hash-table :test 'eq))  ; RT entry name -> values compared
+  (rt-entries '())        ; (NAME FORM VALS PASSED) of each RT entry run
+  (signalled nil)         ; the error that ended the run, as `describe-error'
+  (started (get-internal-real-time))
+  (report nil))           ; the :tests plist, once the run is over
+
+(defmethod print-object ((run test-run) stream)
+  (print-unreadable-object (run stream :type t)
+    (let ((report (test-run-report run)))
+      (cond ((null report) (write-string "running" stream))
+            ((null (getf report :frameworks)) (write-string "no framework recognised" stream))
+            (t (format stream "~{~A~^, ~}: ~D passed, ~D failed, ~D errored"
+                  (getf report :frameworks) (getf report :passed)
+                  (getf report :failed) (getf report :errored)))))))
+
+(defvar *test-run* nil
+  "The run-tests call this thread is running, else nil: the frameworks'
+hooks record only inside one.")
+
+(defparameter *failure-limit* 200
+  "Failures and errors listed at most; the others are counted.")
+
+(defparameter *text-limit* 2000
+  "Characters at most of a failed check's form, reason or values.")
+
+(defun note-framework (run name)
+  (unless (member name (test-run-frameworks run) :test #'string=)
+    (setf (test-run-frameworks run) (append (test-run-frameworks run) (list name)))))
+
+(defun printed (object)
+  "OBJECT printed readably-ish on one line, cut at `*text-limit*'."
+  (one-line (safe-print object (lambda (o) (let ((*print-length* 20) (*print-level* 6))
+                                             (prin1-to-string o))))
+            *text-limit*))
+
+;;;; The frameworks' hooks
+
+(defun framework-symbol (package name)
+  "The symbol NAME of PACKAGE when that package exists, else nil."
+  (and (find-package package) (find-symbol name package)))
+
+(defun encapsulate-once (symbol hook)
+  "Wrap SYMBOL's function with HOOK (called with the function and the
+arguments), once per image: `sb-int:encapsulate', as TRACE does."
+  (when (and symbol (fboundp symbol)
+             (not (sb-int:encapsulated-p symbol 'cl-mcp-run-tests)))
+    (sb-int:encapsulate symbol 'cl-mcp-run-tests hook)))
+
+(defun install-hooks ()
+  "Hook the loaded frameworks, so that a run of ours records what they
+return: FiveAM's result lists, RT's compared values."
+  (encapsulate-once (framework-symbol "FIVEAM" "RUN")
+                    (lambda (function &rest arguments)
+                      (let ((results (apply function arguments)))
+                        (when *test-run*
+                          (note-framework *test-run* "FiveAM")
+                          (push results (test-run-fiveam-results *test-run*)))
+                        results)))
+  (dolist (package '("SB-RT" "RT"))
+    (let ((do-entry (framework-symbol package "DO-ENTRY")))
+      (encapsulate-once (framework-symbol package "EQUALP-WITH-CASE")
+                        (lambda (function &rest arguments)
+                          (let ((run *test-run*)
+                                (name (symbol-value (framework-symbol package "*TEST*"))))
+                            ;; RT compares an entry's values once, then
+                            ;; recursively their parts: the first is theirs.
+                            (when (and run (not (nth-value 1 (gethash name (test-run-rt-compared run)))))
+                              (setf (gethash name (test-run-rt-compared run)) (first arguments))))
+                          (apply function arguments)))
+      (encapsulate-once do-entry
+                        (lambda (function entry &rest arguments)
+                          (let ((run *test-run*))
+                            (if (null run)
+                                (apply function entry arguments)
+                                (let ((name (first (rt-entry-fields package entry)))
+                                      (compared (test-run-rt-compared run)))
+                                  ;; An entry may run twice (alexandria's
+                                  ;; suite runs interpreted, then compiled).
+                                  (remhash name compared)
+                                  (multiple-value-prog1 (apply function entry arguments)
+                                    (note-framework run "RT")
+                                    (push (append (rt-entry-fields package entry)
+                                                  (multiple-value-list (gethash name compared)))
+                                          (test-run-rt-entries run)))))))))))
+
+;;;; RT's entries
+
+(defun rt-entry-fields (package entry)
+  "(NAME FORM VALS PASSED) of RT ENTRY (the run records the values RT
+compared after them, and whether it compared any): SB-RT keeps a list (PEND NAME FORM
+. VALS), RT a structure."
+  (if (consp entry)
+      (destructuring-bind (pend name form &rest vals) entry
+        (list name form vals (not pend)))
+      (flet ((field (name) (funcall (framework-symbol package name) entry)))
+        (list (field "NAME") (field "FORM") (field "VALS") (not (field "PEND"))))))
+
+(defun rt-outcome (fields)
+  "RT entry FIELDS as a failure or error plist, or nil when it passed.  An
+entry whose values were never compared signalled an error, which RT
+keeps nowhere: its form is evaluated once more here for the condition."
+  (destructuring-bind (name form vals passed actual compared) fields
+    (unless passed
+      (progn
+        (if compared
+            (list :kind :failure :test (printed name) :form (printed form)
+                  :reason (format nil "Expected ~A, got ~A"
+                                  (printed-values vals) (printed-values actual))
+                  :expected (printed-values vals) :actual (printed-values actual))
+            (list* :kind :error :test (printed name) :form (printed form)
+                   (condition-fields (nth-value 1 (ignore-errors (eval form))))))))))
+
+(defun printed-values (values)
+  (format nil "~{~A~^ ~}" (mapcar #'printed values)))
+
+(defun condition-fields (condition)
+  (if (typep condition 'condition)
+      (list :type (condition-type-name condition) :message (condition-message condition *text-limit*))
+      (list :type "ERROR" :message "It signalled an error when RT ran it, and none when run again.")))
+
+;;;; FiveAM's results
+
+(defun fiveam-class-p (object name)
+  (typep object (framework-symbol "FIVEAM" name)))
+
+(defun fiveam-test-name (result)
+  (let ((test (funcall (framework-symbol "FIVEAM" "TEST-CASE") result)))
+    (funcall (framework-symbol "FIVEAM" "NAME") test)))
+
+(defun fiveam-outcome (result)
+  "A FiveAM result object as a failure or error plist, or nil for a pass or a skip."
+  (flet ((slot (name) (funcall (framework-symbol "FIVEAM" name) result)))
+    (cond ((fiveam-class-p result "UNEXPECTED-TEST-FAILURE")
+           (list* :kind :error :test (printed (fiveam-test-name result))
+                  (condition-fields (slot "ACTUAL-CONDITION"))))
+          ((fiveam-class-p result "TEST-FAILURE")
+           (list :kind :failure :test (printed (fiveam-test-name result))
+                 :form (printed (slot "TEST-EXPR"))
+                 :reason (string-trim " " (one-line (or (slot "REASON") "no reason given") *text-limit*)))))))
+
+;;;; Where a test is defined
+
+(defun framework-files (framework)
+  "The source files of the loaded ASDF systems that depend on FRAMEWORK's
+system, where its tests are."
+  (let ((system-name (if (string= framework "FiveAM") "fiveam" "rt")))
+    (loop for name in (asdf:already-loaded-systems)
+          for system = (asdf:find-system name nil)
+          when (and system
+                    (some (lambda (dependency)
+                            (and (or (stringp dependency) (symbolp dependency))
+                                 (member (string-downcase (string dependency))
+                                         (list system-name (format nil "sb-~A" system-name))
+                                         :test #'string=)))
+                          (asdf:system-depends-on system)))
+            append (component-files system))))
+
+(defun component-files (component)
+  (if (typep component 'asdf:parent-component)
+      (mapcan #'component-files (asdf:component-children component))
+      (and (typep component 'asdf:cl-source-file)
+           (probe-file (asdf:component-pathname component))
+           (list (namestring (truename (asdf:component-pathname component)))))))
+
+(defun test-opening-p (lowered name-start)
+  "True when the line holding NAME-START opens a form whose first argument
+is the name there: `(test NAME', `(deftest NAME', `(5am:test (NAME'..."
+  (let ((at (skip-blanks-and-comments lowered (line-start lowered name-start))))
+    (and (< at name-start) (= (aref lowered at) 40)
+         (let ((word-end (or (position-if-not #'symbol-octet-p lowered :start (1+ at) :end name-start)
+                             name-start)))
+           (and (> word-end (1+ at))
+                (every (lambda (octet) (or (octet-blank-p octet) (= octet 40)))
+                       (subseq lowered word-end name-start))
+                (<= (count 40 lowered :start word-end :end name-start) 1))))))
+
+(defun test-opening (needle lowered)
+  "The byte where a form naming NEEDLE (lowered bytes) opens in LOWERED."
+  (loop for start in (occurrences needle lowered)
+        for end = (+ start (length needle))
+        when (and (plusp start) (not (symbol-octet-p (aref lowered (1- start))))
+                  (or (= end (length lowered)) (not (symbol-octet-p (aref lowered end))))
+                  (test-opening-p lowered start))
+          return (skip-blanks-and-comments lowered (line-start lowered start))))
+
+(defun name-candidates (name)
+  "NAME, then NAME without each trailing .PART or -PART: a test made by a
+macro (split-sequence's DEFINE-TEST makes SPLIT-SEQUENCE.0.VECTOR from
+SPLIT-SEQUENCE.0) is found at the macro's form."
+  (loop for candidate = name then (subseq candidate 0 cut)
+        for cut = (position-if (lambda (c) (member c '(#\. #\-))) candidate :from-end t)
+        collect candidate
+        while (and cut (plusp cut))))
+
+(defun test-place (name files cache)
+  "Where test NAME (printed) is defined in FILES, as `place-plist' gives
+it without a status (found in the file as it is now), or (:error WHY)."
+  (let ((bare (string-downcase (subseq name (1+ (or (position #\: name :from-end t) -1))))))
+    (dolist (candidate (name-candidates bare) (list :error "no form naming this test in its system's files"))
+      (let ((needle (sb-ext:string-to-octets candidate :external-format :utf-8)))
+        (dolist (file files)
+          (let* ((source (file-source file cache))
+                 (offset (test-opening needle (source-file-lowered source))))
+            (when offset
+              (return-from test-place
+                (multiple-value-bind (line column snippet) (place-at (source-file-octets source) offset)
+                  (list :file file :line line :column column :snippet snippet))))))))))
+
+(defun placed (outcomes framework)
+  (let ((files (framework-files framework))
+        (cache (make-hash-table :test 'equal)))
+    (loop for outcome in outcomes
+          collect (append outcome (list :place (test-place (getf outcome :test) files cache))))))
+
+;;;; The report
+
+(defun fiveam-counts (results)
+  "(PASSED FAILED ERRORED SKIPPED) of FiveAM's RESULTS, each a check."
+  (list (count-if (lambda (r) (fiveam-class-p r "TEST-PASSED")) results)
+        (count-if (lambda (r) (and (fiveam-class-p r "TEST-FAILURE")
+                                   (not (fiveam-class-p r "UNEXPECTED-TEST-FAILURE"))))
+                  results)
+        (count-if (lambda (r) (fiveam-class-p r "UNEXPECTED-TEST-FAILURE")) results)
+        (count-if (lambda (r) (fiveam-class-p r "TEST-SKIPPED")) results)))
+
+(defun test-run-plist (run)
+  "The :tests plist of RUN, over: :frameworks (none: not recognised),
+:counts (what a count counts: \"checks\" for FiveAM, \"tests\" for RT),
+:passed :failed :errored :skipped (absent when nothing was recognised),
+:elapsed-ms, :problems (failures and errors, at most `*failure-limit*'),
+:unlisted, and :signalled (the error that ended the run)."
+  (let* ((fiveam (reduce #'append (reverse (test-run-fiveam-results run))))
+         (rt (reverse (test-run-rt-entries run)))
+         (counts (mapcar #'+ (fiveam-counts fiveam)
+                         (list (count-if #'fourth rt) 0 0 0)))
+         (rt-problems (remove nil (mapcar #'rt-outcome rt)))
+         (problems (append (placed (remove nil (mapcar #'fiveam-outcome fiveam)) "FiveAM")
+                           (placed rt-problems "RT"))))
+    (setf counts (list (first counts)
+                       (+ (second counts) (count :failure rt-problems :key #'second))
+                       (+ (third counts) (count :error rt-problems :key #'second))
+                       (fourth counts)))
+    ;; Failures first, then errors.
+    (setf problems (stable-sort problems #'< :key (lambda (p) (if (eq (getf p :kind) :failure) 0 1))))
+    (append (list :frameworks (test-run-frameworks run)
+                  :elapsed-ms (round (* 1000 (- (get-internal-real-time) (test-run-started run)))
+                                     internal-time-units-per-second)
+                  :problems (subseq problems 0 (min (length problems) *failure-limit*))
+                  :unlisted (max 0 (- (length problems) *failure-limit*)))
+            (and (test-run-frameworks run)
+                 (list :counts (if (and fiveam (null rt)) "checks" (if fiveam "checks and tests" "tests"))
+                       :passed (first counts) :failed (second counts)
+                       :errored (third counts) :skipped (fourth counts)))
+            (and (test-run-signalled run) (list :signalled (test-run-signalled run))))))
+
+;;;; Running
+
+(defun test-designator (text)
+  "The test or suite TEXT names, read in *PACKAGE*: a symbol."
+  (let ((*read-eval* nil))
+    (let ((name (read-from-string text)))
+      (unless (symbolp name)
+        (error "~S does not name a test: a test's name is a symbol." text))
+      name)))
+
+(defun run-named-test (name)
+  "Run the FiveAM test or suite, or the RT entry, NAME; the framework's
+printout goes to *standard-output*."
+  (let ((fiveam-get (framework-symbol "FIVEAM" "GET-TEST")))
+    (cond ((and fiveam-get (funcall fiveam-get name))
+           (funcall (framework-symbol "FIVEAM" "EXPLAIN!")
+                    (funcall (framework-symbol "FIVEAM" "RUN") name)))
+          ((loop for package in '("SB-RT" "RT")
+                 for get-entry = (framework-symbol package "GET-ENTRY")
+                 thereis (and get-entry
+                              (ignore-errors (funcall get-entry name))
+                              (progn (funcall (framework-symbol package "DO-TEST") name) t))))
+          (t (error "No FiveAM test or suite and no RT test is named ~S." name)))))
+
+(defun load-test-dependencies (system)
+  "Load SYSTEM and the systems its test-op needs first, so that their
+frameworks are hooked before the tests run."
+  (asdf:load-system system)
+  (loop for (operation . components) in (asdf:component-depends-on 'asdf:test-op (asdf:find-system system))
+        when (member (string operation) '("LOAD-OP" "TEST-OP") :test #'string=)
+          do (dolist (component components)
+               (when (or (stringp component) (symbolp component))
+                 (asdf:load-system component)))))
+
+(defun call-with-debugging (run thunk)
+  "Call THUNK with the frameworks told to stop at a failed check or an
+error when RUN debugs (FiveAM's *on-error* and *on-failure* :debug; RT's
+*catch-errors* nil), so that the evaluation waits there; else as they
+are by default."
+  (let ((symbols (remove nil (list (framework-symbol "FIVEAM" "*ON-ERROR*")
+                                   (framework-symbol "FIVEAM" "*ON-FAILURE*")
+                                   (framework-symbol "SB-RT" "*CATCH-ERRORS*")
+                                   (framework-symbol "RT" "*CATCH-ERRORS*")))))
+    (progv symbols (mapcar (lambda (symbol)
+                             (if (search "CATCH" (symbol-name symbol))
+                                 (not (test-run-debug run))
+                                 (and (test-run-debug run) :debug)))
+                           symbols)
+      (funcall thunk))))
+
+(defun run-tests-now ()
+  "Run the tests of `*test-run*' (called as an evaluation's code); the
+run, whose report the evaluation's report carries as :tests."
+  (let ((run *test-run*))
+    (when (test-run-system run)
+      (load-test-dependencies (test-run-system run)))
+    (install-hooks)
+    (flet ((run-them ()
+             (call-with-debugging
+              run (lambda ()
+                    (if (test-run-test run)
+                        (run-named-test (test-designator (test-run-test run)))
+                        (asdf:test-system (test-run-system run)))))))
+      (if (test-run-debug run)
+          ;; The error waits where it was signalled, as an evaluation's.
+          (run-them)
+          ;; An error that escapes the framework ends the run, reported
+          ;; with what ran.
+          (handler-case (run-them)
+            (error (condition)
+              (setf (test-run-signalled run) (describe-error condition nil))))))
+    (setf (test-run-report run) (test-run-plist run))
+    run))
+
+;;;; Entry point
+
+(defun run-tests-of (&key system test package (debug nil) (timeout nil) (answer-within nil)
+                          (max-output 1000000) (tag nil))
+  "Run SYSTEM's tests (`asdf:test-system') or the test or suite TEST (a
+name read in PACKAGE) as an evaluation (see `evaluate', whose plist this
+returns), with FiveAM's and RT's results added as :tests once the run is
+over (see `test-run-plist').  With DEBUG, the first failed check or error
+stops the run where it happened, waiting as an evaluation at an error."
+  (let* ((run (make-test-run system test debug))
+         (*test-run* run)
+         (*report-additions* (lambda ()
+                               (let ((report (test-run-report run)))
+                                 (and report (list :tests report))))))
+    (evaluate "(cl-mcp-agent::run-tests-now)" :package package :explicit-package (and package t)
+                                              :timeout timeout :answer-within answer-within
+                                              :max-output max-output :tag tag)))
