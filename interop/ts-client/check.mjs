@@ -48,6 +48,7 @@ const TOOLS = [
   "evaluate-lisp", "invoke-restart", "backtrace", "eval-in-frame", "list-definitions",
   "reset-session", "load-system", "xref", "compile-file", "compile-form", "apropos", "macroexpand",
   "inspect", "find-definition", "describe-symbol", "read-output", "await-evaluation",
+  "run-tests",
 ];
 // The tools cl-mcp runs as MCP tasks (2025-11-25: execution.taskSupport "optional")
 const TASK_TOOLS = ["evaluate-lisp", "load-system", "compile-file"];
@@ -922,7 +923,7 @@ async function sessionErrors(files, type) {
     "compile-form": { path: join(files, "clean.lisp"), line: 1 }, "apropos": { pattern: "car" },
     "macroexpand": { form: "(when t 1)" }, "inspect": { code: "1" },
     "find-definition": { symbol: "car" }, "describe-symbol": { symbol: "car" },
-    "await-evaluation": { evaluation: 1 },
+    "await-evaluation": { evaluation: 1 }, "run-tests": { system: "cl-mcp-fixture" },
   };
   for (const name of TOOLS.filter((each) => each !== "read-output")) { // it needs no image
     await call(`(${type})`, name, good[name], (r) => expectToolError(r, type));

@@ -15,6 +15,7 @@ RESTART_TOOLS = {"invoke-restart", "backtrace", "eval-in-frame"}
 DEVELOPMENT_TOOLS = {"xref", "compile-file", "compile-form", "apropos", "macroexpand", "inspect",
                      "find-definition", "describe-symbol"}
 OUTPUT_TOOLS = {"read-output", "await-evaluation"}
+TEST_TOOLS = {"run-tests"}
 
 
 def valid_response(message):
@@ -59,7 +60,7 @@ def test_ping(shared_server):
 
 def test_tools_list_matches_the_contract(shared_server):
     tools = shared_server.request("tools/list")["result"]["tools"]
-    assert {tool["name"] for tool in tools} == CONTRACT_TOOLS | RESTART_TOOLS | DEVELOPMENT_TOOLS | OUTPUT_TOOLS
+    assert {tool["name"] for tool in tools} == CONTRACT_TOOLS | RESTART_TOOLS | DEVELOPMENT_TOOLS | OUTPUT_TOOLS | TEST_TOOLS
     for tool in tools:
         assert first_error(shared_type("ToolDefinition"), tool) is None
     evaluate = next(t for t in tools if t["name"] == "evaluate-lisp")
