@@ -413,12 +413,14 @@ hundreds of methods).")
 (defparameter *method-limit* 100
   "Methods of a generic function listed by `describe-symbol-of', at most.")
 
-(defstruct (repl-definition (:constructor make-repl-definition (type name evaluation source sequence)))
+(defstruct (repl-definition (:constructor make-repl-definition
+                                (type name evaluation source sequence witness)))
   "One definition made through evaluate-lisp: its type word, its name (a
 symbol, a (SETF symbol) list, a package's name as a string, or for a
-method (NAME QUALIFIERS SPECIALIZERS)), the evaluation's number, and the
-source text of the top-level form that made it."
-  type name evaluation source sequence)
+method (NAME QUALIFIERS SPECIALIZERS)), the evaluation's number, the
+source text of the top-level form that made it, and a weak pointer to
+what it made (see `definition-witness'), or nil."
+  type name evaluation source sequence witness)
 
 (defvar *repl-definitions* (make-hash-table :test 'equal)
   "The definitions made through evaluate-lisp, by (TYPE . NAME): a newer
@@ -481,25 +483,58 @@ comments in front of the form, at most `*repl-source-limit*' characters."
           (format nil "~A~%… [~D more characters not kept]" source dropped)
           source))))
 
+(defun specializer-matches-p (specializer written)
+  "True when a method's SPECIALIZER is the class WRITTEN (a symbol) names;
+an (EQL FORM) as written is never compared."
+  (and (symbolp written) (typep specializer 'class)
+       (eq (class-name specializer) written)))
+
+(defun definition-witness (type name)
+  "What the definition of TYPE (a type word) and NAME (as `repl-definition'
+keeps it) made, as the image holds it now: the function of a function or
+a macro, the compiler macro's function, the method object of a method.
+Any later definition of the name, from a file or a form, makes a new
+object, so the definition is live while this one is still the image's.
+Nil for other types (see `repl-definition-replaced-p')."
+  (handler-case
+      (cond ((string= type "function") (and (fboundp name) (fdefinition name)))
+            ((string= type "macro") (macro-function name))
+            ((string= type "compiler-macro") (compiler-macro-function name))
+            ((string= type "method")
+             (destructuring-bind (function-name qualifiers specializers) name
+               (let ((function (and (fboundp function-name) (fdefinition function-name))))
+                 (and (typep function 'generic-function)
+                      (find-if (lambda (method)
+                                 (and (equal (method-qualifiers method) qualifiers)
+                                      (= (length (sb-mop:method-specializers method)) (length specializers))
+                                      (every #'specializer-matches-p
+                                             (sb-mop:method-specializers method) specializers)))
+                               (sb-mop:generic-function-methods function)))))))
+    (serious-condition () nil)))
+
 (defun record-repl-definitions (definitions evaluation-id source)
   "Keep SOURCE as the source of each of DEFINITIONS, (TYPE-WORD . FORM)
-lists made by evaluation EVALUATION-ID, dropping the oldest kept ones past
+lists made by evaluation EVALUATION-ID, with what each made (see
+`definition-witness'), dropping the oldest kept ones past
 `*repl-definition-limit*'."
-  (sb-thread:with-mutex (*repl-definitions-lock*)
-    (loop for (type . form) in definitions
-          for name = (definition-form-name form)
-          do (setf (gethash (cons type name) *repl-definitions*)
-                   (make-repl-definition type name evaluation-id source
-                                         (incf *repl-definition-sequence*))))
-    (loop while (> (hash-table-count *repl-definitions*) *repl-definition-limit*)
-          do (let ((oldest nil) (oldest-key nil))
-               (maphash (lambda (key definition)
-                          (when (or (null oldest)
-                                    (< (repl-definition-sequence definition)
-                                       (repl-definition-sequence oldest)))
-                            (setf oldest definition oldest-key key)))
-                        *repl-definitions*)
-               (remhash oldest-key *repl-definitions*)))))
+  (let ((made (loop for (type . form) in definitions
+                    for name = (definition-form-name form)
+                    for witness = (definition-witness type name)
+                    collect (list type name (and witness (sb-ext:make-weak-pointer witness))))))
+    (sb-thread:with-mutex (*repl-definitions-lock*)
+      (loop for (type name witness) in made
+            do (setf (gethash (cons type name) *repl-definitions*)
+                     (make-repl-definition type name evaluation-id source
+                                           (incf *repl-definition-sequence*) witness)))
+      (loop while (> (hash-table-count *repl-definitions*) *repl-definition-limit*)
+            do (let ((oldest nil) (oldest-key nil))
+                 (maphash (lambda (key definition)
+                            (when (or (null oldest)
+                                      (< (repl-definition-sequence definition)
+                                         (repl-definition-sequence oldest)))
+                              (setf oldest definition oldest-key key)))
+                          *repl-definitions*)
+                 (remhash oldest-key *repl-definitions*))))))
 
 (defun note-repl-definitions (form evaluation code start end)
   "Called by `%read-and-evaluate' after it evaluated FORM, a cons read from
@@ -543,16 +578,23 @@ SYMBOL's name."
               (names-symbol-p (first name) symbol)))))
 
 (defun repl-definition-plist (definition)
-  "DEFINITION as (:type :name [:qualifiers :specializers] :evaluation :source)."
+  "DEFINITION as (:type :name [:qualifiers :specializers] :evaluation
+:source), with :witness-replaced t when the image no longer holds what it
+made (see `definition-witness')."
   (let ((type (repl-definition-type definition))
-        (name (repl-definition-name definition)))
+        (name (repl-definition-name definition))
+        (witness (repl-definition-witness definition)))
     (list* :type type
            :name (if (string= type "method") (printed-name (first name)) (printed-name name))
            (append (when (string= type "method")
                      (list :qualifiers (mapcar #'printed-name (second name))
                            :specializers (mapcar #'printed-name (third name))))
                    (list :evaluation (repl-definition-evaluation definition)
-                         :source (repl-definition-source definition))))))
+                         :source (repl-definition-source definition))
+                   (when (and witness
+                              (not (eq (sb-ext:weak-pointer-value witness)
+                                       (definition-witness type name))))
+                     (list :witness-replaced t))))))
 
 (defun repl-definition-plists (symbol)
   "The definitions of SYMBOL made through evaluate-lisp, newest first, as
@@ -622,12 +664,27 @@ signature, for methods)."
   (loop for key in '(:type :name :qualifiers :specializers)
         always (equal (getf a key) (getf b key))))
 
+(defun repl-definition-replaced-p (plist swank)
+  "True when the definition made through evaluate-lisp that PLIST (a
+`repl-definition-plist') describes is no longer the image's: what it made
+was replaced (a function, macro, compiler macro or method: see
+`definition-witness'), or Swank finds the same definition (type, name,
+signature) in a file among SWANK, its definition plists.  Evaluate-lisp
+records no file, so a definition Swank places in one came later, from a
+file or a form: for a variable, class, type or package that is its
+recorded source location."
+  (or (getf plist :witness-replaced)
+      (find-if (lambda (other) (and (getf other :file) (same-definition-p plist other)))
+               swank)))
+
 (defun symbol-definitions-of (symbol)
-  "Every definition of SYMBOL: those made through evaluate-lisp (newest
-first), then Swank's; one of Swank's without a source file is left out when
-evaluate-lisp's source of it is kept.  (values PLISTS DROPPED ERROR-PLIST):
-at most `*definition-limit*', the number past it, and the failure of Swank
-when it failed."
+  "Every definition of SYMBOL, the live ones first: those made through
+evaluate-lisp that are still the image's (newest first), then Swank's,
+then those made through evaluate-lisp and replaced since (marked
+:replaced t; see `repl-definition-replaced-p').  One of Swank's without a
+source file is left out when evaluate-lisp's source of it is kept.
+(values PLISTS DROPPED ERROR-PLIST): at most `*definition-limit*', the
+number past it, and the failure of Swank when it failed."
   (let* ((repl (repl-definition-plists symbol))
          (asked (swank-definitions symbol))
          (files (make-hash-table :test 'equal))
@@ -637,10 +694,21 @@ when it failed."
                         unless (and (getf plist :error)
                                     (find plist repl :test #'same-definition-p))
                           collect plist)))
-         (all (append repl swank)))
-    (values (subseq all 0 (min (length all) *definition-limit*))
-            (max 0 (- (length all) *definition-limit*))
-            (and (eq (first asked) :error) (second asked)))))
+         (live '()) (replaced '()))
+    (dolist (plist repl)
+      (if (repl-definition-replaced-p plist swank)
+          (push (append (list :replaced t) (remove-witness-mark plist)) replaced)
+          (push (remove-witness-mark plist) live)))
+    (let ((all (append (nreverse live) swank (nreverse replaced))))
+      (values (subseq all 0 (min (length all) *definition-limit*))
+              (max 0 (- (length all) *definition-limit*))
+              (and (eq (first asked) :error) (second asked))))))
+
+(defun remove-witness-mark (plist)
+  "PLIST without :witness-replaced, which only `symbol-definitions-of' reads."
+  (let ((copy (copy-list plist)))
+    (remf copy :witness-replaced)
+    copy))
 
 (defun find-definition-of (text &key package)
   "Every definition of the symbol TEXT names, read in PACKAGE (CL-USER when
@@ -728,14 +796,31 @@ gathered from the direct slots of every class in its precedence list."
                   collect (method-signature-plist method))
             (length methods))))
 
+(defparameter *primary-definition-types*
+  '("function" "generic-function" "macro" "class" "structure" "condition" "variable"
+    "constant" "type" "symbol-macro" "setf-expander" "method-combination" "package")
+  "The type words of definitions of a name itself: not of one of its
+methods, its compiler macro or a DECLAIM about it.")
+
+(defun primary-definition (definitions)
+  "The first of DEFINITIONS (as `symbol-definitions-of' orders them, the
+live ones first) that defines the name itself and is still the image's,
+with a source file or made through evaluate-lisp; so find-definition's
+first such entry is describe-symbol's location."
+  (find-if (lambda (plist)
+             (and (member (getf plist :type) *primary-definition-types* :test #'string=)
+                  (not (getf plist :replaced))
+                  (or (getf plist :file) (getf plist :evaluation))))
+           definitions))
+
 (defun describe-symbol-of (text &key package)
   "What the symbol TEXT names, read in PACKAGE (CL-USER when nil): a plist
 :status :ok, :symbol, :package (its home), :external, :kinds (as
 `symbol-kinds' gives them, and \"package\" when a package has its name),
 :arglist, :documentation ((KIND TEXT) ...), :value (a bound variable's,
 printed on one line), :class (:superclasses :slots), :methods and
-:method-count (of a generic function), :location (the first definition
-with a source file) and :description (one sentence).  An unknown symbol or
+:method-count (of a generic function), :location (see
+`primary-definition') and :description (one sentence).  An unknown symbol or
 package is a :status :error plist."
   (with-resolved-symbol text package
     (lambda (symbol)
@@ -746,8 +831,7 @@ package is a :status :error plist."
              (class (find-class symbol nil))
              (function (and (fboundp symbol) (not (special-operator-p symbol))
                             (or (macro-function symbol) (fdefinition symbol))))
-             (location (find-if (lambda (plist) (getf plist :file))
-                                (nth-value 0 (symbol-definitions-of symbol))))
+             (location (primary-definition (nth-value 0 (symbol-definitions-of symbol))))
              (result (list :status :ok
                            :symbol (symbol-designator symbol)
                            :package (if home (package-name home) "")

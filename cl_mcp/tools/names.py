@@ -39,6 +39,8 @@ def definition_structure(definition: dict[str, Any]) -> dict[str, Any]:
     if "evaluation" in definition:
         structure["evaluation"] = definition["evaluation"]
         structure["source"] = definition["source"]
+        if definition.get("replaced") is True:
+            structure["replaced"] = True
     else:
         structure.update(place_structure(definition))
     return structure
@@ -56,17 +58,19 @@ def definition_title(definition: dict[str, Any]) -> str:
 
 
 def definition_text(definition: dict[str, Any]) -> str:
-    """The title line, then the place (or the evaluation and its source)."""
+    """The title line, then the place (or the evaluation and its source,
+    and whether a later definition replaced it)."""
     title = definition_title(definition)
     if "evaluation" in definition:
         source = "\n".join(f"    {line}" for line in definition["source"].splitlines())
-        return f"{title}\n  defined by evaluation {definition['evaluation']}:\n{source}"
+        replaced = " (replaced by a later definition)" if definition.get("replaced") is True else ""
+        return f"{title}\n  defined by evaluation {definition['evaluation']}{replaced}:\n{source}"
     return f"{title}\n{place_text(definition)}"
 
 
 def render_definitions(result: dict[str, Any]) -> Rendered:
-    """Every definition, newest evaluate-lisp ones first; none is an answer,
-    not an error."""
+    """Every definition, the live ones first (as the agent orders them);
+    none is an answer, not an error."""
     symbol = result["symbol"]
     definitions = [result_dict(item) for item in result.get("definitions") or []]
     dropped = result.get("dropped") or 0
@@ -150,7 +154,10 @@ def describe_structure(result: dict[str, Any]) -> dict[str, Any]:
         structure["methodCount"] = result["method-count"]
     if result.get("location"):
         location = result_dict(result["location"])
-        structure["location"] = {"type": location["type"], **place_structure(location)}
+        if "evaluation" in location:
+            structure["location"] = {"type": location["type"], "evaluation": location["evaluation"]}
+        else:
+            structure["location"] = {"type": location["type"], **place_structure(location)}
     return structure
 
 
@@ -161,7 +168,8 @@ def method_line(method: dict[str, Any]) -> str:
 
 def describe_text(structure: dict[str, Any]) -> str:
     """A header ``NAME (home package, external|internal)``, one section per
-    kind of thing the name is, and the first definition's place."""
+    kind of thing the name is (each documentation string labelled by its
+    kind), and the primary definition's place."""
     home = structure["package"] or "no home package"
     sections = [f"{structure['symbol']} ({home}, {'external' if structure['external'] else 'internal'})"]
     kinds, documentation = structure["kinds"], structure["documentation"]
@@ -185,7 +193,7 @@ def describe_text(structure: dict[str, Any]) -> str:
                 lines.append(f"slot {slot['name']}" + "".join(f"; {d}" for d in details if d))
         for kind in SECTION_DOCUMENTATION[title]:
             if kind in documentation:
-                lines.append(documentation[kind])
+                lines.append(f"documentation ({kind}): {documentation[kind]}")
         if title == "function" and "methods" in structure:
             shown, total = structure["methods"], structure["methodCount"]
             lines.append(f"methods ({total}):")
@@ -195,7 +203,9 @@ def describe_text(structure: dict[str, Any]) -> str:
         sections.append("\n".join(lines))
     if "location" in structure:
         location = structure["location"]
-        sections.append(f"[location]\n{location['type']}\n{place_text(location)}")
+        where = (f"  defined by evaluation {location['evaluation']}" if "evaluation" in location
+                 else place_text(location))
+        sections.append(f"[location]\n{location['type']}\n{where}")
     return "\n\n".join(sections)
 
 

@@ -52,7 +52,8 @@ def test_a_generic_function(lisp):
     assert "value" not in structured and "class" not in structured
     text = result["content"][0]["text"]
     assert text.startswith("CL-MCP-FIXTURE:AREA (CL-MCP-FIXTURE, external)\n\n"
-                           "[function]\ngeneric function\narglist: (SHAPE)\nThe area of SHAPE.\nmethods (2):\n")
+                           "[function]\ngeneric function\narglist: (SHAPE)\ndocumentation (function): The area of SHAPE.\n"
+                           "methods (2):\n")
     assert "  (CL-MCP-FIXTURE:CIRCLE)\n" in text
     assert text.endswith(f"[location]\ngeneric-function\n  {SHAPES}:25:1\n    (defgeneric area (shape)\n"
                          '      (:documentation "The area of SHAPE."))\n    \n    (defmethod area ((shape circle))')
@@ -70,7 +71,7 @@ def test_a_variable_and_its_value(lisp):
         ["variable"], '"Hello"', {"variable": "How greet begins."})
     assert place(structured) == ("variable", SHAPES, 3, 1)
     text = describe(lisp, symbol="cl-mcp-fixture:*greeting*")["content"][0]["text"]
-    assert '[variable]\nvariable\nvalue: "Hello"\nHow greet begins.' in text
+    assert '[variable]\nvariable\nvalue: "Hello"\ndocumentation (variable): How greet begins.' in text
 
 
 def test_a_long_value_is_capped_on_one_line(lisp):
