@@ -55,9 +55,14 @@ hooks record only inside one.")
   (unless (member name (test-run-frameworks run) :test #'string=)
     (setf (test-run-frameworks run) (append (test-run-frameworks run) (list name)))))
 
+(defun flat-text (text limit)
+  "TEXT on one line, at most LIMIT characters of it."
+  (let ((flat (substitute #\Space #\Newline text)))
+    (subseq flat 0 (min (length flat) limit))))
+
 (defun printed (object)
   "OBJECT printed readably-ish on one line, cut at `*text-limit*'."
-  (one-line (safe-print object (lambda (o) (let ((*print-length* 20) (*print-level* 6))
+  (flat-text (safe-print object (lambda (o) (let ((*print-length* 20) (*print-level* 6))
                                              (prin1-to-string o))))
             *text-limit*))
 
@@ -164,7 +169,7 @@ keeps nowhere: its form is evaluated once more here for the condition."
           ((fiveam-class-p result "TEST-FAILURE")
            (list :kind :failure :test (printed (fiveam-test-name result))
                  :form (printed (slot "TEST-EXPR"))
-                 :reason (string-trim " " (one-line (or (slot "REASON") "no reason given") *text-limit*)))))))
+                 :reason (string-trim " " (flat-text (or (slot "REASON") "no reason given") *text-limit*)))))))
 
 ;;;; Where a test is defined
 

@@ -1,0 +1,140 @@
+"""run-tests against a real SBCL, embedded and attached: the fixture suites
+(tests/fixtures/lisp/run-tests-fixture/: FiveAM, RT, and a test-op no
+framework runs), split-sequence's FiveAM suite and alexandria's RT suite
+(Debian's, nobody here wrote them), their totals compared with the counts
+the framework gives when the same suite runs directly; a test broken in a
+copy of split-sequence; debug: true waiting at the failed check."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.integration.devtools import FIXTURES, MODES, check_results_of, checked_call, cl_mcp_in
+
+SUITES = FIXTURES / "run-tests-fixture"
+SPLIT_SEQUENCE = Path("/usr/share/common-lisp/source/cl-split-sequence")
+
+
+@pytest.fixture(scope="module", params=MODES)
+def lisp(request):
+    with cl_mcp_in(request.param) as process:
+        text, is_error = process.eval(f'(asdf:load-asd "{SUITES}/run-tests-fixture.asd")')
+        assert not is_error, text
+        check_results_of(process, "run-tests")
+        yield process
+
+
+def run(process, **arguments) -> tuple[dict, str]:
+    result = checked_call(process, "run-tests", **arguments)
+    return result["structuredContent"], result["content"][0]["text"]
+
+
+def totals(tests: dict) -> tuple[int, int, int, int]:
+    return tests["passed"], tests["failed"], tests["errored"], tests["skipped"]
+
+
+def test_a_fiveam_suite_gives_its_checks_failures_at_their_tests_and_errors(lisp):
+    structure, text = run(lisp, system="run-tests-fixture")
+    tests = structure["tests"]
+    assert (tests["frameworks"], tests["counts"], totals(tests)) == (["FiveAM"], "checks", (2, 1, 1, 1))
+    failure, error = tests["problems"]
+    assert (failure["kind"], failure["test"], failure["form"]) == (
+        "failure", "RUN-TESTS-FIXTURE::DOUBLES-WRONGLY", "(= 5 (RUN-TESTS-FIXTURE::DOUBLE 2))")
+    assert "evaluated to" in failure["reason"] and "4" in failure["reason"]
+    suite = str(SUITES / "fiveam-suite.lisp")
+    assert (failure["place"]["file"], failure["place"]["line"]) == (suite, 15)
+    assert (error["kind"], error["type"], error["place"]["line"]) == ("error", "SB-INT:SIMPLE-PARSE-ERROR", 18)
+    assert structure["success"] is False and text.startswith("[tests] FiveAM: 2 passed, 1 failed")
+    # FiveAM's own printout is kept for read-output.
+    printout = lisp.call("read-output", evaluation=structure["number"])["content"][0]["text"]
+    assert "Did 5 checks." in printout
+
+
+def test_an_rt_suite_gives_expected_and_actual_values_and_the_error(lisp):
+    structure, _ = run(lisp, system="run-tests-fixture/rt")
+    tests = structure["tests"]
+    assert (tests["frameworks"], tests["counts"], totals(tests)) == (["RT"], "tests", (2, 1, 1, 0))
+    failure, error = tests["problems"]
+    assert (failure["test"], failure["expected"], failure["actual"], failure["place"]["line"]) == (
+        "RUN-TESTS-FIXTURE/RT::ADDS.2", "5", "4", 8)
+    assert (error["test"], error["type"], error["place"]["line"]) == (
+        "RUN-TESTS-FIXTURE/RT::DIVIDES.1", "DIVISION-BY-ZERO", 10)
+
+
+def test_an_unrecognised_framework_gives_no_counts_but_its_output_and_error(lisp):
+    structure, text = run(lisp, system="run-tests-fixture/unknown")
+    tests = structure["tests"]
+    assert tests["recognised"] is False and "passed" not in tests
+    assert tests["signalled"]["message"] == "the second thing is wrong"
+    assert "checking 3 things by hand" in text and "no test framework recognised" in text
+
+
+def test_one_test_by_name(lisp):
+    structure, _ = run(lisp, test="doubles-small-numbers", package="RUN-TESTS-FIXTURE")
+    assert (totals(structure["tests"]), structure["success"]) == ((2, 0, 0, 0), True)
+
+
+def test_debug_stops_at_the_failed_check_with_fiveams_restarts(lisp):
+    result = lisp.call("run-tests", test="run-tests-fixture::doubles-wrongly", debug=True)
+    structure = result["structuredContent"]
+    assert result["isError"] and structure["error"]["type"].endswith("CHECK-FAILURE")
+    restarts = [restart["name"] for restart in structure["restarts"]]
+    assert {"IGNORE-FAILURE", "RETEST", "ABORT"} <= set(restarts), restarts
+    frames = lisp.call("backtrace", evaluation=structure["evaluation"])
+    assert not frames["isError"], frames
+    # Going on past the failure finishes the run, nothing waits any more.
+    done = lisp.call("invoke-restart", evaluation=structure["evaluation"], restart="IGNORE-FAILURE")
+    assert "evaluation" not in done["structuredContent"], done
+
+
+def framework_count(process, code: str) -> list[int]:
+    text, is_error = process.eval(code)
+    assert not is_error, text
+    value = next(line for line in text.splitlines() if line.startswith("=> ("))
+    return [int(number) for number in value.removeprefix("=> ").strip("()").split()]
+
+
+def test_split_sequences_fiveam_suite_counts_as_fiveam_does(lisp):
+    structure, _ = run(lisp, system="split-sequence")
+    tests = structure["tests"]
+    passed, failed = framework_count(lisp, """
+      (let ((results (5am:run :split-sequence)))
+        (list (count-if (lambda (r) (typep r '5am::test-passed)) results)
+              (count-if (lambda (r) (typep r '5am::test-failure)) results)))""")
+    assert (tests["passed"], tests["failed"] + tests["errored"]) == (passed, failed)
+    assert passed > 100
+
+
+def test_a_broken_split_sequence_test_is_placed_at_its_definition(lisp, tmp_path):
+    copy = tmp_path / "split-sequence"
+    shutil.copytree(SPLIT_SEQUENCE, copy)
+    tests_file = copy / "tests.lisp"
+    text = tests_file.read_text()
+    old = '(define-test split-sequence.1 (:input (input "a;;b;c")\n'
+    assert text.count(old) == 1
+    tests_file.write_text(text.replace(old, '(define-test split-sequence.1 (:input (input "a;;b;;c")\n'))
+    line = next(number for number, each in enumerate(tests_file.read_text().splitlines(), 1)
+                if each.startswith("(define-test split-sequence.1 "))
+    loaded, is_error = lisp.eval(f'(push #p"{copy}/" asdf:*central-registry*)'
+                                 '(asdf:load-system "split-sequence/tests" :force t)')
+    assert not is_error, loaded
+    structure, _ = run(lisp, system="split-sequence")
+    places = {(problem["place"].get("file"), problem["place"].get("line"))
+              for problem in structure["tests"]["problems"]}
+    assert places == {(str(tests_file), line)}, structure["tests"]["problems"]
+    lisp.eval(f'(setf asdf:*central-registry* (remove #p"{copy}/" asdf:*central-registry* :test #\'equal))'
+              '(asdf:clear-system "split-sequence") (asdf:clear-system "split-sequence/tests")')
+
+
+def test_alexandrias_rt_suite_counts_as_rt_does(lisp):
+    structure, _ = run(lisp, system="alexandria-tests")
+    tests = structure["tests"]
+    # Its test-op runs the suite twice: interpreted, then compiled.
+    entries, pending = framework_count(lisp, """
+      (progn (sb-rt:do-tests (make-broadcast-stream))
+             (list (length (cdr sb-rt::*entries*)) (length (sb-rt::pending-tests))))""")
+    assert tests["passed"] + tests["failed"] + tests["errored"] == 2 * entries
+    assert entries > 100 and tests["passed"] >= 2 * (entries - pending) - pending
