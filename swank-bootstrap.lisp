@@ -88,6 +88,10 @@
 ;;;   swank/sbcl::setf-expander       `symbol-kinds': whether a symbol has a
 ;;;                                   setf expander, as Swank's
 ;;;                                   describe-symbol-for-emacs asks
+;;;   swank/sbcl::*sldb-stack-top*    the frame Swank's backend counts frames
+;;;                                   from (sldb binds it): a waiting
+;;;                                   evaluation binds it for restart-frame
+;;;                                   and return-from-frame
 ;;;   swank/sbcl::*mailboxes*, *mailbox-lock*, mailbox.thread   (by name)
 ;;;                                   Swank's per-thread mailboxes, pruned
 ;;;   swank/source-file-cache::*source-file-cache*,

@@ -269,63 +269,126 @@ restart name (case-insensitive)."
                               (string-equal (symbol-name (restart-name r)) designator)))
                        restarts)))))
 
-(defun evaluate-value-codes (codes)
-  "The values of the forms in CODES, or nil and an error report."
+(defun evaluate-value-codes (codes &optional (evaluator #'eval))
+  "The values of the forms in CODES, each given to EVALUATOR, or nil and an
+error report."
   (handler-case
       (values (loop for code in codes
-                    collect (eval (let ((*read-eval* t)) (read-from-string code))))
+                    collect (funcall evaluator (let ((*read-eval* t)) (read-from-string code))))
               nil)
     (serious-condition (c)
       (values nil (command-error (condition-type-name c)
                                  (format nil "Could not compute a restart value: ~A"
                                          (condition-message c)))))))
 
-(defun resume (evaluation designator value-codes timeout)
+(defun run-on (evaluation timeout)
+  "EVALUATION no longer waits at its error: it runs on, with a deadline of
+TIMEOUT seconds."
+  (forget-evaluation evaluation)
+  (setf (evaluation-condition evaluation) nil
+        (evaluation-waiting evaluation) nil)
+  (start-stretch evaluation timeout))
+
+(defun leave-error (evaluation timeout transfer)
+  "Let EVALUATION leave its error through TRANSFER, a function that passes
+control elsewhere and never returns, its run going on with a deadline of
+TIMEOUT seconds.  When TRANSFER does return, it returns why: the evaluation
+waits at its error again and that is reported."
+  (let ((condition (evaluation-condition evaluation)))
+    (run-on evaluation timeout)
+    (let ((message (funcall transfer)))
+      (stop-deadline evaluation)
+      (setf (evaluation-condition evaluation) condition
+            (evaluation-waiting evaluation) t)
+      (register-suspended evaluation)
+      (post-report evaluation (command-error "CL-MCP:RESTART-FAILED" message)))))
+
+(defparameter *frame-commands* '("RESTART-FRAME" "RETURN-FROM-FRAME")
+  "The restart names that act on a frame, as sldb's r and R do.")
+
+(defun resume (evaluation designator value-codes timeout &optional frame)
   "Invoke the restart DESIGNATOR with the values of VALUE-CODES (strings of
-Lisp code, evaluated here).  A failure is reported and the evaluation keeps
-waiting."
+Lisp code, evaluated here); with FRAME, a frame number, DESIGNATOR is one of
+`*frame-commands*' instead (see `resume-at-frame').  A failure is reported
+and the evaluation keeps waiting."
+  (when frame
+    (return-from resume (resume-at-frame evaluation designator frame value-codes timeout)))
   (let ((restart (find-restart-designator evaluation designator)))
     (unless restart
       (return-from resume
         (post-report evaluation (command-error "CL-MCP:NO-SUCH-RESTART"
-                                               (format nil "No restart ~S is available; ~
+                                               (format nil "No restart ~S is available~@[ (~A ~
+                                                            needs a frame number)~]; ~
                                                             the evaluation still waits."
-                                                       designator)))))
+                                                       designator
+                                                       (and (stringp designator)
+                                                            (find designator *frame-commands*
+                                                                  :test #'string-equal)))))))
     (multiple-value-bind (values failure) (evaluate-value-codes value-codes)
       (when failure
         (return-from resume (post-report evaluation failure)))
-      (let ((condition (evaluation-condition evaluation)))
-        (forget-evaluation evaluation)
-        (setf (evaluation-condition evaluation) nil
-              (evaluation-waiting evaluation) nil)
-        (start-stretch evaluation timeout)
-        (flet ((keep-waiting (message)
-                 (stop-deadline evaluation)
-                 (setf (evaluation-condition evaluation) condition
-                       (evaluation-waiting evaluation) t)
-                 (register-suspended evaluation)
-                 (post-report evaluation (command-error "CL-MCP:RESTART-FAILED" message))))
-          ;; A restart that transfers control never comes back here.  One
-          ;; that refuses the values does so before control leaves.
-          (handler-case (apply #'invoke-restart restart values)
-            (program-error (c)
-              (return-from resume
-                (keep-waiting (format nil "Restart ~A did not accept ~D value~:P (~A); ~
-                                           the evaluation still waits."
-                                      (restart-name restart) (length values)
-                                      (condition-message c))))))
-          (keep-waiting (format nil "Restart ~A returned without leaving the error; ~
-                                     the evaluation still waits."
-                                (restart-name restart))))))))
+      (leave-error evaluation timeout
+                   (lambda ()
+                     ;; A restart that transfers control never comes back
+                     ;; here.  One that refuses the values does so before
+                     ;; control leaves.
+                     (handler-case (progn (apply #'invoke-restart restart values)
+                                          (format nil "Restart ~A returned without leaving ~
+                                                       the error; the evaluation still waits."
+                                                  (restart-name restart)))
+                       (program-error (c)
+                         (format nil "Restart ~A did not accept ~D value~:P (~A); ~
+                                      the evaluation still waits."
+                                 (restart-name restart) (length values)
+                                 (condition-message c)))))))))
+
+(defun resume-at-frame (evaluation command index value-codes timeout)
+  "Carry out the frame COMMAND on frame INDEX (counted as `backtrace-of'
+lists them) of the waiting evaluation, as sldb's r and R do: RESTART-FRAME
+calls the frame's function again (as now defined) with its arguments;
+RETURN-FROM-FRAME makes the frame return the values of VALUE-CODES, each
+evaluated in the frame.  Swank's backend does both, from the frame Swank's
+frame numbers count from; SBCL can do it only for a frame compiled with a
+debug catch tag (debug 1 or more, SBCL's default)."
+  (let ((frame (nth index (evaluation-frames evaluation)))
+        (command (find command *frame-commands* :test #'string-equal)))
+    (flet ((refuse (type control &rest arguments)
+             (return-from resume-at-frame
+               (post-report evaluation (command-error type (apply #'format nil control arguments))))))
+      (unless command
+        (refuse "CL-MCP:NO-SUCH-RESTART"
+                "With a frame, the restart is RESTART-FRAME or RETURN-FROM-FRAME; ~
+                 the evaluation still waits."))
+      (unless frame
+        (refuse "CL-MCP:NO-SUCH-FRAME" "There is no frame ~D; the evaluation still waits." index))
+      (unless (swank/backend:frame-restartable-p frame)
+        (refuse "CL-MCP:RESTART-FAILED"
+                "Frame ~D cannot be restarted or returned from: its function was compiled ~
+                 without SBCL's debug catch tag (with (debug 0), as some of SBCL's own ~
+                 are); the evaluation still waits." index))
+      (multiple-value-bind (values failure)
+          (evaluate-value-codes value-codes (lambda (form) (sb-di:eval-in-frame frame form)))
+        (when failure
+          (return-from resume-at-frame (post-report evaluation failure)))
+        (leave-error evaluation timeout
+                     (lambda ()
+                       ;; Swank's backend finds frame 0 here; what it
+                       ;; returns is why it could not.
+                       (let ((swank/sbcl::*sldb-stack-top* frame))
+                         (if (string= command "RESTART-FRAME")
+                             (swank/backend:restart-frame 0)
+                             (swank/backend:return-from-frame 0 `(values-list ',values))))))))))
 
 (defun frames-report (evaluation &optional (count *backtrace-frame-limit*))
-  "Frames of the waiting evaluation with their local variables."
-  (list :status :ok
-        :frames (loop for frame in (evaluation-frames evaluation)
-                      for line in (frame-lines (evaluation-frames evaluation)
-                                               (evaluation-condition evaluation)
-                                               count)
-                      collect (list line (frame-locals frame)))))
+  "Frames of the waiting evaluation with their local variables and places
+(`frame-place')."
+  (let ((files (make-hash-table :test 'equal)))
+    (list :status :ok
+          :frames (loop for frame in (evaluation-frames evaluation)
+                        for line in (frame-lines (evaluation-frames evaluation)
+                                                 (evaluation-condition evaluation)
+                                                 count)
+                        collect (list line (frame-locals frame) (frame-place frame files))))))
 
 (defun call-with-deadline-throw (timeout thunk record-warning)
   "Call THUNK; return (:ok VALUES), (:error CONDITION) or (:timeout).  Used
@@ -384,29 +447,45 @@ that frame's local variables in scope, for at most TIMEOUT seconds."
                                                                 (seconds-text timeout))
                                                :backtrace nil)))))))
 
+(defun eval-in-frame-command (evaluation index code &optional timeout)
+  "Report `frame-eval-report'.  Code that leaves the error instead (a
+restart it invokes, swank/backend:return-from-frame) lets the evaluation
+run on, with a deadline of TIMEOUT seconds, and its next report answers."
+  (let ((left t))
+    (unwind-protect
+         (progn (post-report evaluation (frame-eval-report evaluation index code timeout))
+                (setf left nil))
+      (when left
+        (run-on evaluation timeout)))))
+
 (defun command-loop (evaluation)
   "Wait at the error for commands until one continues or aborts the
 evaluation, or until `*suspend-seconds*' pass."
   (setf (evaluation-waiting evaluation) t)
-  (loop
-    (let ((command (await-command evaluation *suspend-seconds*)))
-      ;; SBCL binds its hook to nil while a hook runs, and this loop may run
-      ;; inside one (after BREAK): bind it again for the commands.
-      (with-debugger-calling ((lambda (condition) (stop-at-error evaluation condition)))
-        (unless command
-          (forget-evaluation evaluation)
-          ;; A caller that found it just before it was forgotten still hears back.
-          (when (await-command evaluation 0)
-            (post-report evaluation (no-suspended-report (evaluation-id evaluation))))
-          (invoke-restart (evaluation-abort-restart evaluation) t))
-        (catch 'command-failed
-          (destructuring-bind (kind &rest arguments) command
-            (ecase kind
-              (:restart (apply #'resume evaluation arguments))
-              (:backtrace (post-report evaluation (apply #'frames-report evaluation arguments)))
-              (:eval-in-frame (post-report evaluation (apply #'frame-eval-report evaluation arguments)))
-              (:abort (forget-evaluation evaluation)
-                      (invoke-restart (evaluation-abort-restart evaluation) nil)))))))))
+  ;; Swank's backend counts frames from its debugger's stack top, which
+  ;; only sldb binds: bound here, code evaluated in a frame may call
+  ;; swank/backend:restart-frame or return-from-frame, frame 0 being the
+  ;; backtrace's frame 0.
+  (let ((swank/sbcl::*sldb-stack-top* (first (evaluation-frames evaluation))))
+    (loop
+      (let ((command (await-command evaluation *suspend-seconds*)))
+        ;; SBCL binds its hook to nil while a hook runs, and this loop may run
+        ;; inside one (after BREAK): bind it again for the commands.
+        (with-debugger-calling ((lambda (condition) (stop-at-error evaluation condition)))
+          (unless command
+            (forget-evaluation evaluation)
+            ;; A caller that found it just before it was forgotten still hears back.
+            (when (await-command evaluation 0)
+              (post-report evaluation (no-suspended-report (evaluation-id evaluation))))
+            (invoke-restart (evaluation-abort-restart evaluation) t))
+          (catch 'command-failed
+            (destructuring-bind (kind &rest arguments) command
+              (ecase kind
+                (:restart (apply #'resume evaluation arguments))
+                (:backtrace (post-report evaluation (apply #'frames-report evaluation arguments)))
+                (:eval-in-frame (apply #'eval-in-frame-command evaluation arguments))
+                (:abort (forget-evaluation evaluation)
+                        (invoke-restart (evaluation-abort-restart evaluation) nil))))))))))
 
 (defun stop-at-error (evaluation condition)
   "Called where CONDITION was signalled, before anything unwinds.  Report
@@ -666,10 +745,11 @@ evaluations run there, the wait goes on."
              (and registered (running-report evaluation forgotten))))
       (await-report evaluation)))
 
-(defun invoke-restart-of (id restart &key values (timeout nil) (answer-within nil) (tag nil))
+(defun invoke-restart-of (id restart &key values frame (timeout nil) (answer-within nil) (tag nil))
   "Invoke RESTART (an index into the listed restarts, or a name) of the
 waiting evaluation ID (the newest when nil) with the values of VALUES, a
-list of code strings.  The evaluation runs on with a deadline of TIMEOUT
+list of code strings; with FRAME, a frame number, RESTART is RESTART-FRAME
+or RETURN-FROM-FRAME instead (`resume-at-frame').  The evaluation runs on with a deadline of TIMEOUT
 seconds, findable under TAG as in `evaluate'; return its next report, a
 plist as `evaluate' returns (its outcome, or a new error), or an error
 report when no evaluation ID waits or the restart cannot be invoked (the
@@ -678,7 +758,7 @@ it goes on in the background and this returns `running-report'."
   (with-suspended (evaluation id)
     (setf (evaluation-tag evaluation) tag)
     (with-running (tag evaluation)
-      (post-command evaluation (list :restart restart values timeout))
+      (post-command evaluation (list :restart restart values timeout frame))
       (await-report-within evaluation (window-first answer-within timeout)))))
 
 (defun backtrace-of (id &key (count *backtrace-frame-limit*))

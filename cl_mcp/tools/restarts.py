@@ -25,6 +25,7 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
             form = [Symbol("cl-mcp-agent:invoke-restart-of"), whole(arguments.get("evaluation")),
                     whole(arguments["restart"]),
                     Keyword("values"), [Symbol("cl:quote"), arguments.get("values") or []],
+                    Keyword("frame"), whole(arguments.get("frame")),
                     Keyword("timeout"), float(timeout), Keyword("tag"), tag,
                     # A long continuation goes on in the background.
                     *window_keywords(answer_window(None, session.config.answer_within, timeout))]

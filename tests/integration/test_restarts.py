@@ -1,9 +1,13 @@
 """Live restarts: an erroring evaluation waits at its error, and the
 restart tools act on it, as SLIME's debugger would."""
 
+import re
 import time
 
+import pytest
+
 from tests.integration.conftest import cl_mcp
+from tests.integration.devtools import MODES, cl_mcp_in
 
 
 def restart(process, restart, **arguments):
@@ -211,3 +215,104 @@ def test_a_nested_evaluate_does_not_answer_for_the_outer_evaluation(shared_serve
     text, is_error = shared_server.eval('(getf (cl-mcp-agent:evaluate "(error \\"inner\\")") :status)')
     assert (text, is_error) == ("=> :ERROR", False)
     assert shared_server.eval("(+ 1 2)") == ("=> 3", False)
+
+
+# ------------------------------------------ frame commands (sldb's r and R)
+
+@pytest.fixture(scope="module", params=MODES)
+def either_mode(request):
+    """A cl-mcp in each mode, shared by the tests below."""
+    with cl_mcp_in(request.param) as process:
+        yield process
+
+
+def outcome(process, tool, **arguments):
+    """TOOL's text and isError, without the `; Evaluation N` line that may
+    end it."""
+    text, is_error = tool_text(process, tool, **arguments)
+    return re.sub(r"\n\n; Evaluation \d+$", "", text), is_error
+
+
+def continued(process, restart, **arguments):
+    """invoke-restart's outcome."""
+    return outcome(process, "invoke-restart", restart=restart, **arguments)
+
+
+def frame_of(process, name):
+    """The number of the first frame of the waiting evaluation that calls NAME."""
+    text, _ = tool_text(process, "backtrace")
+    return next(int(line.split(":")[0]) for line in text.splitlines()
+                if line.split(": (")[-1].startswith(name + " "))
+
+
+FRAMES_CODE = ("(defun fr-half (x) (/ x 2))"
+               "(defun fr-inner (x) (* 10 (fr-half x)))"
+               "(defun fr-outer (x) (list :result (fr-inner x)))")
+
+
+def test_restart_frame_calls_the_function_again_as_now_defined(either_mode):
+    either_mode.eval(FRAMES_CODE)
+    text, is_error = either_mode.eval("(fr-outer 'seven)")
+    assert is_error and text.startswith("[ERROR] TYPE-ERROR")
+    either_mode.eval("(defun fr-inner (x) (if (symbolp x) (length (symbol-name x)) (* 10 (fr-half x))))")
+    assert continued(either_mode, "RESTART-FRAME", frame=frame_of(either_mode, "FR-INNER")) == (
+        "=> (:RESULT 5)", False)
+
+
+def test_return_from_frame_returns_values_computed_in_the_frame(either_mode):
+    either_mode.eval(FRAMES_CODE)
+    either_mode.eval('(fr-outer "eleven")')
+    assert continued(either_mode, "return-from-frame", frame=frame_of(either_mode, "FR-INNER"),
+                   values=["(length x)"]) == ("=> (:RESULT 6)", False)
+
+
+def test_swank_frame_commands_work_from_eval_in_frame(either_mode):
+    """Swank's backend counts from its debugger's stack top, bound while an
+    evaluation waits: frame 0 is the backtrace's frame 0."""
+    either_mode.eval(FRAMES_CODE)
+    either_mode.eval('(fr-outer "twelve")')
+    inner = frame_of(either_mode, "FR-INNER")
+    assert outcome(either_mode, "eval-in-frame", frame=0,
+                   code=f"(swank/backend:return-from-frame {inner} '(values 99))") == (
+        "=> (:RESULT 99)", False)
+    # The evaluation ran on to its end: nothing waits any more.
+    assert restart(either_mode, 0)[0].startswith("[ERROR] CL-MCP:NO-SUSPENDED-EVALUATION")
+
+
+def test_frame_commands_that_cannot_act_leave_the_evaluation_waiting(server):
+    server.eval(FRAMES_CODE)
+    server.eval("(fr-outer :x)")
+    inner = frame_of(server, "FR-INNER")
+    text, is_error = restart(server, "RESTART-FRAME")
+    assert is_error and "RESTART-FRAME needs a frame number" in text
+    text, is_error = restart(server, "CONTINUE", frame=inner)
+    assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUCH-RESTART")
+    text, is_error = restart(server, "RESTART-FRAME", frame=99)
+    assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUCH-FRAME")
+    # EVAL, SBCL's own, has no debug catch tag.
+    text, is_error = restart(server, "RESTART-FRAME", frame=frame_of(server, "EVAL"))
+    assert is_error and text.startswith("[ERROR] CL-MCP:RESTART-FAILED") and "still waits" in text
+    text, is_error = restart(server, "RETURN-FROM-FRAME", frame=inner, values=["(error \"no\")"])
+    assert is_error and "Could not compute a restart value: no" in text
+    assert continued(server, "RETURN-FROM-FRAME", frame=inner, values=["1"]) == (
+        "=> (:RESULT 1)", False)
+
+
+# ------------------------------------------------------------- trace output
+
+def test_trace_output_comes_back_with_the_evaluation_that_made_the_calls(either_mode):
+    either_mode.eval("(defun tr-square (x) (* x x)) (trace tr-square)")
+    try:
+        text, is_error = either_mode.eval("(+ (tr-square 3) 1)")
+        assert (text, is_error) == ("[stderr]\n  0: (TR-SQUARE 3)\n  0: TR-SQUARE returned 9\n\n=> 10",
+                                    False)
+        # Calls made after a restart, or in a frame, come back with that call.
+        either_mode.eval("(progn (tr-square 2) (cerror \"Go on.\" \"paused\") (tr-square 4))")
+        assert continued(either_mode, "CONTINUE") == (
+            "[stderr]\n  0: (TR-SQUARE 4)\n  0: TR-SQUARE returned 16\n\n=> 16", False)
+        either_mode.eval("(error \"stop\")")
+        assert outcome(either_mode, "eval-in-frame", frame=0, code="(tr-square 5)") == (
+            "[stderr]\n  0: (TR-SQUARE 5)\n  0: TR-SQUARE returned 25\n\n=> 25", False)
+        restart(either_mode, "ABORT")
+    finally:
+        either_mode.eval("(untrace tr-square)")
