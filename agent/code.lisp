@@ -209,42 +209,176 @@ relation this Swank does not implement, is a :status :error plist."
   "Swank's note severities and the ones cl-mcp reports.  Redefinitions
 are left out: loading a file again redefines everything in it.")
 
+;; Notes are gathered from Swank's compiler notes (C-c C-k's, C-c C-c's,
+;; or those of a system's load) and sized for the model: with :warnings,
+;; errors, warnings and style-warnings are listed, grouped by file in line
+;; order, and plain compiler notes (mostly optimisation notes: 738 for
+;; cl-ppcre) are only counted per file; :all lists them too.  SBCL reports
+;; an undefined function once, at its first use; the note names every use
+;; the image's cross-references know (see `undefined-uses').
+
 (defparameter *note-limit* 200
   "Compiler notes reported for one compilation, at most.")
 
 (defparameter *note-message-limit* 2000
   "Characters of one compiler note's message, at most.")
 
-(defun note-plist (note files)
+(defparameter *use-limit* 50
+  "Places listed for one undefined function, variable or type, at most.")
+
+(defparameter *undefined-kinds* '((:function . :calls) (:variable . :references) (:type))
+  "The kinds of undefined names SBCL reports, and the cross-reference
+relation that finds their uses (none for a type).")
+
+(defun undefined-reference (condition)
+  "(KIND NAME) when CONDITION, one of Swank's compiler conditions, is
+SBCL's report of an undefined function, variable or type (\"undefined
+function: FOO\", or \"N more uses of undefined function FOO\"): its
+format arguments end with the kind and the name."
+  (let ((original (swank/backend::original-condition condition))
+        (message (swank/backend::message condition)))
+    (when (and (typep original 'simple-condition) (stringp message)
+               (or (eql 0 (search "undefined " message)) (search " of undefined " message)))
+      (let ((arguments (last (simple-condition-format-arguments original) 2)))
+        (and (= (length arguments) 2)
+             (assoc (first arguments) *undefined-kinds*)
+             arguments)))))
+
+(defun call-recording-undefined (table thunk)
+  "Call THUNK, recording in TABLE (an EQUAL hash table) each undefined
+name the compiler reports, from its note's message to its (KIND NAME)
+(see `undefined-reference'); Swank's own handler still makes the note."
+  (handler-bind ((swank/backend:compiler-condition
+                   (lambda (condition)
+                     (let ((reference (undefined-reference condition)))
+                       (when reference
+                         (setf (gethash (swank/backend::message condition) table) reference))))))
+    (funcall thunk)))
+
+(defun note-plist (note files &optional undefined)
   "One of Swank's compiler NOTES as (:severity S :message M :file F :line L
 :column C :snippet S), or (:severity S :message M :error WHY) without a
-place; nil for a note cl-mcp leaves out (see `*note-severities*')."
-  (let ((severity (cdr (assoc (getf note :severity) *note-severities*))))
+place; with :undefined (KIND NAME) when UNDEFINED (see
+`call-recording-undefined') says it reports an undefined name; nil for a
+note cl-mcp leaves out (see `*note-severities*')."
+  (let ((severity (cdr (assoc (getf note :severity) *note-severities*)))
+        (reference (and undefined (gethash (getf note :message) undefined))))
     (when severity
-      (list* :severity severity
-             :message (cap-string (getf note :message) *note-message-limit*)
-             (location-plist (getf note :location) files)))))
+      (append (list :severity severity
+                    :message (cap-string (getf note :message) *note-message-limit*))
+              (location-plist (getf note :location) files)
+              (and reference (list :undefined reference))))))
 
-(defun note-order (plist)
-  "Where a note's place comes in its file, for sorting; notes without a
-place come last."
-  (if (getf plist :line)
-      (+ (* (getf plist :line) 100000) (getf plist :column))
-      most-positive-fixnum))
+(defun file-ranks (plists)
+  "An EQUAL hash table from each file of PLISTS to its rank: files come in
+the order their first note came, the order they were compiled in."
+  (let ((ranks (make-hash-table :test 'equal)))
+    (dolist (plist plists ranks)
+      (let ((file (getf plist :file)))
+        (when (and file (not (gethash file ranks)))
+          (setf (gethash file ranks) (hash-table-count ranks)))))))
 
-(defun note-plists (notes &optional (keep (constantly t)))
-  "Swank's compiler NOTES as `note-plist's in the order of their places,
-duplicates, left-out ones and those KEEP is false of dropped, at most
-`*note-limit*'; the number dropped for the limit second."
+(defun sorted-by-place (plists ranks)
+  "PLISTS grouped by file (in the order RANKS gives) and in the order of
+their lines in each; those without a place last."
+  (flet ((order (plist)
+           (if (getf plist :line)
+               (list (gethash (getf plist :file) ranks) (getf plist :line) (getf plist :column))
+               (list most-positive-fixnum 0 0))))
+    (stable-sort (copy-list plists)
+                 (lambda (a b)
+                   (loop for x in (order a) for y in (order b)
+                         unless (= x y) return (< x y))))))
+
+(defun use-plist (plist)
+  "A place of PLIST (a note or `reference-plist') as (:file F :line L
+:column C), the referrer's :name first when it has one."
+  (append (and (getf plist :name) (list :name (getf plist :name)))
+          (list :file (getf plist :file)
+                :line (or (getf plist :reference-line) (getf plist :line))
+                :column (or (getf plist :reference-column) (getf plist :column)))))
+
+(defun undefined-uses (reference group files ranks)
+  "The places that use the undefined name of REFERENCE, (KIND NAME): the
+places of its notes in GROUP and every use the image's cross-references
+know (its callers, for a function, once they are loaded), one a line, in
+the order of `sorted-by-place', at most `*use-limit*'."
+  (destructuring-bind (kind name) reference
+    (let* ((relation (cdr (assoc kind *undefined-kinds*)))
+           (found (and relation (symbolp name)
+                       (handler-case (xref-references relation name)
+                         (serious-condition () '()))))
+           ;; The cross-references' places first: they name the referrer.
+           (places (append (loop for (referrer location) in found
+                                 for plist = (reference-plist (prin1-to-string referrer) referrer location files)
+                                 when (getf plist :file) collect plist)
+                           (remove nil group :key (lambda (plist) (getf plist :file)))))
+           (uses (remove-duplicates (mapcar #'use-plist places)
+                                    :test (lambda (a b) (and (equal (getf a :file) (getf b :file))
+                                                             (eql (getf a :line) (getf b :line))))
+                                    :from-end t)))
+      (dolist (use uses)
+        (unless (gethash (getf use :file) ranks)
+          (setf (gethash (getf use :file) ranks) (hash-table-count ranks))))
+      (let ((sorted (sorted-by-place uses ranks)))
+        (subseq sorted 0 (min (length sorted) *use-limit*))))))
+
+(defun merged-undefined (plists files ranks)
+  "PLISTS with the notes about one undefined name merged into the first of
+them, which gains :uses (see `undefined-uses'); the :undefined key gone."
+  (let ((groups (make-hash-table :test 'equal)))
+    (dolist (plist plists)
+      (when (getf plist :undefined)
+        (push plist (gethash (getf plist :undefined) groups))))
+    (loop for plist in plists
+          for reference = (getf plist :undefined)
+          for group = (and reference (reverse (gethash reference groups)))
+          when (null reference)
+            collect plist
+          else when (eq plist (first group))
+            collect (let ((bare (loop for (key value) on plist by #'cddr
+                                      unless (eq key :undefined) append (list key value))))
+                      (append bare (list :uses (undefined-uses reference group files ranks)))))))
+
+(defun note-counts (plists)
+  "The plain compiler notes among PLISTS counted per file, as (:file F
+:count N) plists in the order of their files' first notes (without :file
+for notes that have no place)."
+  (let ((counts '()))
+    (dolist (plist plists (nreverse counts))
+      (when (eq (getf plist :severity) :note)
+        (let ((entry (find (getf plist :file) counts :key (lambda (entry) (getf entry :file))
+                                                     :test #'equal)))
+          (if entry
+              (incf (getf entry :count))
+              (push (append (and (getf plist :file) (list :file (getf plist :file)))
+                            (list :count 1))
+                    counts)))))))
+
+(defun note-plists (notes &key (keep (constantly t)) (mode :all) undefined)
+  "Swank's compiler NOTES as `note-plist's, grouped by file in line order
+(see `sorted-by-place'), duplicates, left-out ones and those KEEP is false
+of dropped, the notes about one undefined name merged (see
+`merged-undefined'; UNDEFINED as `note-plist' takes it).  With MODE
+:warnings plain compiler notes are counted, not listed.  Return the
+listed ones, at most `*note-limit*'; the number dropped for that limit;
+and the counts of plain notes per file (see `note-counts'), nil with MODE
+:all."
   (let* ((files (make-hash-table :test 'equal))
-         (plists (stable-sort
-                  (remove-duplicates
-                   (remove-if-not keep (remove nil (mapcar (lambda (note) (note-plist note files))
-                                                           notes)))
-                   :test #'equal :from-end t)
-                  #'< :key #'note-order)))
-    (values (subseq plists 0 (min (length plists) *note-limit*))
-            (max 0 (- (length plists) *note-limit*)))))
+         (plists (remove-duplicates
+                  (remove-if-not keep (remove nil (mapcar (lambda (note) (note-plist note files undefined))
+                                                          notes)))
+                  :test #'equal :from-end t))
+         (ranks (file-ranks plists))
+         (listed (sorted-by-place
+                  (merged-undefined (if (eq mode :warnings)
+                                        (remove :note plists :key (lambda (plist) (getf plist :severity)))
+                                        plists)
+                                    files ranks)
+                  ranks)))
+    (values (subseq listed 0 (min (length listed) *note-limit*))
+            (max 0 (- (length listed) *note-limit*))
+            (and (eq mode :warnings) (note-counts plists)))))
 
 (defun failing-severity-p (plist)
   "True for a note that means the compilation failed."
@@ -260,22 +394,24 @@ else the :status :error plist saying why not."
           ((not (and (probe-file pathname) (pathname-name (probe-file pathname))))
            (name-error "CL-MCP:FILE-NOT-FOUND" (format nil "No file ~A exists (or it is a directory)." path))))))
 
-(defun compile-file-of (path &key (load t) (max-output 20000) (tag nil) (answer-within nil))
+(defun compile-file-of (path &key (load t) (notes :warnings) (max-output 20000) (tag nil)
+                                (answer-within nil))
   "Compile the file at PATH (absolute) as SLIME's C-c C-k does, and load the
 fasl when LOAD and the compilation did not fail (warnings do not stop it;
 errors do).  Return a plist: :status (:ok; :error when compilation failed
 or the load signalled an error; :aborted when cancelled under TAG),
-:success, :fasl, :loaded, :notes (see `note-plist'), :dropped (notes past
-`*note-limit*'), and :error (the load's error, or why PATH cannot be
-compiled).  The compiler's output goes to a capped stream (MAX-OUTPUT
-characters) and is dropped.  Still running after ANSWER-WITHIN seconds, it
-goes on in the background (see `call-within-window')."
+:success, :fasl, :loaded, :notes and :dropped (see `note-plists', NOTES
+its mode: :warnings or :all), :note-counts with NOTES :warnings, and
+:error (the load's error, or why PATH cannot be compiled).  The
+compiler's output goes to a capped stream (MAX-OUTPUT characters) and is
+dropped.  Still running after ANSWER-WITHIN seconds, it goes on in the
+background (see `call-within-window')."
   (or (source-file-problem path)
       (call-within-window
        (lambda ()
          (with-running (tag sb-thread:*current-thread*)
            (or (catch 'load-cancelled
-                 (%compile-file-of (probe-file path) load max-output))
+                 (%compile-file-of (probe-file path) load notes max-output))
                (list :status :aborted :success nil :loaded nil :notes '() :dropped 0))))
        answer-within tag)))
 
@@ -293,49 +429,63 @@ signalled an error, FAILURE as `describe-error' gives it."
                     (funcall thunk)))))
             failure)))
 
-(defun %compile-file-of (pathname load max-output)
+(defun %compile-file-of (pathname load mode max-output)
   "`compile-file-of' of the file at PATHNAME, which exists."
   (let ((stdout (make-capped-output-stream max-output))
+        (undefined (make-hash-table :test 'equal))
         (loaded nil))
     (multiple-value-bind (result failure)
         (call-with-failure
          stdout
          (lambda ()
            (let ((*package* (find-package "COMMON-LISP-USER")))
-             (swank::collect-notes
+             (call-recording-undefined
+              undefined
               (lambda ()
-                (multiple-value-bind (fasl warnings-p failure-p)
-                    (swank/backend:swank-compile-file
-                     pathname (swank::fasl-pathname pathname '()) nil
-                     (or (swank/backend:guess-external-format pathname) :default))
-                  (declare (ignore warnings-p failure-p))
-                  (values t nil fasl)))))))
-      (multiple-value-bind (notes dropped) (note-plists (and result (swank::compilation-result-notes result)))
-        (let* ((fasl (and result (swank::compilation-result-faslfile result)))
-               (success (and fasl (not failure) (notany #'failing-severity-p notes) t)))
-          (when (and success load)
-            (multiple-value-bind (load-result load-failure)
-                (call-with-failure stdout
-                                   (lambda ()
-                                     (swank::collect-notes
-                                      (lambda ()
-                                        (swank/backend:with-compilation-hooks ()
-                                          (load fasl))
-                                        (values t t nil)))))
-              (setf failure load-failure
-                    loaded (and load-result (not failure) t))
-              (when load-result
-                (multiple-value-bind (more more-dropped)
-                    (note-plists (swank::compilation-result-notes load-result))
-                  (setf notes (append notes more)
-                        dropped (+ dropped more-dropped))))))
+                (swank::collect-notes
+                 (lambda ()
+                   (multiple-value-bind (fasl warnings-p failure-p)
+                       (swank/backend:swank-compile-file
+                        pathname (swank::fasl-pathname pathname '()) nil
+                        (or (swank/backend:guess-external-format pathname) :default))
+                     (declare (ignore warnings-p failure-p))
+                     (values t nil fasl)))))))))
+      (let* ((raw-notes (and result (swank::compilation-result-notes result)))
+             (fasl (and result (swank::compilation-result-faslfile result)))
+             (success (and fasl (not failure)
+                           (notany (lambda (note) (member (getf note :severity) '(:error :read-error)))
+                                   raw-notes)
+                           t)))
+        (when (and success load)
+          ;; As Swank keeps it when it loads what it compiled: the text the
+          ;; definitions and frames were compiled from, for after edits.
+          (remember-source pathname)
+          (multiple-value-bind (load-result load-failure)
+              (call-with-failure stdout
+                                 (lambda ()
+                                   (call-recording-undefined
+                                    undefined
+                                    (lambda ()
+                                      (swank::collect-notes
+                                       (lambda ()
+                                         (swank/backend:with-compilation-hooks ()
+                                           (load fasl))
+                                         (values t t nil)))))))
+            (setf failure load-failure
+                  loaded (and load-result (not failure) t))
+            (when load-result
+              (setf raw-notes (append raw-notes (swank::compilation-result-notes load-result))))))
+        ;; After the load, so that the cross-references know the file's
+        ;; uses of an undefined function.
+        (multiple-value-bind (notes dropped counts) (note-plists raw-notes :mode mode :undefined undefined)
           (list* :status (if (and success (not failure)) :ok :error)
                  :success success
                  :fasl fasl
                  :loaded loaded
                  :notes notes
                  :dropped dropped
-                 (and failure (list :error failure))))))))
+                 (append (and counts (list :note-counts counts))
+                         (and failure (list :error failure)))))))))
 
 ;;;; Entry point: loading systems
 
@@ -379,14 +529,15 @@ namestring ending in /)."
   (let ((file (getf plist :file)))
     (and file directory (eql 0 (search directory file)))))
 
-(defun system-notes (name notes)
-  "Swank's compiler NOTES as `note-plist's, keeping those in the files of
-system NAME (under its source directory), not of its dependencies; the
-number dropped for `*note-limit*' second."
+(defun system-notes (name notes mode undefined)
+  "Swank's compiler NOTES as `note-plists' gives them (MODE and UNDEFINED
+as it takes them), keeping those in the files of system NAME (under its
+source directory), not of its dependencies."
   (let* ((system (ignore-errors (asdf:find-system name nil)))
          (directory (and system (asdf:system-source-directory system)
                          (namestring (truename (asdf:system-source-directory system))))))
-    (note-plists notes (lambda (plist) (system-file-p plist directory)))))
+    (note-plists notes :keep (lambda (plist) (system-file-p plist directory))
+                       :mode mode :undefined undefined)))
 
 (defun %load-system (name quicklisp stdout record-warning record-note)
   "Load NAME with output to STDOUT; return (:ok) or (:error PLIST).
@@ -428,11 +579,11 @@ when the load fails."
                     (asdf:load-system name))))
             (list :ok)))))))
 
-(defun load-system (name &key (max-output 20000) (tag nil) (answer-within nil))
+(defun load-system (name &key (notes :warnings) (max-output 20000) (tag nil) (answer-within nil))
   "Load the ASDF system NAME as `load-system-report' does; still running
 after ANSWER-WITHIN seconds, the load goes on in the background (see
 `call-within-window')."
-  (call-within-window (lambda () (load-system-report name max-output tag)) answer-within tag))
+  (call-within-window (lambda () (load-system-report name notes max-output tag)) answer-within tag))
 
 (defun remember-source (truename)
   "Keep the text of the file at TRUENAME in Swank's source cache as it is
@@ -463,37 +614,42 @@ line each had is known (see `resolved-location')."
     (serious-condition (condition)
       (log-note "could not keep the sources of ~A: ~A" name (condition-message condition)))))
 
-(defun load-system-report (name max-output tag)
+(defun load-system-report (name mode max-output tag)
   "Load the ASDF system NAME (a string), through Quicklisp when it is
 available.  Return a plist: :status (:ok, :error, or :aborted when
 cancelled under TAG), :system, :loader (\"quicklisp\" or \"asdf\"),
-:warnings as (TYPE MESSAGE) lists, :notes (see `note-plist') for the
-system's own files that were compiled, :dropped (notes past
-`*note-limit*'), and :version or :error.  Compiler chatter goes to a
+:warnings as (TYPE MESSAGE) lists, :notes, :dropped and, with MODE
+:warnings, :note-counts (see `note-plists') for the system's own files
+that were compiled, and :version or :error.  Compiler chatter goes to a
 capped stream (MAX-OUTPUT characters) and is dropped.  Packages the
 system creates are libraries, not the session's own definitions."
   (let* ((stdout (make-capped-output-stream max-output))
          (warnings '())
          (notes '())
+         (undefined (make-hash-table :test 'equal))
          (before (list-all-packages))
          (quicklisp (ensure-quicklisp))
          (outcome (with-running (tag sb-thread:*current-thread*)
                     (or (catch 'load-cancelled
-                          (%load-system name quicklisp stdout
-                                        (lambda (w) (push w warnings))
-                                        (lambda (note) (push note notes))))
+                          (call-recording-undefined
+                           undefined
+                           (lambda ()
+                             (%load-system name quicklisp stdout
+                                           (lambda (w) (push w warnings))
+                                           (lambda (note) (push note notes))))))
                         (list :aborted)))))
     (setf *baseline-packages*
           (union *baseline-packages* (set-difference (list-all-packages) before)))
     (when (eq (first outcome) :ok)
       (remember-system-sources name))
-    (multiple-value-bind (notes dropped) (system-notes name (nreverse notes))
+    (multiple-value-bind (notes dropped counts) (system-notes name (nreverse notes) mode undefined)
       (list* :status (first outcome)
              :system name
              :loader (if quicklisp "quicklisp" "asdf")
              :warnings (nreverse warnings)
              :notes notes
              :dropped dropped
-             (case (first outcome)
-               (:ok (list :version (system-version name)))
-               (:error (list :error (second outcome))))))))
+             (append (and counts (list :note-counts counts))
+                     (case (first outcome)
+                       (:ok (list :version (system-version name)))
+                       (:error (list :error (second outcome)))))))))

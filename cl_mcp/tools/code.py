@@ -110,51 +110,97 @@ async def xref(session: LispSession, arguments: dict[str, Any]) -> Rendered:
 # ---------------------------------------------------------------- compile-file
 
 def note_structure(note: dict[str, Any]) -> dict[str, Any]:
-    """One compiler note for structuredContent: severity, message, place."""
-    return {"severity": note["severity"], "message": note["message"], **place_structure(note)}
+    """One compiler note for structuredContent: severity, message, place,
+    and for an undefined function, variable or type every use found."""
+    structure = {"severity": note["severity"], "message": note["message"], **place_structure(note)}
+    if "uses" in note:
+        structure["uses"] = [use_structure(result_dict(use)) for use in note["uses"] or []]
+    return structure
+
+
+def use_structure(use: dict[str, Any]) -> dict[str, Any]:
+    """One use of an undefined name: file, line, column, and the definition
+    that holds it when the cross-references know it."""
+    structure = {"file": use["file"], "line": use["line"], "column": use["column"]}
+    if isinstance(use.get("name"), str):
+        structure["name"] = use["name"]
+    return structure
 
 
 def note_text(note: dict[str, Any]) -> str:
-    """``SEVERITY at FILE:LINE:COLUMN``, the message, and the snippet
-    indented."""
+    """``SEVERITY at FILE:LINE:COLUMN``, the message, the snippet indented,
+    and the uses of an undefined name one a line."""
     severity = note["severity"].upper()
     if "file" not in note:
         head = f"{severity} (no source location: {note.get('error') or 'unknown'})"
         return f"{head}\n{note['message']}"
     snippet = "\n".join(f"  {line}" for line in (note.get("snippet") or "").splitlines())
     head = f"{severity} at {note['file']}:{note['line']}:{note['column']}"
-    return "\n".join(part for part in (head, note["message"], snippet) if part)
+    uses = [use_structure(result_dict(use)) for use in note.get("uses") or []]
+    used = ("used at:\n" + "\n".join(
+        f"  {use['file']}:{use['line']}:{use['column']}" + (f" ({use['name']})" if "name" in use else "")
+        for use in uses)) if uses else ""
+    return "\n".join(part for part in (head, note["message"], snippet, used) if part)
 
 
-def _count(notes: list[Any], dropped: int) -> str:
+def note_counts(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plain compiler notes counted per file (notes: "warnings"), as
+    ``{"file": F, "count": N}`` (no file for notes without a place)."""
+    return [{k: v for k, v in result_dict(entry).items() if k in ("file", "count")}
+            for entry in result.get("note-counts") or []]
+
+
+def counts_text(counts: list[dict[str, Any]]) -> str:
+    """The counted notes' section: their total and the number per file."""
+    total = sum(entry["count"] for entry in counts)
+    lines = [f"[compiler notes: {total}, counted per file, not listed (notes: \"all\" lists them)]"]
+    lines += [f"{entry.get('file', '(no source location)')}: {entry['count']}" for entry in counts]
+    return "\n".join(lines)
+
+
+def notes_head(notes: list[Any], dropped: int, counts: list[dict[str, Any]]) -> str:
+    """``N notes`` listed, and ``M compiler notes counted`` when some were."""
     total = len(notes) + dropped
-    return f"{total} note" + ("" if total == 1 else "s")
+    head = f"{total} note" + ("" if total == 1 else "s")
+    counted = sum(entry["count"] for entry in counts)
+    return head + (f" listed, {counted} compiler note{'' if counted == 1 else 's'} counted" if counted else "")
+
+
+def notes_sections(notes: list[dict[str, Any]], dropped: int, counts: list[dict[str, Any]]) -> list[str]:
+    """One block per listed note, the dropped ones' count, the counted ones."""
+    sections = [note_text(note) for note in notes]
+    if dropped:
+        sections.append(f"… and {dropped} more notes, not listed")
+    if counts:
+        sections.append(counts_text(counts))
+    return sections
 
 
 def render_compile(path: str, result: dict[str, Any]) -> Rendered:
     """``Compiled FILE: N notes`` (or the failure), the fasl, whether it was
-    loaded, then one block per note."""
+    loaded, then one block per note listed and the counted ones per file."""
     notes = [result_dict(note) for note in result.get("notes") or []]
     dropped = result.get("dropped") or 0
+    counts = note_counts(result)
     success, loaded = result.get("success") is True, result.get("loaded") is True
     fasl = result.get("fasl") if isinstance(result.get("fasl"), str) else None
     error = result.get("error") if isinstance(result.get("error"), dict) else None
+    count = notes_head(notes, dropped, counts)
     sections = []
     if not success:
-        sections.append(error_text("CL-MCP:COMPILATION-FAILED",
-                                   f"Compiling {path} failed: {_count(notes, dropped)}"))
+        sections.append(error_text("CL-MCP:COMPILATION-FAILED", f"Compiling {path} failed: {count}"))
     elif error:
         reason = error["message"].splitlines()[0] if error["message"] else ""
         sections.append(error_text(error["type"], f"Loading the compiled {path} failed: {reason}"))
-        sections.append(f"Compiled {path}: {_count(notes, dropped)}")
+        sections.append(f"Compiled {path}: {count}")
     else:
-        sections.append(f"Compiled {path}: {_count(notes, dropped)}")
+        sections.append(f"Compiled {path}: {count}")
     sections[-1] += f"\nfasl: {fasl or 'none'}\nloaded: {'yes' if loaded else 'no'}"
-    sections += [note_text(note) for note in notes]
-    if dropped:
-        sections.append(f"… and {dropped} more notes, not listed")
+    sections += notes_sections(notes, dropped, counts)
     structure: dict[str, Any] = {"success": success, "loaded": loaded,
                                  "notes": [note_structure(note) for note in notes]}
+    if counts:
+        structure["noteCounts"] = counts
     if fasl:
         structure["fasl"] = fasl
     if error:
@@ -184,7 +230,8 @@ async def compile_file(session: LispSession, arguments: dict[str, Any]) -> Rende
         async with session.turn():
             tag = session.new_tag()  # cancelling the call stops the compilation
             form = [Symbol("cl-mcp-agent:compile-file-of"), path,
-                    Keyword("load"), bool(arguments.get("load", True)), Keyword("tag"), tag,
+                    Keyword("load"), bool(arguments.get("load", True)),
+                    Keyword("notes"), Keyword(arguments.get("notes", "warnings")), Keyword("tag"), tag,
                     *window_keywords(window)]
             result = result_dict(await session.call(form, session.config.load_timeout + DEADLINE_GRACE, tag))
     except SessionError as error:

@@ -9,7 +9,7 @@ from cl_mcp.render import Rendered, condition_structure, error_result, error_tex
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.tools.agent import result_dict
-from cl_mcp.tools.code import note_structure, note_text
+from cl_mcp.tools.code import note_counts, note_structure, notes_sections
 from cl_mcp.tools.evaluate import Work, rendered_running, sent_to_background
 from cl_mcp.tools.window import answer_window, window_keywords
 
@@ -31,16 +31,20 @@ def _same_words(text: str) -> str:
 
 def render_load(result: dict[str, Any]) -> Rendered:
     """``Loading system: NAME`` / ``Loaded: NAME (version V)``, or the error;
-    then the compiler's notes in the system's own files with their places,
-    and the other warnings summarised; compiler chatter left out."""
+    then the compiler's notes in the system's own files with their places
+    (plain compiler notes counted per file with notes: "warnings"), and the
+    other warnings summarised; compiler chatter left out."""
     name = result["system"]
     warnings = result.get("warnings") or []
     notes = [result_dict(note) for note in result.get("notes") or []]
     dropped = result.get("dropped") or 0
+    counts = note_counts(result)
     structure: dict[str, Any] = {
         "system": name, "loaded": result.get("status") == "ok", "loader": result.get("loader", "asdf"),
         "warnings": [condition_structure(kind, message) for kind, message in warnings],
         "notes": [note_structure(note) for note in notes]}
+    if counts:
+        structure["noteCounts"] = counts
     if dropped:
         structure["truncated"] = dropped
     if result.get("status") == "aborted":
@@ -57,10 +61,8 @@ def render_load(result: dict[str, Any]) -> Rendered:
         text = error_text(error["type"], reason)
         structure["error"] = condition_structure(error["type"], reason)
         is_error = True
-    if notes:
-        text += "\n\n[notes]\n" + "\n\n".join(note_text(note) for note in notes)
-        if dropped:
-            text += f"\n\n… and {dropped} more notes, not listed"
+    if notes or counts:
+        text += "\n\n[notes]\n" + "\n\n".join(notes_sections(notes, dropped, counts))
     # A warning already shown as a note, with its place, is not repeated
     # (the note's message may leave out SBCL's "See also" references).
     shown = tuple(_same_words(note["message"]) for note in notes)
@@ -83,7 +85,8 @@ async def load_system(session: LispSession, arguments: dict[str, Any]) -> Render
     try:
         async with session.turn():
             tag = session.new_tag()
-            form = [Symbol("cl-mcp-agent:load-system"), name, Keyword("tag"), tag,
+            form = [Symbol("cl-mcp-agent:load-system"), name,
+                    Keyword("notes"), Keyword(arguments.get("notes", "warnings")), Keyword("tag"), tag,
                     *window_keywords(window)]
             result = result_dict(await session.call(form, session.config.load_timeout, tag))
     except SessionError as error:

@@ -43,17 +43,49 @@ def test_warnings_are_reported_at_their_lines_and_do_not_stop_the_load(lisp):
     assert ("warning", path, 8, 3) in notes
     assert ("style-warning", path, 4, 9) in notes
     assert ("style-warning", path, 5, 5) in notes
-    assert {severity for severity, *_ in notes} <= {"warning", "style-warning", "note"}
+    assert {severity for severity, *_ in notes} == {"warning", "style-warning"}
+    # The plain compiler note ("deleting unreachable code") is counted, not listed.
+    assert structured["noteCounts"] == [{"file": path, "count": 1}]
     unused = next(n for n in structured["notes"] if n["line"] == 4)
     assert "UNUSED" in unused["message"] and unused["snippet"].startswith("(unused 1))")
     full = next(n for n in structured["notes"] if n["severity"] == "warning")
     assert '"two"' in full["message"] and full["snippet"] == '(+ 1 "two"))'
     text = result["content"][0]["text"]
     blocks = text.split("\n\n")
-    assert blocks[0] == (f"Compiled {path}: {len(notes)} notes\nfasl: {lisp.files / 'warnings.fasl'}\n"
-                         "loaded: yes")
+    assert blocks[0] == (f"Compiled {path}: {len(notes)} notes listed, 1 compiler note counted\n"
+                         f"fasl: {lisp.files / 'warnings.fasl'}\nloaded: yes")
+    assert blocks[-1] == ('[compiler notes: 1, counted per file, not listed (notes: "all" lists them)]\n'
+                          f"{path}: 1")
     assert f"WARNING at {path}:8:3\n{full['message']}\n  (+ 1 \"two\"))" in blocks
     assert lisp.eval("(not (null (fboundp 'fixture-style)))") == ("=> T", False)
+
+
+def test_notes_all_lists_the_plain_compiler_notes_too(lisp):
+    path = str(lisp.files / "warnings.lisp")
+    result = compile_file(lisp, path=path, notes="all")
+    structured = result["structuredContent"]
+    assert "noteCounts" not in structured
+    assert [(n["severity"], n["line"], n["column"]) for n in structured["notes"]] == [
+        ("style-warning", 4, 9), ("style-warning", 5, 5), ("note", 8, 3), ("warning", 8, 3)]
+    assert "deleting unreachable code" in structured["notes"][2]["message"]
+    text = result["content"][0]["text"]
+    assert text.startswith(f"Compiled {path}: 4 notes\n") and "counted" not in text
+    assert f"NOTE at {path}:8:3\ndeleting unreachable code" in text
+
+
+def test_an_undefined_function_names_every_place_that_uses_it(lisp):
+    source = lisp.files / "undefined.lisp"
+    source.write_text("(in-package #:common-lisp-user)\n\n"
+                      "(defun fixture-caller-1 () (fixture-nowhere 1))\n"
+                      "(defun fixture-caller-2 ()\n  (list (fixture-nowhere 2)))\n")
+    result = compile_file(lisp, path=str(source))
+    [note] = result["structuredContent"]["notes"]
+    assert (note["severity"], note["line"], note["column"]) == ("style-warning", 3, 28)
+    assert note["message"] == "undefined function: COMMON-LISP-USER::FIXTURE-NOWHERE"
+    assert note["uses"] == [{"file": str(source), "line": 3, "column": 28, "name": "FIXTURE-CALLER-1"},
+                            {"file": str(source), "line": 5, "column": 9, "name": "FIXTURE-CALLER-2"}]
+    assert (f"used at:\n  {source}:3:28 (FIXTURE-CALLER-1)\n  {source}:5:9 (FIXTURE-CALLER-2)"
+            in result["content"][0]["text"])
 
 
 def test_a_read_error_fails_the_compilation_and_nothing_is_loaded(lisp):
