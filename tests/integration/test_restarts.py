@@ -238,11 +238,11 @@ def continued(process, restart, **arguments):
     return outcome(process, "invoke-restart", restart=restart, **arguments)
 
 
-def frame_of(process, name):
-    """The number of the first frame of the waiting evaluation that calls NAME."""
-    text, _ = tool_text(process, "backtrace")
-    return next(int(line.split(":")[0]) for line in text.splitlines()
-                if line.split(": (")[-1].startswith(name + " "))
+def frame_of(error_text, name):
+    """The number of the first frame in an error's [Backtrace] that calls NAME."""
+    frames = error_text.split("[Backtrace]\n")[1].split("\n\n")[0]
+    return next(int(line.split(":")[0]) for line in frames.splitlines()
+                if line.split(": (", 1)[1].startswith(name + " "))
 
 
 FRAMES_CODE = ("(defun fr-half (x) (/ x 2))"
@@ -255,14 +255,14 @@ def test_restart_frame_calls_the_function_again_as_now_defined(either_mode):
     text, is_error = either_mode.eval("(fr-outer 'seven)")
     assert is_error and text.startswith("[ERROR] TYPE-ERROR")
     either_mode.eval("(defun fr-inner (x) (if (symbolp x) (length (symbol-name x)) (* 10 (fr-half x))))")
-    assert continued(either_mode, "RESTART-FRAME", frame=frame_of(either_mode, "FR-INNER")) == (
+    assert continued(either_mode, "RESTART-FRAME", frame=frame_of(text, "FR-INNER")) == (
         "=> (:RESULT 5)", False)
 
 
 def test_return_from_frame_returns_values_computed_in_the_frame(either_mode):
     either_mode.eval(FRAMES_CODE)
-    either_mode.eval('(fr-outer "eleven")')
-    assert continued(either_mode, "return-from-frame", frame=frame_of(either_mode, "FR-INNER"),
+    text, _ = either_mode.eval('(fr-outer "eleven")')
+    assert continued(either_mode, "return-from-frame", frame=frame_of(text, "FR-INNER"),
                    values=["(length x)"]) == ("=> (:RESULT 6)", False)
 
 
@@ -270,8 +270,8 @@ def test_swank_frame_commands_work_from_eval_in_frame(either_mode):
     """Swank's backend counts from its debugger's stack top, bound while an
     evaluation waits: frame 0 is the backtrace's frame 0."""
     either_mode.eval(FRAMES_CODE)
-    either_mode.eval('(fr-outer "twelve")')
-    inner = frame_of(either_mode, "FR-INNER")
+    text, _ = either_mode.eval('(fr-outer "twelve")')
+    inner = frame_of(text, "FR-INNER")
     assert outcome(either_mode, "eval-in-frame", frame=0,
                    code=f"(swank/backend:return-from-frame {inner} '(values 99))") == (
         "=> (:RESULT 99)", False)
@@ -281,8 +281,8 @@ def test_swank_frame_commands_work_from_eval_in_frame(either_mode):
 
 def test_frame_commands_that_cannot_act_leave_the_evaluation_waiting(server):
     server.eval(FRAMES_CODE)
-    server.eval("(fr-outer :x)")
-    inner = frame_of(server, "FR-INNER")
+    error_text, _ = server.eval("(fr-outer :x)")
+    inner = frame_of(error_text, "FR-INNER")
     text, is_error = restart(server, "RESTART-FRAME")
     assert is_error and "RESTART-FRAME needs a frame number" in text
     text, is_error = restart(server, "CONTINUE", frame=inner)
@@ -290,7 +290,7 @@ def test_frame_commands_that_cannot_act_leave_the_evaluation_waiting(server):
     text, is_error = restart(server, "RESTART-FRAME", frame=99)
     assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUCH-FRAME")
     # EVAL, SBCL's own, has no debug catch tag.
-    text, is_error = restart(server, "RESTART-FRAME", frame=frame_of(server, "EVAL"))
+    text, is_error = restart(server, "RESTART-FRAME", frame=frame_of(error_text, "EVAL"))
     assert is_error and text.startswith("[ERROR] CL-MCP:RESTART-FAILED") and "still waits" in text
     text, is_error = restart(server, "RETURN-FROM-FRAME", frame=inner, values=["(error \"no\")"])
     assert is_error and "Could not compute a restart value: no" in text
