@@ -242,6 +242,112 @@ them; each value on one line of at most 200 characters (`printed-line')."
       (serious-condition () nil))
     (nreverse locals)))
 
+;;;; Where a frame is in its source
+;;;
+;;; A frame's place is the form its code is running, as SLDB's `v' finds
+;;; it: Swank's `frame-source-location', then the resolver every other
+;;; place goes through (names.lisp's `location-plist', loaded after this
+;;; part), so a file edited since the code was compiled still gives the
+;;; form's line as the file is now.
+
+(defparameter *frame-form-limit* 200
+  "Characters shown of the form a frame of evaluated code is running.")
+
+(defun share-compiled-text (frame)
+  "Swank finds the form FRAME is running in the text of its file that its
+source cache holds from when the code was compiled (else in the file as it
+is now, where the form's number may lead elsewhere), looked up by the
+file's namestring.  A compile-file (cl-mcp's, or SLIME's C-c C-k) keeps
+that text under the file's pathname: file the entry under the namestring
+too when it holds the compiled version."
+  (let* ((source (sb-di:code-location-debug-source (sb-di:frame-code-location frame)))
+         (namestring (sb-int:debug-source-namestring source))
+         (cache swank/source-file-cache::*source-file-cache*))
+    (when (and namestring (not (gethash namestring cache)))
+      (let* ((truename (probe-file namestring))
+             (entry (and truename (gethash truename cache))))
+        (when (and entry (equal (swank/source-file-cache::source-cache-entry.date entry)
+                                (sb-int:debug-source-created source)))
+          (setf (gethash namestring cache) entry))))))
+
+(defun frame-swank-location (frame)
+  "Swank's source location of the form FRAME is running.  Swank counts
+frames from the top of the stack it is given: sb-debug:*stack-top-hint*,
+which `call-with-debugging-environment' resolves, makes FRAME its frame 0.
+Swank's warnings (a form-number table out of step with an edited file) are
+its own business, not the evaluation's."
+  (share-compiled-text frame)
+  (handler-bind ((warning #'muffle-warning))
+    (let ((sb-debug:*stack-top-hint* frame))
+      (swank/backend:call-with-debugging-environment
+       (lambda () (swank/backend:frame-source-location 0))))))
+
+(defun frame-function-name (frame)
+  "The name FRAME's function was defined under (FOO, (SETF FOO)), or nil."
+  (handler-case (sb-di:debug-fun-name (sb-di:frame-debug-fun frame))
+    (serious-condition () nil)))
+
+(defun evaluation-defining (name)
+  "The number of the newest evaluation that defined the function NAME
+through evaluate-lisp, or nil (names.lisp's `repl-definition-plists')."
+  (when (and name (symbolp name))
+    (loop for definition in (repl-definition-plists name)
+          when (string= (getf definition :type) "function")
+            return (getf definition :evaluation))))
+
+(defun blanks-collapsed (text)
+  "TEXT with each run of blanks and newlines made one space."
+  (with-output-to-string (out)
+    (let ((blank nil))
+      (loop for char across (string-trim '(#\Space #\Newline #\Tab) text)
+            do (if (member char '(#\Space #\Newline #\Tab))
+                   (setf blank t)
+                   (progn (when blank (write-char #\Space out) (setf blank nil))
+                          (write-char char out)))))))
+
+(defun marked-form-text (form)
+  "FORM, Swank's text of the form a frame runs in its enclosing forms with
+SBCL's #:***HERE*** marking the part running, on one line; past
+`*frame-form-limit*' characters, from the marked part on, cut."
+  (let* ((line (blanks-collapsed form))
+         (marker (search "(#:***HERE***" line))
+         (start (if (and marker (> (length line) *frame-form-limit*)) marker 0)))
+    (concatenate 'string
+                 (if (plusp start) "… " "")
+                 (subseq line start (min (length line) (+ start *frame-form-limit*)))
+                 (if (> (length line) (+ start *frame-form-limit*)) " …" ""))))
+
+(defun evaluated-frame-place (frame form)
+  "The place of a frame whose code was compiled from a form, not a file
+(an evaluation, COMPILE, an attached REPL): no file, the evaluation that
+defined its function when cl-mcp kept it, and the form it is running
+(`marked-form-text' of FORM)."
+  (let ((evaluation (evaluation-defining (frame-function-name frame))))
+    (list* :error (if evaluation
+                      (format nil "no file: defined by evaluation ~D" evaluation)
+                      "no file: compiled from a form, not from a file")
+           :form (marked-form-text form)
+           (and evaluation (list :evaluation evaluation)))))
+
+(defun first-line (text)
+  "TEXT up to its first newline."
+  (subseq text 0 (or (position #\Newline text) (length text))))
+
+(defun frame-place (frame files)
+  "Where FRAME's code is, as `location-plist' gives a place (the file as it
+is now; FILES keeps each file read once per reply), or (:error WHY) with
+`evaluated-frame-place's facts for code that has no file.  No definition
+name is given to the resolver: the place is a form inside a definition,
+and a definition's opening line would be the wrong one."
+  (let ((location (handler-case (frame-swank-location frame)
+                    (serious-condition (c) (list :error (condition-message c))))))
+    (cond ((and (consp location) (eq (first location) :location)
+                (eq (first (second location)) :source-form))
+           (evaluated-frame-place frame (second (second location))))
+          ((and (consp location) (eq (first location) :error))
+           (list :error (first-line (second location))))
+          (t (location-plist location files :characters t)))))
+
 ;;;; Reading code
 
 (defun find-package-designator (name)

@@ -136,16 +136,42 @@ def _restarts_section(restarts: Sequence[Sequence[str]], evaluation: int | None)
 
 
 def render_frames(result: dict[str, Any]) -> Rendered:
-    """The backtrace tool's text: each frame, then its locals indented."""
+    """The backtrace tool's text: each frame, the place of the form it is
+    running, then its locals, indented."""
     lines = [f"[Backtrace of evaluation {result.get('evaluation')}]"]
     frames = []
-    for index, (frame, local_vars) in enumerate(result.get("frames") or []):
+    for index, (frame, local_vars, place) in enumerate(result.get("frames") or []):
         lines.append(f"{index}: {frame}")
+        if (place_line := frame_place_line(place)) is not None:
+            lines.append(f"     {place_line}")
         lines += [f"     {name} = {value}" for name, value in local_vars or []]
-        frames.append({"index": index, "call": frame,
+        frames.append({"index": index, "call": frame, **frame_place_structure(place),
                        "locals": [{"name": name, "value": value} for name, value in local_vars or []]})
     return Rendered("\n".join(lines), False,
                     {"evaluation": result.get("evaluation"), "frames": frames})
+
+
+def frame_place_line(place: dict[str, Any]) -> str | None:
+    """`at FILE:LINE:COLUMN` and the first line of the form there; for code
+    compiled from a form (an evaluation), that it has no file and the form;
+    nothing when SBCL knows no place (its own functions, whose sources are
+    not installed)."""
+    if "file" in place:
+        form = (place.get("snippet") or "").partition("\n")[0]
+        return f"at {place['file']}:{place['line']}:{place['column']}{place_change(place)}: {form}"
+    if "form" in place:
+        return f"{place.get('error')}: {place['form']}"
+    return None
+
+
+def frame_place_structure(place: dict[str, Any]) -> dict[str, Any]:
+    """A frame's place for structuredContent: as `place_structure` gives it,
+    or for evaluated code its `form` and the defining `evaluation` when known."""
+    structure = place_structure(place)
+    for key in ("form", "evaluation"):
+        if key in place and "file" not in place:
+            structure[key] = place[key]
+    return structure
 
 
 def timing_line(timing: Sequence[int]) -> str:

@@ -53,6 +53,9 @@ async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered
     if result.get("status") != "ok":  # nothing waits there: the error alone
         error = result["error"]
         return error_result(error["type"], error["message"], {"frames": []})
+    # Each frame's place is a plist of its own.
+    result["frames"] = [(call, local_vars, result_dict(place))
+                        for call, local_vars, place in result.get("frames") or []]
     return render_frames(result)
 
 
