@@ -196,12 +196,12 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
   ;; Development tools: finding and describing a name's definitions.
   (:export #:find-definition-of
            #:describe-symbol-of)
+  ;; Development tools: running a project's tests.
+  (:export #:run-tests-of)
   ;; Setting an image up: one cl-mcp owns (embedded), or one it shares
   ;; with the programmer (attached).
   (:export #:serve-cl-mcp
            #:set-connection-nodelay
-  ;; Development tools: running a project's tests.
-  (:export #:run-tests-of)
            #:open-lane
            #:prepare-embedded-image
            #:prepare-attached-connection
