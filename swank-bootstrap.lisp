@@ -149,13 +149,13 @@
 ;;;   sb-sys:fd-stream-fd             a socket stream's file descriptor
 ;;;   asdf/find-component:missing-requires   the system a load missed (not
 ;;;                                   exported from ASDF itself)
+;;;   sb-int:encapsulate, sb-int:encapsulated-p   run-tests' hooks on FiveAM's
+;;;                                   RUN and RT's DO-ENTRY (as TRACE wraps)
 ;;;
 ;;; Foreign calls and constants (Linux, x86-64)
 ;;;   setsockopt(fd, IPPROTO_TCP = 6, TCP_NODELAY = 1, &1, 4)
 ;;;                                   `set-connection-nodelay'
 ;;;   getsockopt(fd, SOL_SOCKET = 1, SO_PEERCRED = 17, &ucred, &12)
-;;;   sb-int:encapsulate, sb-int:encapsulated-p   run-tests' hooks on FiveAM's
-;;;                                   RUN and RT's DO-ENTRY (as TRACE wraps)
 ;;;                                   `unix-peer-uid': struct ucred is three
 ;;;                                   32-bit words, pid uid gid
 ;;;   /proc/net/tcp                   `tcp-peer-uid': local and remote
@@ -196,6 +196,9 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
   ;; Development tools: finding and describing a name's definitions.
   (:export #:find-definition-of
            #:describe-symbol-of)
+  ;; Development tools: the image's threads, and profiling.
+  (:export #:threads-of
+           #:profile-of)
   ;; Development tools: running a project's tests.
   (:export #:run-tests-of)
   ;; Setting an image up: one cl-mcp owns (embedded), or one it shares
@@ -228,6 +231,9 @@ cl-mcp after loading them, so that attaching again does not reload them.")
     "code"         ; xref, compile-file, load-system
     "forms"        ; compile-form: one top-level form, as C-c C-c
     "browse"       ; apropos, macroexpand, inspect
+    "tests"        ; run-tests: FiveAM's and RT's results, as an evaluation
+    "threads"      ; the image's threads: list, backtrace, interrupt, kill
+    "profile"      ; profile: code under SB-SPROF, a flat report
     "setup")       ; setting an image up, resetting a session
   "The agent's parts (agent/NAME.lisp), in loading order: each uses only
 what the parts before it define.")
@@ -237,7 +243,6 @@ what the parts before it define.")
 is returned.  It is compiled to a name of its own and renamed, so two
 images starting at once never load a half-written file, and made writable
 by its owner only, whatever the umask, or cl-mcp would refuse it next time."
-    "tests"        ; run-tests: FiveAM's and RT's results, as an evaluation
   (let* ((fasl (format nil "~A-~A.fasl" stem (lisp-implementation-version)))
          (temp (format nil "~A.~D.tmp" fasl (sb-posix:getpid))))
     (unless (probe-file fasl)

@@ -116,6 +116,24 @@ BREAK binds *DEBUGGER-HOOK* to nil); only this hook sees them."
   "SBCL's function that unblocks the signals carrying interrupts, when this
 SBCL has it.")
 
+;;; SIGPROF is not among SBCL's deferrable signals, yet a handler blocks it
+;;; too: a thread made inside an interrupt (`leave-lane' after a deadline
+;;; or an answer window) inherits it blocked, and SB-SPROF never samples it.
+
+(defun change-sigprof-mask (how)
+  "pthread_sigmask(HOW, {SIGPROF}) for this thread (HOW: 0 block, 1
+unblock, as on Linux); true when SIGPROF was blocked before."
+  (sb-alien:with-alien ((set (array (sb-alien:unsigned 64) 16))  ; sigset_t: 1024 bits
+                        (old (array (sb-alien:unsigned 64) 16)))
+    (dotimes (i 16) (setf (sb-alien:deref set i) 0))
+    (setf (sb-alien:deref set 0) (ash 1 (1- sb-unix:sigprof)))
+    (sb-alien:alien-funcall
+     (sb-alien:extern-alien "pthread_sigmask"
+                            (function sb-alien:int sb-alien:int
+                                      sb-alien:system-area-pointer sb-alien:system-area-pointer))
+     how (sb-alien:alien-sap set) (sb-alien:alien-sap old))
+    (logbitp (1- sb-unix:sigprof) (sb-alien:deref old 0))))
+
 (defun make-agent-thread (function name &rest arguments)
   "A thread running FUNCTION on ARGUMENTS that can be interrupted (for its
 deadline, a cancel, or SB-EXT:EXIT) wherever it was made.  SBCL 2.2.9 gives
@@ -126,5 +144,6 @@ hear one."
   (sb-thread:make-thread (lambda ()
                            (when *unblock-deferrable-signals*
                              (funcall *unblock-deferrable-signals*))
+                           (change-sigprof-mask 1)
                            (apply function arguments))
                          :name name))

@@ -71,6 +71,7 @@ def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
     from cl_mcp.tools import names
     from cl_mcp.tools import output
     from cl_mcp.tools import background
+    from cl_mcp.tools import profile, threads
     from cl_mcp.tools import run_tests
 
     handlers: dict[str, Handler] = {
@@ -91,6 +92,8 @@ def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
         "describe-symbol": names.describe_symbol,
         "read-output": output.read_output,
         "await-evaluation": background.await_evaluation,
+        "threads": threads.threads,
+        "profile": profile.profile,
         "run-tests": run_tests.run_tests,
     }
     tools = {}

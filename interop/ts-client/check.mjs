@@ -48,6 +48,7 @@ const TOOLS = [
   "evaluate-lisp", "invoke-restart", "backtrace", "eval-in-frame", "list-definitions",
   "reset-session", "load-system", "xref", "compile-file", "compile-form", "apropos", "macroexpand",
   "inspect", "find-definition", "describe-symbol", "read-output", "await-evaluation",
+  "threads", "profile",
   "run-tests",
 ];
 // The tools cl-mcp runs as MCP tasks (2025-11-25: execution.taskSupport "optional")
@@ -923,6 +924,7 @@ async function sessionErrors(files, type) {
     "compile-form": { path: join(files, "clean.lisp"), line: 1 }, "apropos": { pattern: "car" },
     "macroexpand": { form: "(when t 1)" }, "inspect": { code: "1" },
     "find-definition": { symbol: "car" }, "describe-symbol": { symbol: "car" },
+    "threads": { action: "list" }, "profile": { code: "1" },
     "await-evaluation": { evaluation: 1 }, "run-tests": { system: "cl-mcp-fixture" },
   };
   for (const name of TOOLS.filter((each) => each !== "read-output")) { // it needs no image

@@ -130,6 +130,7 @@ EVERY_TOOL = {
     "describe-symbol": {"symbol": "car"},
     "read-output": {"evaluation": 1},  # needs no image: nothing was kept
     "await-evaluation": {"evaluation": 1},
+    "threads": {"action": "list"}, "profile": {"code": "1"},
     "run-tests": {"system": "alexandria-tests"},
 }
 

@@ -1,0 +1,200 @@
+;;;; agent/threads.lisp --- threads: list, backtrace, interrupt, kill
+;;;;
+;;;; The image's threads as SLIME's thread list shows them, with whose
+;;;; each is: cl-mcp's, Swank's, SBCL's or the user's.  A user's thread
+;;;; can be stopped as at an error (SLIME's slime-thread-debug), where it
+;;;; waits as an evaluation does, or ended.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define (calls that go back and forth say so).
+
+(in-package #:cl-mcp-agent)
+
+(defparameter *swank-thread-names*
+  '("Swank Sentinel" "reader-thread" "control-thread" "swank-indentation-cache-thread"
+    "auto-flush-thread" "repl-thread" "worker")
+  "The names Swank gives the threads it makes.")
+
+(defparameter *thread-answer-seconds* 2
+  "How long a thread asked for its backtrace, or to stop, has to answer.")
+
+(defparameter *sleeping-syscalls* '(35 230)
+  "nanosleep, clock_nanosleep (Linux x86-64 numbers).")
+
+(defparameter *io-syscalls* '(0 7 23 43 45 47 61 232 270 271 281 288)
+  "read, poll, select, accept, recvfrom, recvmsg, wait4, epoll_wait,
+pselect6, ppoll, epoll_pwait, accept4 (Linux x86-64 numbers).")
+
+(defun thread-id (thread)
+  "THREAD's id: its Linux thread id."
+  (sb-thread::thread-os-tid thread))
+
+(defun evaluation-of-thread (thread)
+  "The evaluation waiting at an error or running in the background in
+THREAD, or nil; the second value is true when it waits at an error."
+  (sb-thread:with-mutex (*registry-lock*)
+    (let ((suspended (find thread *suspended* :key #'evaluation-thread)))
+      (values (or suspended (find thread *background* :key #'evaluation-thread))
+              (and suspended t)))))
+
+(defun thread-owner (thread)
+  "Whose THREAD is: :cl-mcp, :swank, :sbcl or :user.  A user's thread
+stopped by `interrupt-user-thread' stays the user's."
+  (let ((name (or (sb-thread:thread-name thread) ""))
+        (evaluation (evaluation-of-thread thread)))
+    (cond ((or (eql 0 (search "cl-mcp" name))
+               (and evaluation (not (eq (evaluation-code evaluation) :interrupted))))
+           :cl-mcp)
+          ((member name *swank-thread-names* :test #'string=) :swank)
+          ((eq thread sb-thread::*initial-thread*) :sbcl)
+          ((string= name "finalizer") :sbcl)
+          (t :user))))
+
+(defun task-file-line (thread file)
+  "The first line of /proc/self/task/TID/FILE for THREAD, or nil."
+  (let ((id (thread-id thread)))
+    (and id (with-open-file (in (format nil "/proc/self/task/~D/~A" id file)
+                                :if-does-not-exist nil)
+              (and in (read-line in nil))))))
+
+(defun kernel-state (thread)
+  "What the kernel says THREAD does: :running, :sleeping, :waiting-on-io,
+:waiting, or nil when it cannot tell."
+  (let ((stat (ignore-errors (task-file-line thread "stat"))))
+    (when stat
+      ;; pid (comm) STATE ...: the state follows the last parenthesis.
+      (let ((state (char stat (+ 2 (position #\) stat :from-end t)))))
+        (if (char= state #\R)
+            :running
+            (let ((syscall (ignore-errors (parse-integer (task-file-line thread "syscall")
+                                                         :junk-allowed t))))
+              (cond ((member syscall *sleeping-syscalls*) :sleeping)
+                    ((member syscall *io-syscalls*) :waiting-on-io)
+                    ((eql syscall 202) :waiting) ; futex: a condition or a lock
+                    (t :sleeping))))))))
+
+(defun thread-entry (thread)
+  "THREAD as a plist: :id, :name, :owner, :state, and :evaluation (the
+number it waits at an error under) or :lock (the lock it waits for)."
+  (multiple-value-bind (evaluation suspended) (evaluation-of-thread thread)
+  (let* ((waiting-for (sb-thread::thread-waiting-for thread))
+         (entry (list :id (thread-id thread)
+                      :name (or (sb-thread:thread-name thread) "")
+                      :owner (thread-owner thread))))
+    (append entry
+            (cond ((not (sb-thread:thread-alive-p thread)) (list :state :finished))
+                  (suspended
+                   (list :state :stopped-at-error :evaluation (evaluation-id evaluation)))
+                  ((typep waiting-for 'sb-thread:mutex)
+                   (list :state :waiting-on-lock
+                         :lock (or (sb-thread:mutex-name waiting-for) "a lock")))
+                  (t (list :state (or (kernel-state thread) :running))))))))
+
+(defun find-thread (id)
+  "The live thread whose id is ID, or nil."
+  (find id (sb-thread:list-all-threads) :key #'thread-id))
+
+(defun thread-error (type format-control &rest arguments)
+  "A :status :error plist of TYPE with a message."
+  (name-error type (apply #'format nil format-control arguments)))
+
+(defun ask-thread (thread function)
+  "The value of FUNCTION called inside THREAD by an interrupt, or nil when
+THREAD does not answer within `*thread-answer-seconds*'."
+  (let ((answer (list nil))
+        (done (sb-thread:make-semaphore :name "cl-mcp thread answer")))
+    (handler-case
+        (sb-thread:interrupt-thread thread (lambda ()
+                                             (setf (car answer) (funcall function))
+                                             (sb-thread:signal-semaphore done)))
+      (sb-thread:interrupt-thread-error () (return-from ask-thread nil)))
+    (and (sb-thread:wait-on-semaphore done :timeout *thread-answer-seconds*)
+         (car answer))))
+
+(defun thread-backtrace (thread count)
+  "The first COUNT frames of THREAD, printed, or an error plist."
+  (let ((lines (ask-thread thread (lambda ()
+                                    (list (frame-lines (error-frames) nil count))))))
+    (if lines
+        (list :status :ok :thread (thread-entry thread) :frames (first lines))
+        (thread-error "CL-MCP:THREAD-DID-NOT-ANSWER"
+                      "Thread ~D did not answer within ~A: it blocks interrupts, or is ~
+                       inside foreign code."
+                      (thread-id thread) (seconds-text *thread-answer-seconds*)))))
+
+(define-condition thread-interrupted (condition)
+  ((thread :initarg :thread :reader interrupted-thread))
+  (:report (lambda (condition stream)
+             (format stream "Thread ~S was interrupted by cl-mcp; CONTINUE returns it to its work."
+                     (sb-thread:thread-name (interrupted-thread condition)))))
+  (:documentation "What a thread stopped by the threads tool waits at."))
+
+(defun stop-interrupted (evaluation)
+  "Inside the interrupted thread: wait as an evaluation at an error, with
+a CONTINUE restart that returns the thread to its work; once it does,
+post that outcome for the invoke-restart that continued it."
+  (let ((stdout (make-capped-output-stream *inline-output*))
+        (stderr (make-capped-output-stream *inline-output*)))
+    (setf (evaluation-thread evaluation) sb-thread:*current-thread*
+          (evaluation-stdout evaluation) stdout
+          (evaluation-stderr evaluation) stderr)
+    (start-stretch evaluation nil)
+    (when (restart-case
+              (with-standard-streams (stdout stderr)
+                (setf (evaluation-abort-restart evaluation) (find-restart 'continue))
+                (with-debugger-calling ((lambda (c) (stop-at-error evaluation c)))
+                  (stop-at-error evaluation (make-condition 'thread-interrupted
+                                                            :thread sb-thread:*current-thread*))))
+            (continue (&optional asked)
+              :report "Return the thread to its work."
+              ;; Asked for, not the wait's time running out or an abort.
+              (not asked)))
+      (stop-deadline evaluation)
+      (post-report evaluation (list :status :ok :number (evaluation-id evaluation)
+                                    :values (list "; the thread returned to its work"))))))
+
+(defun interrupt-user-thread (thread)
+  "Stop THREAD as at an error; return the report it waits with."
+  (let ((evaluation (make-evaluation :may-wait t :code :interrupted :thread thread)))
+    (handler-case (sb-thread:interrupt-thread thread (lambda () (stop-interrupted evaluation)))
+      (sb-thread:interrupt-thread-error ()
+        (return-from interrupt-user-thread
+          (thread-error "CL-MCP:NO-SUCH-THREAD" "Thread ~D has ended." (thread-id thread)))))
+    (or (take-slot evaluation #'evaluation-report #'(setf evaluation-report)
+                   *thread-answer-seconds*)
+        (thread-error "CL-MCP:THREAD-DID-NOT-ANSWER"
+                      "Thread ~D did not stop within ~A: it blocks interrupts, or is inside ~
+                       foreign code; it will stop when it can."
+                      (thread-id thread) (seconds-text *thread-answer-seconds*)))))
+
+(defun threads-of (action &key thread (count *backtrace-frame-limit*))
+  "ACTION on the image's threads: :list gives :threads, a `thread-entry'
+each; with THREAD (an id), :backtrace gives its first COUNT frames,
+:interrupt stops it as at an error (a user's thread only; the report of
+the error it waits at, numbered), :kill ends it (a user's thread only)."
+  (if (eq action :list)
+      (list :status :ok :threads (mapcar #'thread-entry (sb-thread:list-all-threads)))
+      (let ((target (and thread (find-thread thread))))
+        (cond ((null thread)
+               (thread-error "CL-MCP:INVALID-ARGUMENTS" "~(~A~) needs a thread id (from list)." action))
+              ((null target)
+               (thread-error "CL-MCP:NO-SUCH-THREAD" "No thread has the id ~D (list shows the live ones)." thread))
+              ((eq action :backtrace) (thread-backtrace target count))
+              ((not (eq (thread-owner target) :user))
+               (thread-error "CL-MCP:NOT-A-USER-THREAD"
+                             "Thread ~D (~S) is ~A's own: only a user's thread can be ~(~A~)ed."
+                             thread (sb-thread:thread-name target)
+                             (ecase (thread-owner target) (:cl-mcp "cl-mcp") (:swank "Swank") (:sbcl "SBCL"))
+                             (if (eq action :kill) "kill" "interrupt")))
+              ((eq action :interrupt) (interrupt-user-thread target))
+              (t (let ((stopped (evaluation-of-thread target)))
+                   ;; Stopped by an interrupt, it waits with interrupts
+                   ;; deferred: let it go back to its work first.
+                   (when stopped
+                     (forget-evaluation stopped)
+                     (post-command stopped (list :abort))))
+                 (sb-thread:terminate-thread target)
+                 (sb-thread:join-thread target :default nil :timeout *thread-answer-seconds*)
+                 ;; An ended thread has no Linux id any more: give the one it had.
+                 (list :status :ok :thread (list* :id thread (cddr (thread-entry target)))))))))

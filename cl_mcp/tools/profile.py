@@ -1,0 +1,47 @@
+"""profile: code run under SB-SPROF on the thread that evaluates it, and
+the flat report's top rows (the agent's `profile-of`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cl_mcp.render import Rendered, error_result
+from cl_mcp.session import LispSession
+from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, result_dict, whole
+
+EMPTY = {"samples": 0, "rows": []}
+
+
+def percent(tenths: int) -> float:
+    return tenths / 10
+
+
+def render_profile(result: dict[str, Any]) -> Rendered:
+    """``N samples (cpu)``, then one row a function: self %, cumulative %."""
+    rows = [{"function": row["function"], "selfPercent": percent(row["self"]),
+             "cumulativePercent": percent(row["total"])}
+            for row in map(result_dict, result["rows"] or [])]
+    head = f'{result["samples"]} samples ({result["mode"]}); the value: {result["value"]}'
+    if not rows:
+        head += "\nNo samples: the code ran for less than one sample interval (0.01 s)" \
+                if result["mode"] == "cpu" else "\nNo samples: the code allocated too little"
+    table = "\n".join(f'{row["selfPercent"]:5.1f}% {row["cumulativePercent"]:5.1f}%  {row["function"]}'
+                      for row in rows)
+    text = head + ("\n\n  self    cum  function\n" + table if rows else "")
+    return Rendered(text, False, {"mode": result["mode"], "samples": result["samples"],
+                                  "value": result["value"], "rows": rows})
+
+
+async def profile(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """Profile CODE and report where its samples fell."""
+    timeout = session.config.eval_timeout
+    form = [Symbol("cl-mcp-agent:profile-of"), arguments["code"],
+            Keyword("mode"), Keyword(arguments.get("mode", "cpu")),
+            Keyword("max-rows"), whole(arguments.get("max-rows", 20)),
+            Keyword("package"), arguments.get("package"),
+            Keyword("timeout"), lisp_seconds(timeout)]
+    result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE)
+    if failure:
+        return error_result(*failure, EMPTY)
+    return render_profile(result)

@@ -1,0 +1,76 @@
+"""threads: the image's threads as SLIME's thread list shows them (the
+agent's `threads-of`); a thread's backtrace; stopping a user's thread as at
+an error (SLIME's slime-thread-debug), where the debugger tools reach it;
+ending one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cl_mcp.errors import SessionError
+from cl_mcp.render import Rendered, error_result
+from cl_mcp.session import LispSession
+from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict, whole
+from cl_mcp.tools.evaluate import rendered_within
+
+# Seconds the agent gives a thread to answer, with room for the call.
+THREAD_DEADLINE = 2 + DEADLINE_GRACE
+
+EMPTY = {"threads": []}
+
+
+def thread_structure(entry: dict[str, Any]) -> dict[str, Any]:
+    """One thread as the outputSchema has it."""
+    thread = {"id": entry["id"], "name": entry["name"], "owner": entry["owner"],
+              "state": entry["state"]}
+    for key in ("evaluation", "lock"):
+        if key in entry:
+            thread[key] = entry[key]
+    return thread
+
+
+def thread_line(thread: dict[str, Any]) -> str:
+    """``27316 "sleeper" user sleeping`` and what it waits for or at."""
+    line = f'{thread["id"]} "{thread["name"]}" {thread["owner"]} {thread["state"]}'
+    if "evaluation" in thread:
+        line += f' (evaluation {thread["evaluation"]})'
+    if "lock" in thread:
+        line += f' (lock "{thread["lock"]}")'
+    return line
+
+
+def render_threads(action: str, result: dict[str, Any]) -> Rendered:
+    """list, backtrace or kill's result."""
+    if action == "list":
+        threads = [thread_structure(result_dict(each)) for each in result["threads"]]
+        user = sum(thread["owner"] == "user" for thread in threads)
+        text = f"{len(threads)} threads ({user} the user's):\n" + "\n".join(map(thread_line, threads))
+        return Rendered(text, False, {"threads": threads})
+    thread = thread_structure(result_dict(result["thread"]))
+    if action == "kill":
+        return Rendered(f"Killed thread {thread_line(thread)}", False, {"threads": [thread]})
+    frames = [frame for frame in result.get("frames") or [] if isinstance(frame, str)]
+    text = f"Thread {thread_line(thread)}\n\n[Backtrace]\n" + "\n".join(
+        f"{index}: {frame}" for index, frame in enumerate(frames))
+    return Rendered(text, False, {"threads": [thread], "frames": frames})
+
+
+async def threads(session: LispSession, arguments: dict[str, Any]) -> Rendered:
+    """List the image's threads, or act on one."""
+    action = arguments["action"]
+    form = [Symbol("cl-mcp-agent:threads-of"), Keyword(action),
+            Keyword("thread"), whole(arguments.get("thread")),
+            Keyword("count"), whole(arguments.get("count", 20))]
+    try:
+        async with session.turn():
+            result = result_dict(await session.call(form, THREAD_DEADLINE))
+    except SessionError as error:
+        return error_result(error.kind, error.message, EMPTY)
+    if action == "interrupt" and "evaluation" in result:
+        # The thread waits at an error, as an evaluation does.
+        rendered = rendered_within(result, session.config.max_result_chars)
+        return Rendered(rendered.text, False, {**EMPTY, "evaluation": result["evaluation"]})
+    if result.get("status") != "ok":
+        return error_result(result["error"]["type"], result["error"]["message"], EMPTY)
+    return render_threads(action, result)

@@ -1,0 +1,171 @@
+"""The threads and profile tools on real threads and real code, in an image
+cl-mcp owns and in a programmer's image it attaches to: a user's thread
+listed, its backtrace, stopped by interrupt, looked at and continued, and
+killed; cl-mcp's own threads refused; a CPU profile whose known callee
+holds most samples (also after an evaluation went to the background,
+which once left the lane's thread with SIGPROF blocked), and an
+allocation profile of code that conses."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
+
+WORK = """
+(defun tp-callee (n)
+  (declare (fixnum n) (optimize speed (safety 0)))  ; inline arithmetic: its time is its own
+  (let ((s 0))
+    (declare (fixnum s))
+    (dotimes (i n s) (setf s (logand #xffffff (+ s (logxor i (ash s -3))))))))
+(defun tp-work (seconds)
+  (loop with end = (+ (get-internal-real-time) (* seconds internal-time-units-per-second))
+        while (< (get-internal-real-time) end) sum (tp-callee 100000)))
+(defun tp-consing (n) (loop repeat n collect (make-array 1000)))
+(defvar *tp-counts* (make-hash-table :test 'equal :synchronized t))
+(defun tp-loop (name) (loop (incf (gethash name *tp-counts* 0)) (sleep 0.05)))
+"""
+
+
+@pytest.fixture(scope="module", params=MODES)
+def lisp(request):
+    with cl_mcp_in(request.param) as process:
+        text, is_error = process.eval(WORK)
+        assert not is_error, text
+        yield process
+
+
+def thread_list(lisp) -> list[dict]:
+    check_results_of(lisp, "threads")
+    return checked_call(lisp, "threads", action="list")["structuredContent"]["threads"]
+
+
+def start_thread(lisp, name: str) -> int:
+    text, is_error = lisp.eval(f'(sb-thread:make-thread #\'tp-loop :name "{name}" :arguments \'("{name}"))')
+    assert not is_error, text
+    for _ in range(50):  # a thread just made gets its Linux id when it starts
+        [thread] = [t for t in thread_list(lisp) if t["name"] == name]
+        if thread["id"]:
+            break
+        time.sleep(0.02)
+    assert thread["owner"] == "user" and thread["id"], thread
+    return thread["id"]
+
+
+def counter(lisp, name: str) -> int:
+    text, is_error = lisp.eval(f'(gethash "{name}" *tp-counts*)')
+    assert not is_error, text
+    return int(text.split("\n")[0].removeprefix("=> "))
+
+
+def test_list_says_whose_each_thread_is(lisp):
+    threads = thread_list(lisp)
+    owners = {t["owner"] for t in threads}
+    assert {"cl-mcp", "swank"} <= owners, threads
+    sleeper = start_thread(lisp, "tp-sleeper")
+    # It sleeps 50 ms between increments: seen sleeping within a few looks.
+    states = [next(t for t in thread_list(lisp) if t["id"] == sleeper)["state"] for _ in range(10)]
+    assert "sleeping" in states, states
+
+
+def test_backtrace_of_a_user_thread(lisp):
+    thread = start_thread(lisp, "tp-traced")
+    check_results_of(lisp, "threads")
+    result = checked_call(lisp, "threads", action="backtrace", thread=thread, count=10)
+    assert not result["isError"], result
+    frames = result["structuredContent"]["frames"]
+    assert any("TP-LOOP" in frame for frame in frames), frames
+    assert "[Backtrace]" in result["content"][0]["text"]
+
+
+def test_interrupt_stops_a_thread_where_the_debugger_tools_reach_it(lisp):
+    thread = start_thread(lisp, "tp-stopped")
+    check_results_of(lisp, "threads")
+    result = checked_call(lisp, "threads", action="interrupt", thread=thread)
+    assert not result["isError"], result
+    number = result["structuredContent"]["evaluation"]
+    assert f"Evaluation {number} is waiting" in result["content"][0]["text"], result
+    [entry] = [t for t in thread_list(lisp) if t["id"] == thread]
+    assert (entry["state"], entry["evaluation"]) == ("stopped-at-error", number)
+    stopped = counter(lisp, "tp-stopped")
+    time.sleep(0.3)
+    assert counter(lisp, "tp-stopped") == stopped  # it waits
+    frames = lisp.call("backtrace", evaluation=number)
+    assert "TP-LOOP" in frames["content"][0]["text"], frames
+    local = lisp.call("eval-in-frame", evaluation=number, frame=0,
+                      code="(sb-thread:thread-name sb-thread:*current-thread*)")
+    assert '"tp-stopped"' in local["content"][0]["text"], local
+    continued = lisp.call("invoke-restart", evaluation=number, restart="continue")
+    assert not continued["isError"], continued
+    time.sleep(0.3)
+    assert counter(lisp, "tp-stopped") > stopped  # back at its work
+    [entry] = [t for t in thread_list(lisp) if t["id"] == thread]
+    assert entry["state"] != "stopped-at-error", entry
+
+
+def test_kill_ends_a_user_thread_and_refuses_cl_mcps_own(lisp):
+    thread = start_thread(lisp, "tp-killed")
+    check_results_of(lisp, "threads")
+    killed = checked_call(lisp, "threads", action="kill", thread=thread)
+    assert not killed["isError"], killed
+    assert thread not in [t["id"] for t in thread_list(lisp)]
+    for owner in ("cl-mcp", "swank"):
+        own = next(t for t in thread_list(lisp) if t["owner"] == owner)
+        refused = checked_call(lisp, "threads", action="kill", thread=own["id"])
+        assert refused["isError"], refused
+        assert "NOT-A-USER-THREAD" in refused["content"][0]["text"]
+        assert own["id"] in [t["id"] for t in thread_list(lisp)]
+    missing = checked_call(lisp, "threads", action="interrupt", thread=1)
+    assert missing["isError"] and "NO-SUCH-THREAD" in missing["content"][0]["text"]
+
+
+def cpu_profile(lisp) -> dict:
+    check_results_of(lisp, "profile")
+    result = checked_call(lisp, "profile", code="(tp-work 0.5)", mode="cpu", **{"max-rows": 5})
+    assert not result["isError"], result
+    return result["structuredContent"]
+
+
+def test_cpu_profile_finds_the_callee(lisp):
+    profile = cpu_profile(lisp)
+    assert profile["samples"] >= 5, profile  # 50 on an idle CPU; the machine may be shared
+    callee = next(row for row in profile["rows"] if row["function"] == "TP-CALLEE")
+    assert callee["selfPercent"] >= 50, profile
+    assert len(profile["rows"]) <= 5
+
+
+def test_cpu_profile_after_an_evaluation_went_to_the_background(lisp):
+    """The lane's next thread is made inside the window's interrupt, where
+    SIGPROF is blocked: it had no samples at all ("Sampled threads:
+    finalizer" in sb-sprof's own report)."""
+    running = lisp.call("evaluate-lisp", code="(sleep 1.5)", **{"answer-within": 0.5})
+    assert "[running]" in running["content"][0]["text"], running
+    profile = cpu_profile(lisp)
+    callee = next(row for row in profile["rows"] if row["function"] == "TP-CALLEE")
+    assert callee["selfPercent"] >= 50, profile
+    time.sleep(1.2)
+    text, is_error = lisp.eval("""(progn (require :sb-sprof)
+      (with-output-to-string (*standard-output*)
+        (sb-sprof:with-profiling (:mode :cpu :report :flat) (tp-work 0.3))))""")
+    assert not is_error and "TP-CALLEE" in text, text
+
+
+def test_alloc_profile_of_consing_code(lisp):
+    check_results_of(lisp, "profile")
+    result = checked_call(lisp, "profile", code="(length (tp-consing 20000))", mode="alloc",
+                           **{"max-rows": 200})
+    assert not result["isError"], result
+    profile = result["structuredContent"]
+    assert profile["samples"] > 0 and profile["value"] == "20000", profile
+    consing = next(row for row in profile["rows"] if row["function"] == "TP-CONSING")
+    assert consing["cumulativePercent"] >= 50, profile
+
+
+def test_profile_errors(lisp):
+    check_results_of(lisp, "profile")
+    failed = checked_call(lisp, "profile", code="(car 5)")
+    assert failed["isError"] and "TYPE-ERROR" in failed["content"][0]["text"], failed
+    unknown = checked_call(lisp, "profile", code="1", package="NO-SUCH-PACKAGE")
+    assert unknown["isError"] and "PACKAGE-ERROR" in unknown["content"][0]["text"], unknown
