@@ -10,10 +10,11 @@ its own.  What the tool takes beyond it is cl-mcp, the pipes, and the
 reply's printing, reading and rendering.  The two are taken in alternating
 batches, so that both see the same moments of the shared machine.
 
-compile-file comes last: it loads what it compiles, which redefines the
-fixture's classes and methods under the other tools.  It compiles a copy of
-the fixture's shapes.lisp in a temporary directory, because the fasl is
-written beside the source.
+compile-form and compile-file come last: they redefine what they compile
+(compile-file the fixture's classes and methods) under the other tools.
+They compile a copy of the fixture's shapes.lisp in a temporary directory,
+because compile-file writes the fasl beside the source; compile-form
+compiles its one defun, TWICE.
 
     .venv/bin/python bench/devtools.py [--quick]   (bench/run.py adds its rows to docs/performance.md)
 """
@@ -110,7 +111,7 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms"
 
 
-def measure(client: Client, query: Query, batches: int, batch: int) -> Row:
+def measure(client: Client, query: Query, batches: int, batch: int, target: str = TARGET) -> Row:
     """QUERY's row: its p50 through cl-mcp and its entry point's in the
     image, in alternating batches after a few calls of each to warm up (the
     first xref call compiles)."""
@@ -126,7 +127,7 @@ def measure(client: Client, query: Query, batches: int, batch: int) -> Row:
         ours += timed(call, batch)
         theirs += in_image(client, query.entry, batch)
     mine, floor = statistics.median(ours), statistics.median(theirs)
-    return (f"{query.label(answer)}, p50, {TARGET}", ms(mine), f"its entry point in the image {ms(floor)}",
+    return (f"{query.label(answer)}, p50, {target}", ms(mine), f"its entry point in the image {ms(floor)}",
             f"{mine / floor:.2f}×")
 
 
@@ -163,7 +164,15 @@ def rows(client: Client, quick: bool = False) -> Iterator[Row]:
     try:
         source = directory / "shapes.lisp"
         shutil.copy(FIXTURE / "shapes.lisp", source)
-        lines = len(source.read_text().splitlines())
+        text = source.read_text()
+        lines = len(text.splitlines())
+        twice = next(number for number, line in enumerate(text.splitlines(), 1)
+                     if line.startswith("(defun twice "))
+        yield measure(client, Query(
+            lambda r: (f"compile-form of one defun (the fixture's TWICE, line {twice} of shapes.lisp) "
+                       f"as C-c C-c ({len(r['notes'])} notes, defined: {', '.join(r['defined'])})"),
+            "compile-form", {"path": str(source), "line": twice},
+            [Symbol(agent + "compile-form-of"), str(source), twice]), batches, batch, "target < 30 ms")
         yield measure(client, Query(
             lambda r: (f"compile-file of the fixture's shapes.lisp ({lines} lines), load true as C-c C-k "
                        f"({len(r['notes'])} notes, loaded: {'yes' if r['loaded'] else 'no'})"),
