@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from cl_mcp.client import ClientError, McpClient, JsonRpcError, ToolValidationError
+from cl_mcp.render import without_number_line
 
 
 # The server's options that take a value (see cli.build_parser); the
@@ -101,7 +102,8 @@ def eval_command(argv: list[str]) -> int:
             result = await client.outcome(
                 await client.call_tool("evaluate-lisp", arguments, progress=ProgressPrinter()),
                 progress=ProgressPrinter())
-        print(result.text)
+        # The image is gone once this prints: its evaluation number reaches nothing.
+        print(without_number_line(result.text))
         return 1 if result.is_error else 0
 
     return _run(run())

@@ -7,6 +7,7 @@ evaluate-lisp's result text (docs/tools.md):
     [stderr]            omitted when empty
     [warnings]          TYPE: message, one per line; omitted when empty
     => value            one line per value
+    ; Evaluation N      the evaluation's number, when it has one
 
 An error starts with ``[ERROR] TYPE``, the condition's message and
 ``[Backtrace]``; output and warnings captured before the error follow in
@@ -179,6 +180,23 @@ def timing_line(timing: Sequence[int]) -> str:
     return f"; Timing: {real}ms real, {run}ms run, {gc}ms GC, {consed} bytes consed"
 
 
+def number_line(number: int) -> str:
+    """The last line of a result that has an evaluation number: the model
+    reads the text, not always the structured content, and needs the number
+    for read-output, await-evaluation and (cl-mcp-agent:value N)."""
+    return f"; Evaluation {number}"
+
+
+NUMBER_SECTION = re.compile(r"\n\n; Evaluation \d+\Z")
+
+
+def without_number_line(text: str) -> str:
+    """TEXT without the number line that ends it, if it has one: for a
+    reader to whom the number reaches nothing (`cl-mcp eval`: its image is
+    gone once it has printed)."""
+    return NUMBER_SECTION.sub("", text)
+
+
 def error_text(kind: str, message: str, backtrace: Sequence[str] = ()) -> str:
     """``[ERROR] TYPE`` / message, and the backtrace section when there is one."""
     text = f"[ERROR] {kind}\n{message}"
@@ -210,6 +228,8 @@ def render_evaluation(result: dict[str, Any]) -> Rendered:
         sections.append("\n".join(f"=> {value}" for value in values) if values else "; No values")
     if result.get("timing"):
         sections.append(timing_line(result["timing"]))
+    if isinstance(result.get("number"), int):
+        sections.append(number_line(result["number"]))
     return Rendered("\n\n".join(s for s in sections if s is not None), is_error, structure)
 
 

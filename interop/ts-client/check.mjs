@@ -323,7 +323,7 @@ async function everyTool(files, attached) {
   // evaluate-lisp
   await call("(+ 1 2)", "evaluate-lisp", { code: "(+ 1 2)" }, (r, s, t) => {
     expectOk(r);
-    expect(t === "=> 3", `text ${t}`);
+    expect(t === `=> 3\n\n; Evaluation ${s.number}`, `text ${t}`);
     expect(s.success === true && s.values?.[0] === "3", `structured ${JSON.stringify(s)}`);
     return t;
   });
@@ -339,7 +339,7 @@ async function everyTool(files, attached) {
     { code: "(defun interop-square (x) \"Square X.\" (* x x)) (interop-square 12)" }, (r, s, t) => {
       expectOk(r);
       // An attached image may have it from an earlier run: a redefinition warning
-      expect(s.values?.[0] === "144" && (attached || t === "=> 144"), `text ${t}`);
+      expect(s.values?.[0] === "144" && (attached || t === `=> 144\n\n; Evaluation ${s.number}`), `text ${t}`);
       return oneLine(t);
     });
 
@@ -492,7 +492,7 @@ async function everyTool(files, attached) {
     expectOk(r);
     expect(s.success === true && !s.running && s.values?.[0] === ":DONE" && s.stdout?.includes(":START"),
       `structured ${JSON.stringify(s)}`);
-    expect(t.includes("[stdout]") && t.includes(":START") && t.endsWith("=> :DONE"), `text ${t}`);
+    expect(t.includes("[stdout]") && t.includes(":START") && t.endsWith(`=> :DONE\n\n; Evaluation ${s.number}`), `text ${t}`);
     return oneLine(t);
   });
   await call("again: its outcome was taken", "await-evaluation", { evaluation: running }, (r) =>
@@ -511,7 +511,7 @@ async function everyTool(files, attached) {
     const seconds = (Date.now() - started) / 1000;
     expectOk(r);
     const s = r.structuredContent;
-    expect(textOf(r) === "The evaluation was aborted." && s.aborted === true && seconds < 10,
+    expect(textOf(r) === `The evaluation was aborted.\n\n; Evaluation ${s.number}` && s.aborted === true && seconds < 10,
       `after ${seconds} s: ${textOf(r)}, structured ${JSON.stringify(s)}`);
     const { names } = await backgroundThreads((n) => n.length === 0);
     expect(names.length === 0, `background threads after the abort: ${names.join(", ")}`);
@@ -584,7 +584,7 @@ async function everyTool(files, attached) {
   await step("invoke-restart CONTINUE", async () => {
     const r = await current.client.callTool({ name: "invoke-restart", arguments: { restart: "CONTINUE", evaluation: waiting } });
     expectOk(r);
-    expect(textOf(r) === "=> 42" && r.structuredContent?.values?.[0] === "42", `result ${textOf(r)}`);
+    expect(textOf(r) === `=> 42\n\n; Evaluation ${waiting}` && r.structuredContent?.values?.[0] === "42", `result ${textOf(r)}`);
     return textOf(r);
   });
   await call("USE-VALUE with values", "evaluate-lisp", { code: "(+ 1 (interop-missing))" }, (r) => {
@@ -592,7 +592,7 @@ async function everyTool(files, attached) {
   });
   await call("USE-VALUE with values", "invoke-restart", { restart: "USE-VALUE", values: ["(lambda () 10)"] }, (r, s, t) => {
     expectOk(r);
-    expect(t === "=> 11", `text ${t}`);
+    expect(t === `=> 11\n\n; Evaluation ${s.number}`, `text ${t}`);
     return t;
   });
   await call("inner/outer with debug 2", "evaluate-lisp", {
@@ -615,12 +615,12 @@ async function everyTool(files, attached) {
   await step("eval-in-frame (* a b)", async () => {
     const r = await current.client.callTool({ name: "eval-in-frame", arguments: { frame: innerFrame, code: "(* a b)" } });
     expectOk(r);
-    expect(textOf(r) === "=> 50", `text ${textOf(r)}`);
+    expect(textOf(r).startsWith("=> 50\n\n; Evaluation "), `text ${textOf(r)}`);
     return textOf(r);
   });
   await call("ABORT", "invoke-restart", { restart: "ABORT" }, (r, s, t) => {
     expectOk(r);
-    expect(t === "The evaluation was aborted.", `text ${t}`);
+    expect(t === `The evaluation was aborted.\n\n; Evaluation ${s.number}`, `text ${t}`);
     return t;
   });
 
@@ -856,7 +856,7 @@ async function tasks() {
   });
   await call("ABORT (the failed task's evaluation waits)", "invoke-restart", { restart: "ABORT" }, (r, s, t) => {
     expectOk(r);
-    expect(t === "The evaluation was aborted.", `text ${t}`);
+    expect(t === `The evaluation was aborted.\n\n; Evaluation ${s.number}`, `text ${t}`);
     return t;
   });
 

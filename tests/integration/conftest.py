@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from cl_mcp.image import find_slime_dir
+from cl_mcp.render import without_number_line
 
 RESPONSE_TIMEOUT = 60.0
 
@@ -134,9 +135,13 @@ class McpProcess:
         return response["result"]
 
     def eval(self, code: str, **arguments: Any) -> tuple[str, bool]:
+        """evaluate-lisp's text and isError, the text without the `; Evaluation
+        N` line that ends it when the evaluation has a number: most tests do
+        not know N, which counts every evaluation since the image started.
+        test_evaluate.py and test_restarts.py check that line (`call`)."""
         result = self.call("evaluate-lisp", code=code, **arguments)
         assert [c["type"] for c in result["content"]] == ["text"]
-        return result["content"][0]["text"], result["isError"]
+        return without_number_line(result["content"][0]["text"]), result["isError"]
 
     def initialize(self, version: str = "2025-11-25") -> dict[str, Any]:
         response = self.request("initialize", {

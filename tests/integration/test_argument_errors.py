@@ -92,7 +92,7 @@ def test_the_corrected_call_runs(revision):
     """The model reads the problem, fixes the argument, and the image
     (never asked the first time) answers."""
     result = revision.call({"name": "evaluate-lisp", "arguments": {"code": "(+ 1 2)", "timeout": 5}})["result"]
-    assert (result["isError"], result["content"][0]["text"]) == (False, "=> 3")
+    assert (result["isError"], result["content"][0]["text"]) == (False, "=> 3\n\n; Evaluation 1")
 
 
 def test_unknown_tool_stays_a_protocol_error(revision):

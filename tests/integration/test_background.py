@@ -48,7 +48,7 @@ def test_a_long_evaluation_answers_running_and_its_outcome_follows(lisp):
     number = start(lisp, '(progn (write-line "started") (sleep 5) (write-line "done") nil)')
     result = wait_for(lisp, number)
     assert not result["isError"]
-    assert result["content"][0]["text"] == "[stdout]\nstarted\ndone\n\n=> NIL"
+    assert result["content"][0]["text"] == f"[stdout]\nstarted\ndone\n\n=> NIL\n\n; Evaluation {number}"
     assert result["structuredContent"]["number"] == number
     # The outcome is taken once; its output stays readable.
     again = awaited(lisp, number)
@@ -70,7 +70,7 @@ def test_the_session_serves_other_calls_while_it_runs(lisp):
     assert "working" in still["structuredContent"]["stdout"]
     so_far = lisp.call("read-output", evaluation=number)
     assert so_far["structuredContent"]["lines"] == ["      1: working"]
-    assert wait_for(lisp, number)["content"][0]["text"] == "[stdout]\nworking\n\n=> :FINISHED"
+    assert wait_for(lisp, number)["content"][0]["text"] == f"[stdout]\nworking\n\n=> :FINISHED\n\n; Evaluation {number}"
 
 
 def test_await_returns_running_with_fresh_output_when_not_done(lisp):
@@ -79,14 +79,14 @@ def test_await_returns_running_with_fresh_output_when_not_done(lisp):
     structure = result["structuredContent"]
     assert structure["running"] and structure["follow"] == f'await-evaluation {{"evaluation": {number}}}'
     assert "tick 1" in structure["stdout"] and structure["elapsedMs"] >= 1000
-    assert wait_for(lisp, number)["content"][0]["text"].endswith("tick 39\n\n=> NIL")
+    assert wait_for(lisp, number)["content"][0]["text"].endswith(f"tick 39\n\n=> NIL\n\n; Evaluation {number}")
 
 
 def test_abort_stops_it(lisp):
     number = start(lisp, "(progn (sleep 30) (setf (get :cl-mcp-background :aborted) :no))")
     result = wait_for(lisp, number, abort=True)
     assert result["structuredContent"]["aborted"] and not result["isError"]
-    assert result["content"][0]["text"] == "The evaluation was aborted."
+    assert result["content"][0]["text"] == f"The evaluation was aborted.\n\n; Evaluation {number}"
     assert lisp.eval("(get :cl-mcp-background :aborted)") == ("=> NIL", False)
 
 
@@ -99,7 +99,7 @@ def test_an_error_in_the_background_waits_with_its_restarts(lisp):
     assert result["structuredContent"]["evaluation"] == number
     assert "[Restarts]" in text
     aborted = lisp.call("invoke-restart", evaluation=number, restart="ABORT")
-    assert aborted["content"][0]["text"] == "The evaluation was aborted.", aborted
+    assert aborted["content"][0]["text"] == f"The evaluation was aborted.\n\n; Evaluation {number}", aborted
 
 
 def test_its_deadline_still_holds_in_the_background(lisp):
@@ -121,7 +121,7 @@ def test_past_the_limit_an_evaluation_is_stopped_with_a_clear_error(lisp):
         assert wait_for(lisp, number, abort=True)["structuredContent"]["aborted"]
     # Room again.
     number = start(lisp, "(sleep 2)")
-    assert wait_for(lisp, number)["content"][0]["text"] == "=> NIL"
+    assert wait_for(lisp, number)["content"][0]["text"] == f"=> NIL\n\n; Evaluation {number}"
 
 
 def test_overlapping_awaits_hand_the_outcome_out_once(lisp):
@@ -178,7 +178,7 @@ def outcome_of(process, result, number):
 
 def test_quick_work_never_goes_to_the_background(lisp):
     result = lisp.call("evaluate-lisp", code="(+ 1 2)", **{"answer-within": 1})
-    assert result["content"][0]["text"] == "=> 3"
+    assert result["content"][0]["text"] == f"=> 3\n\n; Evaluation {result['structuredContent']['number']}"
     assert "running" not in result["structuredContent"]
 
 
@@ -208,7 +208,7 @@ def test_a_long_continuation_goes_to_the_background_too():
         outcome = wait_for(process, number)
         while outcome["structuredContent"].get("running"):  # each wait is at most the window
             outcome = wait_for(process, number)
-        assert outcome["content"][0]["text"] == "=> :RESUMED"
+        assert outcome["content"][0]["text"] == f"=> :RESUMED\n\n; Evaluation {number}"
     finally:
         process.close()
 

@@ -53,7 +53,7 @@ def test_tools_and_call_against_cl_mcp():
     out = cli("tools")
     assert out.returncode == 0 and out.stdout.startswith("evaluate-lisp code [package]")
     out = cli("call", "evaluate-lisp", '{"code": "(list 1 2)"}')
-    assert (out.returncode, out.stdout) == (0, "=> (1 2)\n")
+    assert (out.returncode, out.stdout) == (0, "=> (1 2)\n\n; Evaluation 1\n")  # a tool's whole text
     out = cli("call", "evaluate-lisp", '{"code": 1}')
     assert out.returncode == 2 and "invalid arguments" in out.stderr
 
@@ -140,7 +140,7 @@ def test_repl_in_a_terminal(tmp_path):
     term.expect("=> TWICE")
     term.expect("CL-USER> ")
     term.type("(twice 21)\r")
-    term.expect("=> 42")
+    term.expect("=> 42\r\n\r\n; Evaluation 2\r\n")  # the number, for :output N
     term.expect("CL-USER> ")
     term.type("(defpackage :demo (:use :cl)) (in-package :demo)\r")
     term.expect("DEMO> ")                    # the prompt follows the package

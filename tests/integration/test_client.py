@@ -31,7 +31,7 @@ def test_against_cl_mcp():
             names = [tool["name"] for tool in await client.list_tools()]
             assert "evaluate-lisp" in names
             result = await client.call_tool("evaluate-lisp", {"code": "(+ 1 2)"})
-            assert (result.text, result.is_error) == ("=> 3", False)
+            assert (result.text, result.is_error) == (f"=> 3\n\n; Evaluation {result.structured_content['number']}", False)
             assert result.structured_content["values"] == ["3"]
             failed = await client.call_tool("evaluate-lisp", {"code": "(error \"x\")"})
             assert failed.is_error and failed.text.startswith("[ERROR] SIMPLE-ERROR")
@@ -47,7 +47,7 @@ def test_against_cl_mcp():
             with pytest.raises(ToolTimeoutError):
                 await client.call_tool("evaluate-lisp", {"code": "(sleep 30)"}, timeout=0.5)
             # The timed-out call was cancelled in the image: the session goes on at once.
-            assert (await client.call_tool("evaluate-lisp", {"code": ":next"}, timeout=5)).text == "=> :NEXT"
+            assert (await client.call_tool("evaluate-lisp", {"code": ":next"}, timeout=5)).text.startswith("=> :NEXT\n\n; Evaluation ")
             seen = []
             await client.call_tool("evaluate-lisp", {"code": "(sleep 1.2)"},
                                    progress=lambda p, t, m: seen.append((p, m)))
@@ -62,20 +62,20 @@ def test_following_work_in_the_background_and_tasks():
             running = await client.call_tool("evaluate-lisp", {"code": '(progn (write-line "on") (sleep 3) :end)'})
             assert running.structured_content["running"]
             outcome = await client.outcome(running, progress=lambda *update: heard.append(update))
-            assert outcome.text == "[stdout]\non\n\n=> :END"
+            assert outcome.text == f"[stdout]\non\n\n=> :END\n\n; Evaluation {running.structured_content['number']}"
             assert heard and "latest output: on" in heard[0][2]
             assert await client.offers_task("evaluate-lisp") and not await client.offers_task("apropos")
             statuses = []
             result = await client.call_tool_as_task("evaluate-lisp", {"code": "(progn (sleep 2) 42)"},
                                                     on_status=statuses.append)
-            assert result.text == "=> 42" and result.meta["io.modelcontextprotocol/related-task"]
+            assert result.text == f"=> 42\n\n; Evaluation {result.structured_content['number']}" and result.meta["io.modelcontextprotocol/related-task"]
             assert statuses and statuses[0]["status"] == "working"
             # Cancelled, the task and its evaluation stop.
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(client.call_tool_as_task(
                     "evaluate-lisp", {"code": "(progn (sleep 3) (setf (get :client-task :done) t))"}), 1.5)
             await asyncio.sleep(3)
-            assert (await client.call_tool("evaluate-lisp", {"code": "(get :client-task :done)"})).text == "=> NIL"
+            assert (await client.call_tool("evaluate-lisp", {"code": "(get :client-task :done)"})).text.startswith("=> NIL\n\n; Evaluation ")
             tasks = await client.request("tasks/list")
             assert [task["status"] for task in tasks["tasks"]][-1] == "cancelled"
     run(body())

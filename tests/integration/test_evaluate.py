@@ -275,3 +275,27 @@ def test_server_wide_deadline():
         text, is_error = process.eval("(sleep 30)")
         assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
         assert process.eval("(+ 1 2)") == ("=> 3", False)
+
+
+def test_every_result_of_an_evaluation_ends_with_its_number():
+    """The model reads the text, not always the structured content: the
+    last line names the number that read-output, await-evaluation and
+    (cl-mcp-agent:value N) take; a fresh image counts from 1."""
+    with cl_mcp() as process:
+        def text_of(code, **arguments):
+            result = process.call("evaluate-lisp", code=code, **arguments)
+            return result["content"][0]["text"], result["structuredContent"].get("number")
+
+        assert text_of("(+ 1 2)") == ("=> 3\n\n; Evaluation 1", 1)
+        text, number = text_of("(values)", **{"capture-time": True})
+        assert number == 2 and text.startswith("; No values\n\n; Timing: ")
+        assert TIMING.search(text) and text.endswith(" bytes consed\n\n; Evaluation 2")
+        text, number = text_of('(error "boom")')
+        assert number == 3 and text.endswith("Evaluation 3 is waiting at this error: invoke-restart "
+                                             "continues it; backtrace and eval-in-frame inspect it."
+                                             "\n\n; Evaluation 3")
+        assert text_of("(abort)") == ("The evaluation was aborted.\n\n; Evaluation 4", 4)
+        assert text_of("(cl-mcp-agent:value 1)") == ("=> 3\n\n; Evaluation 5", 5)
+        # Nothing was evaluated: no number.
+        assert text_of(":x", package="NO-SUCH-PACKAGE") == (
+            '[ERROR] PACKAGE-ERROR\nThe package "NO-SUCH-PACKAGE" does not exist.', None)

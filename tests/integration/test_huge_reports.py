@@ -61,7 +61,8 @@ def consed_by(process: McpProcess, action: Callable[[], Any]) -> tuple[int, Any]
 
 def abort_waiting(process: McpProcess) -> None:
     result = process.call("invoke-restart", restart="ABORT")
-    assert (result["content"][0]["text"], result["isError"]) == ("The evaluation was aborted.", False)
+    assert (result["content"][0]["text"], result["isError"]) == (
+        f"The evaluation was aborted.\n\n; Evaluation {result['structuredContent']['number']}", False)
 
 
 # ---------------------------------------------------------------- conditions

@@ -124,7 +124,7 @@ def test_a_call_after_the_image_died_between_calls_says_state_was_lost(server):
     time.sleep(0.5)  # for cl-mcp to see its image go
     text, is_error = server.eval("(+ 1 2)")
     assert not is_error
-    assert text.startswith("=> 3\n\n[session]\nThe Lisp image had exited")
+    assert text.startswith("=> 3\n\n; Evaluation 1\n\n[session]\nThe Lisp image had exited")
     assert server.eval("(+ 1 2)") == ("=> 3", False)  # said once
 
 

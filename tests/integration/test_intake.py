@@ -99,7 +99,8 @@ def test_a_flood_of_large_calls_behind_a_running_one_is_refused_past_the_limits(
         assert busy and done, (len(busy), len(done))
         assert all(r["error"]["code"] == SERVER_BUSY and r["error"]["message"].startswith("Server busy")
                    for r in busy)
-        assert all(r["result"]["content"][0]["text"] == f"=> {FLOOD_CODE_CHARS - 12}" for r in done)
+        assert all(r["result"]["content"][0]["text"] == f"=> {FLOOD_CODE_CHARS - 12}\n\n; Evaluation "
+                   f"{r['result']['structuredContent']['number']}" for r in done)
         counts = responses_by_id(process)
         assert all(counts[request_id] == 1 for request_id in flood + [sleeper])
         growth = peak - baseline
@@ -123,8 +124,8 @@ def test_a_queued_call_reports_that_it_waits_and_then_its_own_progress():
         second = "queued-2"
         process.send_raw(call_line(second, '(progn (format t "second-call-output~%") (finish-output) '
                                            "(sleep 1.2) :second)", {"progressToken": "tok-2"}))
-        assert process.response(first)["result"]["content"][0]["text"].endswith("=> :FIRST")
-        assert process.response(second)["result"]["content"][0]["text"].endswith("=> :SECOND")
+        assert process.response(first)["result"]["content"][0]["text"].endswith("=> :FIRST\n\n; Evaluation 2")
+        assert process.response(second)["result"]["content"][0]["text"].endswith("=> :SECOND\n\n; Evaluation 3")
 
         messages = progress_messages(process, "tok-2")
         queued = [m for m in messages if m.startswith("queued")]

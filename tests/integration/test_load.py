@@ -34,7 +34,8 @@ def test_a_burst_of_a_thousand_requests():
             if line["method"] == "ping":
                 assert response["result"] == {}
             else:
-                assert response["result"]["content"][0]["text"] == f"=> {line['id']}"
+                assert response["result"]["content"][0]["text"] == (
+                    f"=> {line['id']}\n\n; Evaluation {response['result']['structuredContent']['number']}")
         order = [line["id"] for line in lines if line["method"] == "tools/call"]
         text, _ = process.eval("(length *seen*)")
         assert text == f"=> {len(order)}"

@@ -81,7 +81,7 @@ CUT_BY_THE_PRINTER = {
 @pytest.mark.parametrize("code, measure, whole", CUT_BY_THE_PRINTER.values(), ids=CUT_BY_THE_PRINTER.keys())
 def test_a_value_cut_by_the_printer_says_how_to_reach_it(shared_server, code, measure, whole):
     text, number = evaluated(shared_server, code)
-    assert text.endswith(f"{PRINTER_CUT}; the value itself: (cl-mcp-agent:value {number})]")
+    assert text.endswith(f"{PRINTER_CUT}; the value itself: (cl-mcp-agent:value {number})]\n\n; Evaluation {number}")
     assert shared_server.eval(measure.replace("*", f"(cl-mcp-agent:value {number})", 1)) == (whole, False)
 
 
@@ -99,7 +99,7 @@ def test_a_value_the_printer_did_not_cut_has_no_marker(shared_server, code):
 def test_only_the_primary_value_is_reachable(shared_server):
     text, number = evaluated(shared_server, "(values (make-list 3) (make-list 200))")
     assert text.startswith("=> (NIL NIL NIL)\n=> (NIL")
-    assert text.endswith(f" NIL ...){PRINTER_CUT}]")
+    assert text.endswith(f" NIL ...){PRINTER_CUT}]\n\n; Evaluation {number}")
 
 
 def test_a_value_cut_by_a_little_says_exactly_how_much(shared_server):

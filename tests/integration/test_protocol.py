@@ -188,7 +188,7 @@ def test_ping_and_tools_list_are_answered_while_an_evaluation_runs(shared_server
     assert shared_server.request("ping", timeout=1.5)["result"] == {}
     assert "tools" in shared_server.request("tools/list", timeout=1.5)["result"]
     assert time.monotonic() - started < 1.5
-    assert shared_server.response(slow)["result"]["content"][0]["text"] == "=> :SLEPT"
+    assert shared_server.response(slow)["result"]["content"][0]["text"].startswith("=> :SLEPT\n\n; Evaluation ")
 
 
 def test_evaluations_run_one_at_a_time_in_arrival_order(shared_server):
@@ -196,7 +196,8 @@ def test_evaluations_run_one_at_a_time_in_arrival_order(shared_server):
     ids = [shared_server.start_request("tools/call", {"name": "evaluate-lisp", "arguments": {
         "code": f"(sleep (random 0.02)) (push {i} *order*) {i}"}}) for i in range(20)]
     for i, request_id in enumerate(ids):
-        assert shared_server.response(request_id)["result"]["content"][0]["text"] == f"=> {i}"
+        result = shared_server.response(request_id)["result"]
+        assert result["content"][0]["text"] == f"=> {i}\n\n; Evaluation {result['structuredContent']['number']}"
     assert shared_server.eval("(reverse *order*)")[0] == "=> " + "(" + " ".join(map(str, range(20))) + ")"
 
 

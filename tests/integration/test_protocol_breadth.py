@@ -61,7 +61,7 @@ def test_stateless_requests_without_initialize(raw):
     assert listed["resultType"] == "complete" and "ttlMs" in listed and "cacheScope" in listed
     assert all("annotations" in tool for tool in listed["tools"])
     called = raw.request("tools/call", eval_params("(+ 1 2)", **MODERN_META))["result"]
-    assert called["content"][0]["text"] == "=> 3"
+    assert called["content"][0]["text"] == "=> 3\n\n; Evaluation 1"
     assert called["resultType"] == "complete"
 
 
@@ -105,7 +105,7 @@ def test_batches_under_2025_03_26(raw):
     responses = {r["id"]: r for r in json.loads(batch[0])}
     assert set(responses) == {"b1", "b2", "b3"}
     assert responses["b1"]["result"] == {}
-    assert responses["b2"]["result"]["content"][0]["text"] == "=> 42"
+    assert responses["b2"]["result"]["content"][0]["text"].startswith("=> 42\n\n; Evaluation ")
     assert responses["b3"]["error"]["code"] == -32600
 
 
@@ -142,7 +142,7 @@ def test_cancel_a_queued_evaluation(raw):
     first = raw.start_request("tools/call", eval_params("(sleep 1) :first"))
     queued = raw.start_request("tools/call", eval_params(":queued"))
     raw.notify("notifications/cancelled", {"requestId": queued})
-    assert raw.response(first)["result"]["content"][0]["text"] == "=> :FIRST"
+    assert raw.response(first)["result"]["content"][0]["text"] == "=> :FIRST\n\n; Evaluation 1"
     assert raw.eval(":after") == ("=> :AFTER", False)
     time.sleep(0.3)
     assert not answers_to(raw, queued)
@@ -166,7 +166,7 @@ def test_progress_during_a_long_evaluation(raw):
     params = {**eval_params(code), "_meta": {"progressToken": "tok-1"}}
     request_id = raw.start_request("tools/call", params)
     response = raw.response(request_id)
-    assert response["result"]["content"][0]["text"].endswith("=> :DONE")
+    assert response["result"]["content"][0]["text"].endswith("=> :DONE\n\n; Evaluation 1")
     # Every progress notification came before the response.
     position = raw.seen.index(response)
     progress = [m["params"] for m in raw.seen[:position] if m.get("method") == "notifications/progress"]

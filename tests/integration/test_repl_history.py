@@ -8,6 +8,14 @@ import time
 import pytest
 
 from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
+from cl_mcp.render import without_number_line
+from cl_mcp.render import without_number_line
+from cl_mcp.render import without_number_line
+from cl_mcp.render import without_number_line
+from cl_mcp.render import without_number_line
+from cl_mcp.render import without_number_line
+from cl_mcp.render import without_number_line
+from cl_mcp.render import without_number_line
 from tests.integration.conftest import McpProcess, cl_mcp
 from tests.integration.devtools import MODES, cl_mcp_in
 
@@ -35,8 +43,10 @@ def numbered(process, code):
 
 
 def restart(process, name, **arguments):
+    """invoke-restart's text (its number line left out, as McpProcess.eval
+    leaves it out) and isError."""
     result = process.call("invoke-restart", restart=name, **arguments)
-    return result["content"][0]["text"], result["isError"]
+    return without_number_line(result["content"][0]["text"]), result["isError"]
 
 
 def test_star_is_the_last_value_of_the_previous_call(lisp):
@@ -109,9 +119,9 @@ def test_eval_in_frame_sees_and_sets_the_history(lisp):
     text, _ = lisp.eval("(inner 3 4)")
     frame = next(int(line.split(":")[0]) for line in text.splitlines() if line.endswith("(INNER 3 4)"))
     result = lisp.call("eval-in-frame", frame=frame, code="(list a *) (* b 2)")
-    assert result["content"][0]["text"] == "=> 8"
+    assert result["content"][0]["text"].startswith("=> 8\n\n; Evaluation ")
     result = lisp.call("eval-in-frame", frame=frame, code="(list * **)")
-    assert result["content"][0]["text"] == "=> (8 (3 :BEFORE))"
+    assert result["content"][0]["text"].startswith("=> (8 (3 :BEFORE))\n\n; Evaluation ")
     assert restart(lisp, "ABORT") == ("The evaluation was aborted.", False)
     assert values_of(lisp, "(list * +)") == "=> ((8 (3 :BEFORE)) (LIST * **))"
 

@@ -29,7 +29,7 @@ def test_repair_an_undefined_function_through_the_retry_restart(server):
     assert "[ABORT] Abort this evaluation." in restarts[4]
     assert restarts[5].startswith("Evaluation 1 is waiting at this error")
     assert server.eval("(defun foo () 42)") == ("=> FOO", False)
-    assert restart(server, "CONTINUE") == ("=> 42", False)
+    assert restart(server, "CONTINUE") == ("=> 42\n\n; Evaluation 1", False)
     # It finished: nothing waits any more.
     text, is_error = restart(server, 0)
     assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUSPENDED-EVALUATION")
@@ -39,14 +39,14 @@ def test_restart_by_number_with_values(server):
     text, _ = server.eval("(+ 1 (missing-thing))")
     names = [line.split("]")[0].split("[")[1] for line in text.split("[Restarts]\n")[1].splitlines()[:-1]]
     use_value = names.index("USE-VALUE")
-    assert restart(server, use_value, values=["(lambda () 10)"]) == ("=> 11", False)
+    assert restart(server, use_value, values=["(lambda () 10)"]) == ("=> 11\n\n; Evaluation 1", False)
 
 
 def test_store_value_and_a_new_error_after_continuing(server):
     text, _ = server.eval("(defvar *tries* 0) (check-type *tries* string) :checked")
     assert text.startswith("[ERROR] SIMPLE-TYPE-ERROR")
     assert "[STORE-VALUE]" in text
-    assert restart(server, "STORE-VALUE", values=['"now a string"']) == ("=> :CHECKED", False)
+    assert restart(server, "STORE-VALUE", values=['"now a string"']) == ("=> :CHECKED\n\n; Evaluation 1", False)
     assert server.eval("*tries*") == ('=> "now a string"', False)
 
 
@@ -54,7 +54,7 @@ def test_output_after_a_restart_is_reported_with_the_new_outcome(server):
     server.eval('(defun noisy () (format t "before~%") (cerror "Go on." "paused") (format t "after~%") :end)')
     text, is_error = server.eval("(noisy)")
     assert is_error and "[stdout]\nbefore" in text
-    assert restart(server, "CONTINUE") == ("[stdout]\nafter\n\n=> :END", False)
+    assert restart(server, "CONTINUE") == ("[stdout]\nafter\n\n=> :END\n\n; Evaluation 2", False)
 
 
 def test_backtrace_shows_frames_and_locals(server):
@@ -75,20 +75,20 @@ def test_eval_in_frame_sees_the_frames_locals(server):
     server.eval("(defun inner (a b) (declare (optimize (debug 2))) (error \"bad ~a\" (+ a b)))")
     text, _ = server.eval("(inner 3 4)")
     frame = next(int(line.split(":")[0]) for line in text.splitlines() if line.endswith("(INNER 3 4)"))
-    assert tool_text(server, "eval-in-frame", frame=frame, code="(* a b)") == ("=> 12", False)
+    assert tool_text(server, "eval-in-frame", frame=frame, code="(* a b)") == ("=> 12\n\n; Evaluation 2", False)
     text, is_error = tool_text(server, "eval-in-frame", frame=99, code="1")
     assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUCH-FRAME")
     text, is_error = tool_text(server, "eval-in-frame", frame=frame, code="(/ a 0)")
     assert is_error and text.startswith("[ERROR] DIVISION-BY-ZERO")
     # The evaluation still waits.
-    assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
+    assert restart(server, "ABORT") == ("The evaluation was aborted.\n\n; Evaluation 2", False)
 
 
 def test_an_unknown_restart_leaves_the_evaluation_waiting(server):
     server.eval("(error \"stuck\")")
     text, is_error = restart(server, "NO-SUCH-RESTART")
     assert is_error and text.startswith("[ERROR] CL-MCP:NO-SUCH-RESTART")
-    assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
+    assert restart(server, "ABORT") == ("The evaluation was aborted.\n\n; Evaluation 1", False)
 
 
 def test_restarts_after_a_timeout(server):
@@ -97,7 +97,7 @@ def test_restarts_after_a_timeout(server):
     assert "0: [CONTINUE] Continue the evaluation." in text
     text, is_error = restart(server, "CONTINUE", timeout=0.5)
     assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
-    assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
+    assert restart(server, "ABORT") == ("The evaluation was aborted.\n\n; Evaluation 1", False)
     assert server.eval("(> *n* 0)") == ("=> T", False)
 
 
@@ -106,10 +106,10 @@ def test_evaluations_are_named_by_number(server):
     server.eval("(error \"second\")")
     text, is_error = tool_text(server, "eval-in-frame", evaluation=1, frame=0, code="1")
     assert not is_error
-    assert restart(server, "ABORT", evaluation=1) == ("The evaluation was aborted.", False)
+    assert restart(server, "ABORT", evaluation=1) == ("The evaluation was aborted.\n\n; Evaluation 1", False)
     text, is_error = restart(server, "ABORT", evaluation=1)
     assert is_error and "No evaluation 1 is waiting" in text
-    assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
+    assert restart(server, "ABORT") == ("The evaluation was aborted.\n\n; Evaluation 2", False)
 
 
 def test_at_most_max_suspended_wait():
@@ -141,7 +141,7 @@ def test_a_command_restarts_the_wait():
         while time.monotonic() - started < 2.5:  # well past the timeout
             assert tool_text(process, "backtrace")[0].startswith("[Backtrace of evaluation")
             time.sleep(0.05)
-        assert restart(process, "ABORT") == ("The evaluation was aborted.", False)
+        assert restart(process, "ABORT") == ("The evaluation was aborted.\n\n; Evaluation 1", False)
 
 
 def test_waiting_can_be_switched_off():
@@ -161,10 +161,10 @@ def test_reset_aborts_waiting_evaluations(server):
 def test_repeated_stack_overflows_leave_the_image_alive(server):
     pid = server.eval("(sb-posix:getpid)")[0]
     server.eval("(defun down (n) (1+ (down n)))")
-    for _ in range(3):
+    for number in (3, 4, 5):
         text, is_error = server.eval("(down 1)")
         assert is_error and text.startswith("[ERROR] STORAGE-CONDITION\nControl stack exhausted")
-        assert restart(server, "ABORT") == ("The evaluation was aborted.", False)
+        assert restart(server, "ABORT") == (f"The evaluation was aborted.\n\n; Evaluation {number}", False)
     assert server.eval("(sb-posix:getpid)")[0] == pid
 
 
@@ -173,7 +173,7 @@ def test_eval_in_frame_reads_every_form_and_records_warnings(server):
     text, _ = server.eval("(inner 3)")
     frame = next(int(line.split(":")[0]) for line in text.splitlines() if line.endswith("(INNER 3)"))
     assert tool_text(server, "eval-in-frame", frame=frame, code='(warn "w") (format t "x~%") (* a 2)') == (
-        "[stdout]\nx\n\n[warnings]\nSIMPLE-WARNING: w\n\n=> 6", False)
+        "[stdout]\nx\n\n[warnings]\nSIMPLE-WARNING: w\n\n=> 6\n\n; Evaluation 2", False)
     text, is_error = tool_text(server, "eval-in-frame", frame=frame, code="(1 2")
     assert is_error and text.startswith("[ERROR] END-OF-FILE\nIncomplete form")
 
@@ -185,7 +185,7 @@ def test_break_and_endless_loops_in_a_frame_leave_the_evaluation_waiting():
         assert is_error and text.startswith("[ERROR]")
         text, is_error = tool_text(process, "eval-in-frame", frame=0, code="(loop)")
         assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
-        assert restart(process, "CONTINUE") == ("=> NIL", False)
+        assert restart(process, "CONTINUE") == ("=> NIL\n\n; Evaluation 1", False)
 
 
 def test_wrong_number_of_restart_values_keeps_the_evaluation_waiting(server):
@@ -198,17 +198,17 @@ def test_wrong_number_of_restart_values_keeps_the_evaluation_waiting(server):
     text, is_error = tool_text(server, "backtrace")
     assert not is_error and "0: (FOO-MISSING)" in text
     server.eval("(defun foo-missing () :found)")
-    assert restart(server, "CONTINUE") == ("=> :FOUND", False)
+    assert restart(server, "CONTINUE") == ("=> :FOUND\n\n; Evaluation 1", False)
 
 
 
 def test_whole_number_floats_are_integers(server):
     server.eval("(error \"float ids\")")
     text, _ = tool_text(server, "eval-in-frame", frame=0.0, code="1")
-    assert text == "=> 1"
+    assert text == "=> 1\n\n; Evaluation 1"
     text, _ = server.eval("(foo-float)")
     abort = next(line.split(":")[0] for line in text.splitlines() if "[ABORT]" in line)
-    assert restart(server, float(abort))[0] == "The evaluation was aborted."
+    assert restart(server, float(abort))[0] == "The evaluation was aborted.\n\n; Evaluation 2"
 
 
 def test_a_nested_evaluate_does_not_answer_for_the_outer_evaluation(shared_server):
@@ -316,3 +316,16 @@ def test_trace_output_comes_back_with_the_evaluation_that_made_the_calls(either_
         restart(either_mode, "ABORT")
     finally:
         either_mode.eval("(untrace tr-square)")
+
+
+def test_a_continuation_and_a_frames_result_name_the_evaluation(server):
+    """invoke-restart's and eval-in-frame's texts end with the number of the
+    evaluation they act on, as evaluate-lisp's do."""
+    server.eval("(+ 1 2)")  # evaluation 1
+    text, is_error = tool_text(server, "evaluate-lisp", code='(cerror "Go on." "paused") :resumed')
+    assert is_error and text.endswith("inspect it.\n\n; Evaluation 2")
+    assert tool_text(server, "eval-in-frame", frame=0, code="(+ 40 2)") == ("=> 42\n\n; Evaluation 2", False)
+    assert restart(server, "CONTINUE") == ("=> :RESUMED\n\n; Evaluation 2", False)
+    assert tool_text(server, "evaluate-lisp", code="(abort)") == (
+        "The evaluation was aborted.\n\n; Evaluation 3", False)
+

@@ -42,7 +42,8 @@ def checked(lisp, tool: str, **arguments) -> dict:
 def test_five_megabytes_keep_their_end_and_read_output_finds_the_rest(lisp):
     result = checked(lisp, "evaluate-lisp", code=FIVE_MB)
     text = result["content"][0]["text"]
-    assert "ERROR: the disk is full" in text and text.endswith("=> :DONE")
+    assert "ERROR: the disk is full" in text
+    assert text.endswith(f"=> :DONE\n\n; Evaluation {result['structuredContent']['number']}")
     assert text.startswith("[stdout]\nline 0 ")
     number = result["structuredContent"]["number"]
     marker = next(line for line in text.splitlines() if line.startswith("… ["))
@@ -62,7 +63,7 @@ def test_a_long_value_says_how_to_reach_it(lisp):
     result = checked(lisp, "evaluate-lisp", code="(make-string 50000 :initial-element #\\a)")
     number = result["structuredContent"]["number"]
     text = result["content"][0]["text"]
-    assert text.startswith('=> "aaa') and text.endswith('aaa"')
+    assert text.startswith('=> "aaa') and text.endswith(f'aaa"\n\n; Evaluation {number}')
     assert f"(cl-mcp-agent:value {number})" in text
     whole = checked(lisp, "read-output", evaluation=number, stream="values")
     assert "more characters on this line]" in whole["content"][0]["text"]

@@ -87,9 +87,9 @@ def test_requests_in_a_file_are_all_answered_into_a_file(cache_dir, tmp_path):
     by_id = {message["id"]: message for message in messages if "id" in message}
     assert sorted(by_id) == [1, 2, 3]
     assert "result" in by_id[1] and by_id[1]["result"]["serverInfo"]["name"] == "cl-mcp"
-    assert by_id[2].get("result", by_id[2]) == {"content": [{"type": "text", "text": "=> 3"}],
+    assert by_id[2].get("result", by_id[2]) == {"content": [{"type": "text", "text": "=> 3\n\n; Evaluation 1"}],
                                                 "isError": False, "structuredContent": ANY}
-    assert by_id[3].get("result", by_id[3])["content"] == [{"type": "text", "text": "=> :SLEPT"}]
+    assert by_id[3].get("result", by_id[3])["content"] == [{"type": "text", "text": "=> :SLEPT\n\n; Evaluation 2"}]
 
 
 def test_requests_piped_in_are_answered_on_a_first_run(tmp_path):

@@ -84,7 +84,7 @@ def test_an_evaluation_as_a_task(legacy):
     assert working["status"] == "working" and "latest output: begun" in working["statusMessage"]
     assert task_id in [task["taskId"] for task in legacy.request("tasks/list")["result"]["tasks"]]
     result = legacy.request("tasks/result", {"taskId": task_id})["result"]
-    assert result["content"][0]["text"] == "[stdout]\nbegun\n\n=> 42"
+    assert result["content"][0]["text"] == f"[stdout]\nbegun\n\n=> 42\n\n; Evaluation {result['structuredContent']['number']}"
     assert result["structuredContent"]["values"] == ["42"]
     assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": task_id}
     assert task_status(legacy, task_id)["status"] == "completed"
@@ -93,7 +93,8 @@ def test_an_evaluation_as_a_task(legacy):
 
 def test_a_quick_task_and_a_failing_one(legacy):
     quick = start_task(legacy, "evaluate-lisp", {"code": "(* 6 7)"})
-    assert legacy.request("tasks/result", {"taskId": quick})["result"]["content"][0]["text"] == "=> 42"
+    assert legacy.request("tasks/result", {"taskId": quick})["result"]["content"][0]["text"].startswith(
+        "=> 42\n\n; Evaluation ")
     failing = start_task(legacy, "evaluate-lisp", {"code": '(error "no luck")'})
     result = legacy.request("tasks/result", {"taskId": failing})["result"]
     assert result["isError"] and result["content"][0]["text"].startswith("[ERROR] SIMPLE-ERROR\nno luck")
@@ -273,13 +274,13 @@ def test_a_call_still_running_at_its_window_becomes_a_task(modern):
     assert created["resultType"] == "task" and created["status"] == "working", created
     assert created["ttlMs"] > 0 and created["pollIntervalMs"] > 0
     task_id = created["taskId"]
-    assert modern_call(modern, "(+ 1 2)", WITH_TASKS)["content"][0]["text"] == "=> 3"
+    assert modern_call(modern, "(+ 1 2)", WITH_TASKS)["content"][0]["text"].startswith("=> 3\n\n; Evaluation ")
     deadline = time.monotonic() + 30
     while (task := task_status(modern, task_id, **WITH_TASKS))["status"] == "working":
         assert time.monotonic() < deadline
         time.sleep(0.5)
     assert task["status"] == "completed" and task["resultType"] == "complete"
-    assert task["result"]["content"][0]["text"] == "[stdout]\nlong\n\n=> :DONE"
+    assert task["result"]["content"][0]["text"].startswith("[stdout]\nlong\n\n=> :DONE\n\n; Evaluation ")
 
 
 def test_modern_cancel_and_the_methods_it_lacks(modern):
@@ -289,7 +290,8 @@ def test_modern_cancel_and_the_methods_it_lacks(modern):
         "resultType": "complete", "_meta": created["_meta"]}
     time.sleep(4)
     assert task_status(modern, task_id, **WITH_TASKS)["status"] == "cancelled"
-    assert modern_call(modern, "(get :cl-mcp-task :modern)", MODERN)["content"][0]["text"] == "=> NIL"
+    assert modern_call(modern, "(get :cl-mcp-task :modern)", MODERN)["content"][0]["text"].startswith(
+        "=> NIL\n\n; Evaluation ")
     for method in ("tasks/result", "tasks/list"):
         response = modern.request(method, {"taskId": task_id, "_meta": WITH_TASKS})
         assert response["error"]["code"] == -32601, method
@@ -315,4 +317,4 @@ def test_no_task_for_a_client_without_the_extension(modern):
     outcome = modern.request("tools/call", {"name": "await-evaluation",
                                             "arguments": {"evaluation": number, "wait": 10},
                                             "_meta": MODERN})["result"]
-    assert outcome["content"][0]["text"] == "=> NIL"
+    assert outcome["content"][0]["text"] == f"=> NIL\n\n; Evaluation {number}"

@@ -1,6 +1,6 @@
 """The contract's result text, from agent plists (no Lisp involved)."""
 
-from cl_mcp.render import render_evaluation, with_reach
+from cl_mcp.render import render_evaluation, with_reach, without_number_line
 from cl_mcp.tools.definitions import render_definitions
 from cl_mcp.tools.systems import render_load
 
@@ -93,3 +93,18 @@ def test_only_the_agents_last_line_is_a_printer_cut_marker():
     quoted = '"' + CUT + '"'
     assert with_reach(quoted, 4) == quoted
     assert with_reach("(1 2)", 4) == "(1 2)"
+
+
+def test_a_numbered_evaluation_ends_with_its_number_line():
+    assert render_evaluation(ok(values=["6"], number=7)).text == "=> 6\n\n; Evaluation 7"
+    assert render_evaluation(ok(values=[], number=8, timing=[1, 2, 0, 64])).text == (
+        "; No values\n\n; Timing: 1ms real, 2ms run, 0ms GC, 64 bytes consed\n\n; Evaluation 8")
+    assert render_evaluation({"status": "aborted", "number": 9}).text == (
+        "The evaluation was aborted.\n\n; Evaluation 9")
+
+
+def test_only_the_last_number_line_is_left_out():
+    assert without_number_line("=> 6\n\n; Evaluation 7") == "=> 6"
+    assert without_number_line("=> 6") == "=> 6"
+    assert without_number_line('=> "\n\n; Evaluation 7"') == '=> "\n\n; Evaluation 7"'
+    assert without_number_line("; Evaluation 7\n\n=> 6") == "; Evaluation 7\n\n=> 6"
