@@ -14,7 +14,8 @@ import logging
 import os
 import stat
 import threading
-from typing import Callable
+from collections import deque
+from typing import Callable, Iterator
 
 from cl_mcp.jsonrpc import LineSplitter, OversizedLine
 
@@ -113,6 +114,11 @@ class StdioTransport:
         self._in_fd = in_fd
         self._out_fd = out_fd
         self._splitter = LineSplitter()
+        # Lines read and not yet handed on (iterators over them), while
+        # answers wait unread (`_held`): see `_hand_on`.
+        self._waiting: deque[Iterator[bytes | OversizedLine]] = deque()
+        self._held = False
+        self._at_end = False
         self._out: asyncio.WriteTransport | None = None
         self._in: asyncio.BaseTransport | None = None
         self._input_ended: asyncio.Future[None] | None = None
@@ -155,24 +161,42 @@ class StdioTransport:
                 return
 
     def _set_reading(self, on: bool) -> None:
+        self._held = not on
         if isinstance(self._in, asyncio.ReadTransport) and not self._in.is_closing():
             if on:
                 self._in.resume_reading()
             else:
                 self._in.pause_reading()
+        if on and self._waiting:
+            asyncio.get_running_loop().call_soon(self._hand_on)
 
     def _feed(self, data: bytes) -> None:
         """Hand on the lines DATA completes; empty DATA is the end of input."""
         assert self._input_ended is not None
         if self._input_ended.done():
             return
-        lines = self._splitter.feed(data) if data else self._splitter.finish()
-        for line in lines:
-            self.on_line(line)
-            if self.broken:  # nobody reads our answers any more
-                break
-        if not data or self.broken:
-            self._input_ended.set_result(None)
+        # Split now, whole: the splitter keeps a partial line for the next
+        # read, which a half-consumed generator would not have left yet.
+        self._waiting.append(iter(list(self._splitter.feed(data) if data else self._splitter.finish())))
+        self._at_end = not data
+        self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Hand the lines read so far to the server, until answers pile up
+        unread: one read holds up to 64 KiB of requests (1,300 tools/list
+        calls, 100 MB of answers), so the pause must also stop the lines
+        already read, which wait here until the answers drain."""
+        assert self._input_ended is not None
+        while self._waiting and not self._held and not self.broken:
+            for line in self._waiting[0]:
+                self.on_line(line)
+                if self._held or self.broken:
+                    break
+            else:
+                self._waiting.popleft()
+        if self.broken or (self._at_end and not self._waiting):
+            if not self._input_ended.done():
+                self._input_ended.set_result(None)
 
     def _output_lost(self) -> None:
         self._note_broken()

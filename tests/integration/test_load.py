@@ -67,6 +67,9 @@ def test_a_client_that_does_not_read_cannot_pile_up_answers():
         ids = [json.loads(proc.stdout.readline())["id"] for _ in range(count)]
         assert sorted(ids) == list(range(1, count + 1))
         writer.join(10)
+    except BaseException:
+        proc.kill()  # else closing stdin waits for the writer, blocked in its write
+        raise
     finally:
         proc.stdin.close()
         proc.wait(10)
