@@ -308,9 +308,10 @@ there is none."
     (t nil)))
 
 (defun buffer-place-message (buffer snippet)
-  "Why a definition compiled from an Emacs BUFFER that has no file has no
-place, with the first line of its SNIPPET."
-  (format nil "compiled from the Emacs buffer ~A, which has no file~@[; it begins: ~A~]"
+  "Why a place in an Emacs BUFFER has no file, with the first line of its
+SNIPPET: a definition compiled from a buffer without a file, or a frame of
+code compiled from any buffer (Swank places those in the buffer only)."
+  (format nil "compiled from the Emacs buffer ~A; Swank gives no file for it~@[; it begins: ~A~]"
           buffer (and snippet (subseq snippet 0 (or (position #\Newline snippet)
                                                      (min (length snippet) 200))))))
 
