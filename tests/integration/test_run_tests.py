@@ -138,3 +138,17 @@ def test_alexandrias_rt_suite_counts_as_rt_does(lisp):
              (list (length (cdr sb-rt::*entries*)) (length (sb-rt::pending-tests))))""")
     assert tests["passed"] + tests["failed"] + tests["errored"] == 2 * entries
     assert entries > 100 and tests["passed"] >= 2 * (entries - pending) - pending
+
+
+def test_a_long_run_answers_still_running_then_await_gives_its_results(lisp):
+    structure, text = run(lisp, system="run-tests-fixture/slow", **{"answer-within": 1})
+    assert structure["running"] is True and "tests" not in structure, structure
+    number = structure["number"]
+    assert text.startswith(f"[running] Test run {number} is still running"), text
+    outcome = checked_call(lisp, "await-evaluation", evaluation=number, wait=30)
+    tests = outcome["structuredContent"]["tests"]
+    assert (tests["frameworks"], totals(tests)) == (["FiveAM"], (1, 1, 0, 0)), outcome
+    failure, = tests["problems"]
+    assert (failure["test"], failure["place"]["line"]) == ("RUN-TESTS-FIXTURE/SLOW::FAILS-AFTER-THE-SLEEP", 16)
+    assert outcome["isError"] and outcome["content"][0]["text"].startswith("[tests] FiveAM: 1 passed, 1 failed")
+    assert outcome["structuredContent"]["number"] == number
