@@ -10,14 +10,15 @@ from cl_mcp.render import Rendered, error_result, render_frames
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, result_dict, whole
-from cl_mcp.tools.evaluate import (EVALUATION, evaluation_rendered, keep_output, rendered_within,
-                                   sent_to_background)
+from cl_mcp.tools.evaluate import EVALUATION, Work, keep_output, rendered_within, sent_to_background
+from cl_mcp.tools.run_tests import outcome_rendered
 from cl_mcp.tools.window import answer_window, window_keywords
 
 
 async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """Continue a waiting evaluation through one of its restarts; its new
-    outcome, as evaluate-lisp renders it."""
+    outcome, as evaluate-lisp renders it (run-tests' result when a test run
+    stopped by debug goes on to its end)."""
     timeout = arguments.get("timeout") or session.config.eval_timeout
     try:
         async with session.turn():
@@ -31,13 +32,14 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
                     *window_keywords(answer_window(None, session.config.answer_within, timeout))]
             result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
             if result.get("status") == "running":
-                sent_to_background(session, result, EVALUATION)
+                sent_to_background(session, result, Work(EVALUATION.title, EVALUATION.base,
+                                                          lambda outcome: outcome_rendered(session, outcome)))
             else:
                 result["line-offsets"] = await keep_output(session, result)
                 follow_package(session, result, explicit=True)
     except SessionError as error:
         return error_result(error.kind, error.message)
-    return evaluation_rendered(session, result)
+    return outcome_rendered(session, result)
 
 
 async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered:

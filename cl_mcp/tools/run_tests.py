@@ -129,6 +129,15 @@ def run_work(limit: int) -> Work:
     return Work("Test run {number}", BASE, lambda result: rendered_tests(result, limit))
 
 
+def outcome_rendered(session: LispSession, result: dict[str, Any]) -> Rendered:
+    """An evaluation's outcome: run-tests' result when it is a test run's end
+    (also reached through invoke-restart after a debug stop), else
+    evaluate-lisp's."""
+    if tests_of(result) is None:
+        return evaluation_rendered(session, result)
+    return rendered_tests(result, session.config.max_result_chars)
+
+
 async def run_tests(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     if not arguments.get("system") and not arguments.get("test"):
         return error_result("CL-MCP:BAD-ARGUMENTS", "Give the system whose tests to run, or a test or suite.", BASE)
@@ -147,6 +156,4 @@ async def run_tests(session: LispSession, arguments: dict[str, Any]) -> Rendered
             follow_package(session, result, explicit=True)
     except SessionError as error:
         return error_result(error.kind, error.message, BASE)
-    if tests_of(result) is None:
-        return evaluation_rendered(session, result)
-    return rendered_tests(result, limit)
+    return outcome_rendered(session, result)

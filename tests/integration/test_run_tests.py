@@ -21,7 +21,9 @@ SPLIT_SEQUENCE = Path("/usr/share/common-lisp/source/cl-split-sequence")
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
     with cl_mcp_in(request.param) as process:
-        text, is_error = process.eval(f'(asdf:load-asd "{SUITES}/run-tests-fixture.asd")')
+        # Loaded here, so that a test run by name finds it in any test order.
+        text, is_error = process.eval(f'(asdf:load-asd "{SUITES}/run-tests-fixture.asd")'
+                                      '(asdf:load-system "run-tests-fixture")')
         assert not is_error, text
         check_results_of(process, "run-tests")
         yield process
@@ -85,9 +87,14 @@ def test_debug_stops_at_the_failed_check_with_fiveams_restarts(lisp):
     assert {"IGNORE-FAILURE", "RETEST", "ABORT"} <= set(restarts), restarts
     frames = lisp.call("backtrace", evaluation=structure["evaluation"])
     assert not frames["isError"], frames
-    # Going on past the failure finishes the run, nothing waits any more.
-    done = lisp.call("invoke-restart", evaluation=structure["evaluation"], restart="IGNORE-FAILURE")
+    # Going on past the failure finishes the run, nothing waits any more,
+    # and the run's end is run-tests' result.
+    done = checked_call(lisp, "invoke-restart", evaluation=structure["evaluation"], restart="IGNORE-FAILURE")
+    tests = done["structuredContent"]["tests"]
     assert "evaluation" not in done["structuredContent"], done
+    assert (tests["frameworks"], totals(tests)) == (["FiveAM"], (0, 1, 0, 0)), tests
+    assert tests["problems"][0]["place"]["line"] == 15
+    assert done["isError"] and done["content"][0]["text"].startswith("[tests] FiveAM: 0 passed, 1 failed")
 
 
 def framework_count(process, code: str) -> list[int]:
