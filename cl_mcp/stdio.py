@@ -133,6 +133,15 @@ class StdioTransport:
         loop = asyncio.get_running_loop()
         self._input_ended = loop.create_future()
         self._output_broken = loop.create_future()
+        # The writer first: a request read while it is being set up would be
+        # answered by plain os.write on a descriptor asyncio has already made
+        # non-blocking, which fails (EAGAIN) for an answer larger than the
+        # pipe's 64 KiB (tools/list is 77 KB).
+        if _loop_can_watch(loop, self._out_fd):
+            self._out, _ = await loop.connect_write_pipe(
+                lambda: _WriteProtocol(self), os.fdopen(self._out_fd, "wb", 0, closefd=False)
+            )
+            self._out.set_write_buffer_limits(high=OUTPUT_BACKLOG)
         self.input_is_live = _loop_can_watch(loop, self._in_fd)
         if self.input_is_live:
             self._in, _ = await loop.connect_read_pipe(
@@ -144,11 +153,6 @@ class StdioTransport:
             self._in.max_size = CHUNK  # type: ignore[attr-defined]
         else:
             threading.Thread(target=self._read_blocking, args=(loop,), daemon=True).start()
-        if _loop_can_watch(loop, self._out_fd):
-            self._out, _ = await loop.connect_write_pipe(
-                lambda: _WriteProtocol(self), os.fdopen(self._out_fd, "wb", 0, closefd=False)
-            )
-            self._out.set_write_buffer_limits(high=OUTPUT_BACKLOG)
 
     def _read_blocking(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
