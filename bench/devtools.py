@@ -10,6 +10,9 @@ its own.  What the tool takes beyond it is cl-mcp, the pipes, and the
 reply's printing, reading and rendering.  The two are taken in alternating
 batches, so that both see the same moments of the shared machine.
 
+run-tests' row compares a run of split-sequence's FiveAM suite through
+run-tests with `asdf:test-system` of the same system timed in the image.
+
 compile-form and compile-file come last: they redefine what they compile
 (compile-file the fixture's classes and methods) under the other tools.
 They compile a copy of the fixture's shapes.lisp in a temporary directory,
@@ -111,10 +114,11 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.1f} ms"
 
 
-def measure(client: Client, query: Query, batches: int, batch: int, target: str = TARGET) -> Row:
-    """QUERY's row: its p50 through cl-mcp and its entry point's in the
-    image, in alternating batches after a few calls of each to warm up (the
-    first xref call compiles)."""
+def measure(client: Client, query: Query, batches: int, batch: int, target: str = TARGET,
+            baseline: str = "its entry point in the image") -> Row:
+    """QUERY's row: its p50 through cl-mcp and its entry point's (or
+    BASELINE's) in the image, in alternating batches after a few calls of
+    each to warm up (the first xref call compiles)."""
     def call() -> dict[str, Any]:
         return tool(client, query.tool, **query.arguments)
 
@@ -127,7 +131,7 @@ def measure(client: Client, query: Query, batches: int, batch: int, target: str 
         ours += timed(call, batch)
         theirs += in_image(client, query.entry, batch)
     mine, floor = statistics.median(ours), statistics.median(theirs)
-    return (f"{query.label(answer)}, p50, {target}", ms(mine), f"its entry point in the image {ms(floor)}",
+    return (f"{query.label(answer)}, p50, {target}", ms(mine), f"{baseline} {ms(floor)}",
             f"{mine / floor:.2f}×")
 
 
@@ -159,6 +163,15 @@ def rows(client: Client, quick: bool = False) -> Iterator[Row]:
     ]
     for query in queries:
         yield measure(client, query, batches, batch)
+    # The baseline is the same suite run directly, as its test-op runs it:
+    # what run-tests adds is its hooks, the report and cl-mcp.  The suite
+    # itself takes ~2.8 s (it conses 2.4 GB), hence fewer runs.
+    suite_batches = 2 if quick else 3
+    yield measure(client, Query(
+        lambda r: (f"run-tests of split-sequence's FiveAM suite (system split-sequence, "
+                   f"{r['tests']['passed']} checks passed)"),
+        "run-tests", {"system": "split-sequence"}, [Symbol("asdf:test-system"), "split-sequence"]),
+        suite_batches, 3, "target ≤ 1.2×", "asdf:test-system in the image")
 
     directory = Path(tempfile.mkdtemp(prefix="cl-mcp-bench-"))
     try:
