@@ -12,6 +12,7 @@ SPLIT_SEQUENCE := /usr/share/common-lisp/source/cl-split-sequence/split-sequence
 YASON := /usr/share/common-lisp/source/yason/yason.asd
 FIVEAM := /usr/share/common-lisp/source/fiveam/fiveam.asd
 RT := /usr/share/common-lisp/source/rt/rt.asd
+FIASCO := /usr/share/common-lisp/source/fiasco/fiasco.asd
 SLIME_EL := /usr/share/emacs/site-lisp/elpa-src/slime-*/slime.el
 
 .PHONY: run test bench profile setup lisp test-lisp bench-lisp venv clean interop
@@ -50,7 +51,7 @@ lisp:
 	$(call debian,sbcl cl-swank,! command -v sbcl >/dev/null || [ ! -f $(SWANK_LOADER) ])
 
 test-lisp: lisp
-	$(call debian,cl-alexandria cl-ppcre cl-split-sequence cl-fiveam cl-rt emacs-nox slime,[ ! -f $(ALEXANDRIA) ] || [ ! -f $(FIVEAM) ] || [ ! -f $(RT) ] || [ ! -f $(CL_PPCRE) ] || [ ! -f $(SPLIT_SEQUENCE) ] || ! command -v emacs >/dev/null || ! ls $(SLIME_EL) >/dev/null 2>&1)
+	$(call debian,cl-alexandria cl-ppcre cl-split-sequence cl-fiveam cl-rt cl-fiasco emacs-nox slime,[ ! -f $(ALEXANDRIA) ] || [ ! -f $(FIVEAM) ] || [ ! -f $(RT) ] || [ ! -f $(FIASCO) ] || [ ! -f $(CL_PPCRE) ] || [ ! -f $(SPLIT_SEQUENCE) ] || ! command -v emacs >/dev/null || ! ls $(SLIME_EL) >/dev/null 2>&1)
 
 # yason, for bench/lisp_server.lisp (the Lisp-native baseline)
 bench-lisp: lisp

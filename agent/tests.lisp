@@ -8,12 +8,15 @@
 ;;;;    by an encapsulation of `5am:run' that records them only inside a run
 ;;;;    of ours, so that `asdf:test-system' (which calls `5am:run!') is seen
 ;;;;    too;
+;;;;  - Fiasco: the contexts `fiasco:run-tests' returns (one per test run,
+;;;;    holding its assertions and failures), caught by an encapsulation of
+;;;;    `run-tests' as FiveAM's `run' is;
 ;;;;  - RT (and SBCL's SB-RT, which alexandria-tests uses): its entries,
 ;;;;    pending after the run when they failed, and the values each was
 ;;;;    compared with (an encapsulation of its `equalp-with-case', which RT
 ;;;;    calls once per entry that did not signal).
 ;;;; A test's place is found by its name in the files of the loaded systems
-;;;; that depend on its framework: FiveAM and RT keep no source location.
+;;;; that depend on its framework: FiveAM and RT keep no source location (Fiasco's are found so too).
 ;;;;
 ;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
 ;;;; in swank-bootstrap.lisp; it uses only what the parts before it
@@ -26,6 +29,7 @@
   system test debug
   (frameworks '())        ; names of the frameworks seen running, first first
   (fiveam-results '())    ; 5am:run's result lists, newest first
+  (fiasco-contexts '())   ; fiasco:run-tests' top-level contexts, newest first
   (rt-compared (make-hash-table :test 'eq))  ; RT entry name -> values compared
   (rt-entries '())        ; (NAME FORM VALS PASSED) of each RT entry run
   (signalled nil)         ; the error that ended the run, as `describe-error'
@@ -89,6 +93,20 @@ return: FiveAM's result lists, RT's compared values."
                           (note-framework *test-run* "FiveAM")
                           (push results (test-run-fiveam-results *test-run*)))
                         results)))
+  (encapsulate-once (framework-symbol "FIASCO" "RUN-TESTS")
+                    (lambda (function testable &rest arguments)
+                      (let ((run *test-run*))
+                        (if (null run)
+                            (apply function testable arguments)
+                            ;; The leftmost :interactive wins: with debug,
+                            ;; Fiasco stops at the first failure or error.
+                            (multiple-value-bind (passed contexts)
+                                (apply function testable (append (and (test-run-debug run) '(:interactive t))
+                                                                 arguments))
+                              (note-framework run "Fiasco")
+                              (setf (test-run-fiasco-contexts run)
+                                    (append (reverse contexts) (test-run-fiasco-contexts run)))
+                              (values passed contexts))))))
   (dolist (package '("SB-RT" "RT"))
     (let ((do-entry (framework-symbol package "DO-ENTRY")))
       (encapsulate-once (framework-symbol package "EQUALP-WITH-CASE")
@@ -171,12 +189,50 @@ keeps nowhere: its form is evaluated once more here for the condition."
                  :form (printed (slot "TEST-EXPR"))
                  :reason (string-trim " " (flat-text (or (slot "REASON") "no reason given") *text-limit*)))))))
 
+;;;; Fiasco's results
+
+(defun fiasco-call (name &rest arguments)
+  (apply (framework-symbol "FIASCO" name) arguments))
+
+(defun fiasco-counts (contexts)
+  "(PASSED FAILED ERRORED SKIPPED) of Fiasco's top-level CONTEXTS, in tests
+as its printout marks them ([ OK ], [FAIL], [SKIP]): each test run that
+ran no other test, by its own failures, an unexpected error making it
+errored."
+  (let ((totals (list 0 0 0 0)))
+    (dolist (context contexts totals)
+      (dolist (test-run (fiasco-call "ALL-TEST-RUNS-OF" context))
+        (unless (fiasco-call "CHILDREN-CONTEXTS-OF" test-run)
+          (let ((failures (remove-if (lambda (failure) (fiasco-call "EXPECTED-P" failure))
+                                     (fiasco-call "FAILURES-OF" test-run))))
+            (incf (nth (cond ((some (lambda (failure)
+                                      (typep failure (framework-symbol "FIASCO" "UNEXPECTED-ERROR")))
+                                    failures)
+                              2)
+                             (failures 1)
+                             ((fiasco-call "SKIPPED-P" test-run) 3)
+                             (t 0))
+                       totals))))))))
+
+(defun fiasco-outcome (failure)
+  "A Fiasco failure (a condition it recorded) as a failure or error plist;
+nil for one the test declared expected."
+  (unless (fiasco-call "EXPECTED-P" failure)
+    (let* ((context (fiasco-call "CONTEXT-OF" failure))
+           (test (printed (and context (fiasco-call "NAME-OF" (fiasco-call "TEST-OF" context))))))
+      (if (typep failure (framework-symbol "FIASCO" "UNEXPECTED-ERROR"))
+          (list* :kind :error :test test (condition-fields (fiasco-call "ERROR-OF" failure)))
+          (list :kind :failure :test test :form (printed (fiasco-call "FORM-OF" failure))
+                :reason (string-trim " " (flat-text (with-output-to-string (stream)
+                                                      (describe-object failure stream))
+                                                    *text-limit*)))))))
+
 ;;;; Where a test is defined
 
 (defun framework-files (framework)
   "The source files of the loaded ASDF systems that depend on FRAMEWORK's
 system, where its tests are."
-  (let ((system-name (if (string= framework "FiveAM") "fiveam" "rt")))
+  (let ((system-name (string-downcase framework)))
     (loop for name in (asdf:already-loaded-systems)
           for system = (asdf:find-system name nil)
           when (and system
@@ -263,11 +319,16 @@ it without a status (found in the file as it is now), or (:error WHY)."
 :elapsed-ms, :problems (failures and errors, at most `*failure-limit*'),
 :unlisted, and :signalled (the error that ended the run)."
   (let* ((fiveam (reduce #'append (reverse (test-run-fiveam-results run))))
+         (fiasco (reverse (test-run-fiasco-contexts run)))
          (rt (reverse (test-run-rt-entries run)))
-         (counts (mapcar #'+ (fiveam-counts fiveam)
+         (counts (mapcar #'+ (fiveam-counts fiveam) (fiasco-counts fiasco)
                          (list (count-if #'fourth rt) 0 0 0)))
          (rt-problems (remove nil (mapcar #'rt-outcome rt)))
          (problems (append (placed (remove nil (mapcar #'fiveam-outcome fiveam)) "FiveAM")
+                           (placed (loop for context in fiasco
+                                         append (remove nil (mapcar #'fiasco-outcome
+                                                                    (fiasco-call "FAILURES-OF" context))))
+                                   "Fiasco")
                            (placed rt-problems "RT"))))
     (setf counts (list (first counts)
                        (+ (second counts) (count :failure rt-problems :key #'second))
@@ -281,7 +342,7 @@ it without a status (found in the file as it is now), or (:error WHY)."
                   :problems (subseq problems 0 (min (length problems) *failure-limit*))
                   :unlisted (max 0 (- (length problems) *failure-limit*)))
             (and (test-run-frameworks run)
-                 (list :counts (if (and fiveam (null rt)) "checks" (if fiveam "checks and tests" "tests"))
+                 (list :counts (cond ((null fiveam) "tests") ((or rt fiasco) "checks and tests") (t "checks"))
                        :passed (first counts) :failed (second counts)
                        :errored (third counts) :skipped (fourth counts)))
             (and (test-run-signalled run) (list :signalled (test-run-signalled run))))))
@@ -297,18 +358,21 @@ it without a status (found in the file as it is now), or (:error WHY)."
       name)))
 
 (defun run-named-test (name)
-  "Run the FiveAM test or suite, or the RT entry, NAME; the framework's
+  "Run the FiveAM or Fiasco test or suite, or the RT entry, NAME; the framework's
 printout goes to *standard-output*."
   (let ((fiveam-get (framework-symbol "FIVEAM" "GET-TEST")))
     (cond ((and fiveam-get (funcall fiveam-get name))
            (funcall (framework-symbol "FIVEAM" "EXPLAIN!")
                     (funcall (framework-symbol "FIVEAM" "RUN") name)))
+          ((let ((fiasco-find (framework-symbol "FIASCO" "FIND-TEST")))
+             (and fiasco-find (funcall fiasco-find name :otherwise nil)
+                  (progn (fiasco-call "RUN-TESTS" name) t))))
           ((loop for package in '("SB-RT" "RT")
                  for get-entry = (framework-symbol package "GET-ENTRY")
                  thereis (and get-entry
                               (ignore-errors (funcall get-entry name))
                               (progn (funcall (framework-symbol package "DO-TEST") name) t))))
-          (t (error "No FiveAM test or suite and no RT test is named ~S." name)))))
+          (t (error "No FiveAM or Fiasco test or suite and no RT test is named ~S." name)))))
 
 (defun load-test-dependencies (system)
   "Load SYSTEM and the systems its test-op needs first, so that their

@@ -75,7 +75,7 @@ def problem_text(problem: dict[str, Any]) -> str:
 def totals_text(tests: dict[str, Any]) -> str:
     seconds = (tests.get("elapsed-ms") or 0) / 1000
     if not tests["frameworks"]:
-        return f"[tests] no test framework recognised (FiveAM and RT are); ran in {seconds:.2f} s"
+        return f"[tests] no test framework recognised (FiveAM, Fiasco and RT are); ran in {seconds:.2f} s"
     return (f"[tests] {', '.join(tests['frameworks'])}: {tests['passed']} passed, {tests['failed']} failed, "
             f"{tests['errored']} errored, {tests['skipped']} skipped ({tests['counts']}) in {seconds:.2f} s")
 

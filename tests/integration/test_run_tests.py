@@ -66,6 +66,31 @@ def test_an_rt_suite_gives_expected_and_actual_values_and_the_error(lisp):
         "RUN-TESTS-FIXTURE/RT::DIVIDES.1", "DIVISION-BY-ZERO", 10)
 
 
+def test_a_fiasco_suite_counts_tests_as_its_printout_marks_them(lisp):
+    structure, text = run(lisp, system="run-tests-fixture/fiasco")
+    tests = structure["tests"]
+    # Fiasco's printout: one [ OK ], two [FAIL] (a failed IS, an error), one [SKIP].
+    assert (tests["frameworks"], tests["counts"], totals(tests)) == (["Fiasco"], "tests", (1, 1, 1, 1))
+    failure, error = tests["problems"]
+    suite = str(SUITES / "fiasco-suite.lisp")
+    assert (failure["test"], failure["form"], failure["place"]["file"], failure["place"]["line"]) == (
+        "RUN-TESTS-FIXTURE/FIASCO::TRIPLES-WRONGLY", "(FIASCO:IS (= 7 (RUN-TESTS-FIXTURE/FIASCO::TRIPLE 2)))", suite, 14)
+    assert "y: (RUN-TESTS-FIXTURE/FIASCO::TRIPLE 2) => 6" in failure["reason"]
+    assert (error["type"], error["place"]["line"]) == ("DIVISION-BY-ZERO", 17)
+    assert text.startswith("[tests] Fiasco: 1 passed, 1 failed, 1 errored, 1 skipped (tests)")
+
+
+def test_debug_stops_at_fiascos_failed_assertion_with_its_restarts(lisp):
+    lisp.eval('(asdf:load-system "run-tests-fixture/fiasco")')
+    result = checked_call(lisp, "run-tests", test="run-tests-fixture/fiasco::triples-wrongly", debug=True)
+    structure = result["structuredContent"]
+    assert result["isError"] and structure["error"]["type"] == "FIASCO::FAILED-ASSERTION", structure
+    restarts = [restart["name"] for restart in structure["restarts"]]
+    assert {"CONTINUE", "RETEST", "ABORT"} <= set(restarts), restarts
+    done = checked_call(lisp, "invoke-restart", evaluation=structure["evaluation"], restart="CONTINUE")
+    assert totals(done["structuredContent"]["tests"]) == (0, 1, 0, 0), done
+
+
 def test_an_unrecognised_framework_gives_no_counts_but_its_output_and_error(lisp):
     structure, text = run(lisp, system="run-tests-fixture/unknown")
     tests = structure["tests"]
