@@ -1,9 +1,10 @@
 """run-tests against a real SBCL, embedded and attached: the fixture suites
-(tests/fixtures/lisp/run-tests-fixture/: FiveAM, RT, and a test-op no
-framework runs), split-sequence's FiveAM suite and alexandria's RT suite
+(tests/fixtures/lisp/run-tests-fixture/: FiveAM, Fiasco, RT, a test-op no
+framework runs, and a FiveAM suite that outlasts a 1 s answer window), split-sequence's FiveAM suite and alexandria's RT suite
 (Debian's, nobody here wrote them), their totals compared with the counts
 the framework gives when the same suite runs directly; a test broken in a
-copy of split-sequence; debug: true waiting at the failed check."""
+copy of split-sequence; debug: true waiting at the failed check, and
+continued to the run's end."""
 
 from __future__ import annotations
 
