@@ -174,7 +174,10 @@ each; with THREAD (an id), :backtrace gives its first COUNT frames,
 :interrupt stops it as at an error (a user's thread only; the report of
 the error it waits at, numbered), :kill ends it (a user's thread only)."
   (if (eq action :list)
-      (list :status :ok :threads (mapcar #'thread-entry (sb-thread:list-all-threads)))
+      ;; A thread that ended since the list was taken has no id left.
+      (list :status :ok :threads (loop for thread in (sb-thread:list-all-threads)
+                                       when (thread-id thread)
+                                         collect (thread-entry thread)))
       (let ((target (and thread (find-thread thread))))
         (cond ((null thread)
                (thread-error "CL-MCP:INVALID-ARGUMENTS" "~(~A~) needs a thread id (from list)." action))
