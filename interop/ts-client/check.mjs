@@ -689,7 +689,7 @@ async function everyTool(files, attached) {
     }
     const r = await current.client.callTool({ name: "evaluate-lisp", arguments: { code: "(+ 20 22)" } });
     const seconds = (Date.now() - started) / 1000;
-    expect(textOf(r) === "=> 42" && seconds < 10, `next call ${textOf(r)} after ${seconds} s`);
+    expect(textOf(r) === `=> 42\n\n; Evaluation ${r.structuredContent?.number}` && seconds < 10, `next call ${textOf(r)} after ${seconds} s`);
     return `the next call answered ${textOf(r)}, ${seconds.toFixed(1)} s after the start`;
   });
   await tasks();
@@ -727,7 +727,7 @@ async function everyTool(files, attached) {
   });
   await call("after reset", "evaluate-lisp", { code: `(find-symbol "${fresh}")` }, (r, s, t) => {
     expectOk(r);
-    expect(t === "=> NIL\n=> NIL", `text ${t}`);
+    expect(t === `=> NIL\n=> NIL\n\n; Evaluation ${r.structuredContent?.number}`, `text ${t}`);
     return oneLine(t);
   });
   await step("notifications received", async () => {
@@ -784,7 +784,7 @@ async function tasks() {
       if (message.type === "error") throw message.error;
     }
     expect(types[0] === "taskCreated" && types.at(-1) === "result", `messages ${types.join(" ")}`);
-    expect(final && textOf(final) === "=> 42" && final.structuredContent?.values?.[0] === "42", `result ${JSON.stringify(final)}`);
+    expect(final && textOf(final) === `=> 42\n\n; Evaluation ${final.structuredContent?.number}` && final.structuredContent?.values?.[0] === "42", `result ${JSON.stringify(final)}`);
     return `messages: ${types.join(" ")}; ${textOf(final)}`;
   });
 
@@ -800,7 +800,7 @@ async function tasks() {
     const r = await current.client.callTool({ name: "evaluate-lisp", arguments: { code: "(+ 20 22)" } });
     const seconds = ((Date.now() - started) / 1000).toFixed(1);
     expectOk(r);
-    expect(textOf(r) === "=> 42", `text ${textOf(r)}`);
+    expect(textOf(r) === `=> 42\n\n; Evaluation ${r.structuredContent?.number}`, `text ${textOf(r)}`);
     const task = await current.client.experimental.tasks.getTask(adder.taskId);
     expect(task.status === "working", `the task is ${task.status} by then (the call took ${seconds} s)`);
     return `${textOf(r)} in ${seconds} s, the task still ${task.status}`;
@@ -814,7 +814,7 @@ async function tasks() {
     const r = await current.client.experimental.tasks.getTaskResult(adder.taskId, CallToolResultSchema);
     expectOk(r);
     const s = r.structuredContent;
-    expect(textOf(r) === "=> 3" && s?.values?.[0] === "3", `result ${JSON.stringify(r)}`);
+    expect(textOf(r) === `=> 3\n\n; Evaluation ${s?.number}` && s?.values?.[0] === "3", `result ${JSON.stringify(r)}`);
     // getTaskResult checks the CallToolResult's shape only; the outputSchema
     // is checked here with the SDK's validator, as callTool would
     const valid = current.outputValidators.get("evaluate-lisp")(s);
