@@ -1,6 +1,7 @@
 # The two commands of README.md: `make run` and `make test`.  Each installs
 # what is missing first: SBCL and Swank from Debian (plus, for the tests,
-# Alexandria, cl-ppcre, split-sequence, FiveAM, RT, Emacs and SLIME; for `make bench`, yason), and a venv with cl-mcp.
+# Alexandria, cl-ppcre, split-sequence, FiveAM, RT, Fiasco, Emacs and SLIME; for
+# `make bench`, yason), and a venv with cl-mcp.
 
 VENV := .venv
 PYTHON ?= python3

@@ -598,6 +598,15 @@ file is edited."
       (when entry
         (setf (gethash namestring cache) entry)))))
 
+(defun system-source-files (system &key other-systems)
+  "The truenames of the Lisp source files of ASDF SYSTEM that exist, and of
+the systems it depends on when OTHER-SYSTEMS."
+  (loop for component in (asdf:required-components system :other-systems other-systems
+                                                          :component-type 'asdf:cl-source-file)
+        for file = (asdf:component-pathname component)
+        when (and file (probe-file file))
+          collect (truename file)))
+
 (defun remember-system-sources (name)
   "Keep the text of every Lisp file of system NAME, and of the systems it
 depends on, in Swank's source cache as it is now that they are loaded (as
@@ -605,12 +614,7 @@ Swank's compile-file does for the file it loads): their definitions are
 then found by their compiled text after the files are edited, and the
 line each had is known (see `resolved-location')."
   (handler-case
-      (dolist (component (asdf:required-components (asdf:find-system name)
-                                                   :other-systems t
-                                                   :component-type 'asdf:cl-source-file))
-        (let ((file (asdf:component-pathname component)))
-          (when (and file (probe-file file))
-            (remember-source (truename file)))))
+      (mapc #'remember-source (system-source-files (asdf:find-system name) :other-systems t))
     (serious-condition (condition)
       (log-note "could not keep the sources of ~A: ~A" name (condition-message condition)))))
 

@@ -242,14 +242,7 @@ system, where its tests are."
                                          (list system-name (format nil "sb-~A" system-name))
                                          :test #'string=)))
                           (asdf:system-depends-on system)))
-            append (component-files system))))
-
-(defun component-files (component)
-  (if (typep component 'asdf:parent-component)
-      (mapcan #'component-files (asdf:component-children component))
-      (and (typep component 'asdf:cl-source-file)
-           (probe-file (asdf:component-pathname component))
-           (list (namestring (truename (asdf:component-pathname component)))))))
+            append (mapcar #'namestring (system-source-files system)))))
 
 (defun test-opening-p (lowered name-start)
   "True when the line holding NAME-START opens a form whose first argument

@@ -39,6 +39,12 @@ def result_dict(value: SExp) -> dict[str, Any]:
     return result
 
 
+def strings(value: Any) -> list[str]:
+    """A Lisp list of strings from a result plist (NIL arrives as an empty
+    list), anything else in it left out."""
+    return [item for item in value or [] if isinstance(item, str)]
+
+
 def follow_package(session: LispSession, result: dict[str, Any], explicit: bool) -> None:
     """The session's package after RESULT.  An explicit package is for one
     call only, unless the code itself moved to another package (IN-PACKAGE

@@ -10,7 +10,7 @@ from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_text, place_change, place_structure
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, result_dict
+from cl_mcp.tools.agent import ask_agent, DEADLINE_GRACE, result_dict, strings
 from cl_mcp.tools.evaluate import Work, rendered_running, sent_to_background
 from cl_mcp.tools.window import answer_window, window_keywords
 
@@ -34,17 +34,13 @@ def reference_structure(reference: dict[str, Any]) -> dict[str, Any]:
     qualifiers and specializers."""
     structure = {"name": reference["name"], **place_structure(reference)}
     if "specializers" in reference:
-        structure["qualifiers"] = _strings(reference.get("qualifiers"))
-        structure["specializers"] = _strings(reference["specializers"])
+        structure["qualifiers"] = strings(reference.get("qualifiers"))
+        structure["specializers"] = strings(reference["specializers"])
     if "file" in reference:
         structure["referenceLine"] = reference["reference-line"]
         structure["referenceColumn"] = reference["reference-column"]
     return structure
 
-
-def _strings(value: Any) -> list[str]:
-    """A Lisp list of strings (NIL arrives as an empty list)."""
-    return [item for item in value or [] if isinstance(item, str)]
 
 
 def referrer_title(reference: dict[str, Any]) -> str:
@@ -52,8 +48,8 @@ def referrer_title(reference: dict[str, Any]) -> str:
     ``AREA :AROUND (CIRCLE T)``."""
     if "specializers" not in reference:
         return str(reference["name"])
-    qualifiers = "".join(f" {q}" for q in _strings(reference.get("qualifiers")))
-    return f"{reference['name']}{qualifiers} ({' '.join(_strings(reference['specializers']))})"
+    qualifiers = "".join(f" {q}" for q in strings(reference.get("qualifiers")))
+    return f"{reference['name']}{qualifiers} ({' '.join(strings(reference['specializers']))})"
 
 
 def reference_line(reference: dict[str, Any]) -> str:

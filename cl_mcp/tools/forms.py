@@ -11,12 +11,9 @@ from cl_mcp.render import Rendered, condition_structure, error_text
 from cl_mcp.session import LispSession
 from cl_mcp.errors import SessionError
 from cl_mcp.sexp import Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict
+from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict, strings
 from cl_mcp.tools.code import note_structure, note_text
 
-
-def _strings(value: Any) -> list[str]:
-    return [item for item in value or [] if isinstance(item, str)]
 
 
 def render_compiled_form(result: dict[str, Any]) -> Rendered:
@@ -25,7 +22,7 @@ def render_compiled_form(result: dict[str, Any]) -> Rendered:
     notes = [result_dict(note) for note in result.get("notes") or []]
     dropped = result.get("dropped") or 0
     success = result.get("success") is True
-    defined = _strings(result.get("defined"))
+    defined = strings(result.get("defined"))
     error = result.get("error") if isinstance(result.get("error"), dict) else None
     total = len(notes) + dropped
     count = f"{total} note" + ("" if total == 1 else "s")

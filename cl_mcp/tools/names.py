@@ -11,12 +11,8 @@ from typing import Any
 from cl_mcp.render import Rendered, condition_structure, error_text, place_structure, place_text
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, result_dict
+from cl_mcp.tools.agent import ask_agent, DEADLINE_GRACE, result_dict, strings
 
-
-def _strings(value: Any) -> list[str]:
-    """A Lisp list of strings (NIL arrives as an empty list)."""
-    return [item for item in value or [] if isinstance(item, str)]
 
 
 def _about_symbol(session: LispSession, function: str, arguments: dict[str, Any]) -> list[Any]:
@@ -34,8 +30,8 @@ def definition_structure(definition: dict[str, Any]) -> dict[str, Any]:
     made it and its source, or why it has neither."""
     structure: dict[str, Any] = {"type": definition["type"], "name": definition["name"]}
     if definition["type"] == "method":
-        structure["qualifiers"] = _strings(definition.get("qualifiers"))
-        structure["specializers"] = _strings(definition.get("specializers"))
+        structure["qualifiers"] = strings(definition.get("qualifiers"))
+        structure["specializers"] = strings(definition.get("specializers"))
     if "evaluation" in definition:
         structure["evaluation"] = definition["evaluation"]
         structure["source"] = definition["source"]
@@ -51,8 +47,8 @@ def definition_title(definition: dict[str, Any]) -> str:
     ``method AREA :AROUND (CIRCLE)``."""
     title = f"{definition['type']} {definition['name']}"
     if definition["type"] == "method":
-        qualifiers = _strings(definition.get("qualifiers"))
-        specializers = _strings(definition.get("specializers"))
+        qualifiers = strings(definition.get("qualifiers"))
+        specializers = strings(definition.get("specializers"))
         title += "".join(f" {q}" for q in qualifiers) + f" ({' '.join(specializers)})"
     return title
 
@@ -132,7 +128,7 @@ def describe_structure(result: dict[str, Any]) -> dict[str, Any]:
         "symbol": result["symbol"],
         "package": result["package"],
         "external": result.get("external") is True,
-        "kinds": _strings(result.get("kinds")),
+        "kinds": strings(result.get("kinds")),
         "description": result["description"],
         "documentation": {kind: text for kind, text in result.get("documentation") or []},
     }
@@ -143,13 +139,13 @@ def describe_structure(result: dict[str, Any]) -> dict[str, Any]:
     if result.get("class"):
         described = result_dict(result["class"])
         structure["class"] = {
-            "superclasses": _strings(described.get("superclasses")),
-            "slots": [{"name": slot["name"], "initargs": _strings(slot.get("initargs")),
-                       "readers": _strings(slot.get("readers"))}
+            "superclasses": strings(described.get("superclasses")),
+            "slots": [{"name": slot["name"], "initargs": strings(slot.get("initargs")),
+                       "readers": strings(slot.get("readers"))}
                       for slot in map(result_dict, described.get("slots") or [])]}
     if "method-count" in result:
-        structure["methods"] = [{"qualifiers": _strings(method.get("qualifiers")),
-                                 "specializers": _strings(method.get("specializers"))}
+        structure["methods"] = [{"qualifiers": strings(method.get("qualifiers")),
+                                 "specializers": strings(method.get("specializers"))}
                                 for method in map(result_dict, result.get("methods") or [])]
         structure["methodCount"] = result["method-count"]
     if result.get("location"):

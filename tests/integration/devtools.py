@@ -5,9 +5,12 @@ structured content checked against the tool's outputSchema."""
 
 from __future__ import annotations
 
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
+
+import pytest
 
 from jsonschema import Draft202012Validator
 
@@ -60,3 +63,15 @@ def checked_call(process: McpProcess, tool: str, **arguments) -> dict:
     errors = list(process.output_schema.iter_errors(result["structuredContent"]))
     assert errors == [], (result["structuredContent"], errors)
     return result
+
+
+def registered_copy(process: McpProcess, library: Path, directory: Path, ignore: Any = None) -> Path:
+    """DIRECTORY made a copy of LIBRARY (one of Debian's cl-* sources) that
+    ASDF finds before Debian's own (the central registry is searched before
+    the source registry): a test may edit it, and ASDF compiles it afresh."""
+    if not library.is_dir():
+        pytest.fail(f"{library} is missing: run `make test`, which installs it")
+    shutil.copytree(library, directory, ignore=ignore)
+    text, is_error = process.eval(f'(push #p"{directory}/" asdf:*central-registry*)')
+    assert not is_error, text
+    return directory

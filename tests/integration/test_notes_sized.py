@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, registered_copy
 
 CL_PPCRE = Path("/usr/share/common-lisp/source/cl-ppcre")
 _copies = itertools.count(1)
@@ -21,19 +21,14 @@ _copies = itertools.count(1)
 
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
-    if not (CL_PPCRE / "cl-ppcre.asd").exists():
-        pytest.fail("cl-ppcre is not installed: run `make test`, which installs it")
     with cl_mcp_in(request.param) as process:
         yield process
 
 
 def fresh_copy(process, tmp_path: Path) -> Path:
-    """A copy of cl-ppcre, found first through the central registry."""
-    directory = tmp_path / f"cl-ppcre-{next(_copies)}"
-    shutil.copytree(CL_PPCRE, directory, ignore=shutil.ignore_patterns("test"))
-    text, is_error = process.eval(f'(push #p"{directory}/" asdf:*central-registry*)')
-    assert not is_error, text
-    return directory
+    """A copy of cl-ppcre (without its tests), found before Debian's."""
+    return registered_copy(process, CL_PPCRE, tmp_path / f"cl-ppcre-{next(_copies)}",
+                           ignore=shutil.ignore_patterns("test"))
 
 
 def load(process, **arguments) -> dict:

@@ -8,12 +8,11 @@ image cl-mcp owns and in a programmer's image it attaches to."""
 from __future__ import annotations
 
 import itertools
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, registered_copy
 
 SPLIT_SEQUENCE = Path("/usr/share/common-lisp/source/cl-split-sequence")
 _copies = itertools.count(1)
@@ -21,8 +20,6 @@ _copies = itertools.count(1)
 
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
-    if not (SPLIT_SEQUENCE / "split-sequence.asd").exists():
-        pytest.fail("cl-split-sequence is not installed: run `make test`, which installs it")
     with cl_mcp_in(request.param) as process:
         yield process
 
@@ -30,11 +27,7 @@ def lisp(request):
 @pytest.fixture
 def library(lisp, tmp_path):
     """A fresh copy of split-sequence, loaded from its directory: (process, directory)."""
-    directory = tmp_path / f"split-sequence-{next(_copies)}"
-    shutil.copytree(SPLIT_SEQUENCE, directory)
-    # Found first through the central registry, before Debian's copy.
-    text, is_error = lisp.eval(f'(push #p"{directory}/" asdf:*central-registry*)')
-    assert not is_error, text
+    directory = registered_copy(lisp, SPLIT_SEQUENCE, tmp_path / f"split-sequence-{next(_copies)}")
     loaded = lisp.call("load-system", system="split-sequence")
     assert not loaded["isError"], loaded
     return lisp, directory
