@@ -47,6 +47,8 @@
 ;;;                                   to answer (`cl-mcp-request',
 ;;;                                   `answer-directly')
 ;;;   swank::send-to-emacs            `answer-directly' sends a `:return'
+;;;                                   and `deliver-thread-news' a
+;;;                                   `:cl-mcp-threads' event
 ;;;   swank::connection.socket-io     a connection's socket stream
 ;;;   swank::authenticate-client      checks the secret, the first message
 ;;;   swank::slime-secret             redefined to return the run's secret
@@ -59,7 +61,10 @@
 ;;;   swank::handle-requests          reads and runs the lane's requests
 ;;;   swank::*send-counter*           set so that Swank never pings the lane
 ;;;   swank::*enable-event-history*   bound to nil in the lane thread
-;;;   swank::*pre-reply-hook*         runs `prune-swank-mailboxes'
+;;;   swank::*pre-reply-hook*         runs `prune-swank-mailboxes' and
+;;;                                   `deliver-thread-news'
+;;;   swank:swank-debugger-hook       a watched thread's error when no
+;;;                                   cl-mcp is attached any more
 ;;;   swank::*configure-emacs-indentation*   nil in an embedded image
 ;;;   swank::parse-symbol             a name looked up, never interned
 ;;;   swank::xref-doit                `xref-of': the who-* cross-references
@@ -150,7 +155,9 @@
 ;;;   asdf/find-component:missing-requires   the system a load missed (not
 ;;;                                   exported from ASDF itself)
 ;;;   sb-int:encapsulate, sb-int:encapsulated-p   run-tests' hooks on FiveAM's
-;;;                                   RUN and RT's DO-ENTRY (as TRACE wraps)
+;;;                                   RUN and RT's DO-ENTRY (as TRACE wraps);
+;;;                                   SB-THREAD:MAKE-THREAD in a shared image
+;;;                                   (`watch-threads-started-by-cl-mcp')
 ;;;
 ;;; Foreign calls and constants (Linux, x86-64)
 ;;;   setsockopt(fd, IPPROTO_TCP = 6, TCP_NODELAY = 1, &1, 4)
@@ -233,6 +240,7 @@ cl-mcp after loading them, so that attaching again does not reload them.")
     "browse"       ; apropos, macroexpand, inspect
     "tests"        ; run-tests: FiveAM's and RT's results, as an evaluation
     "threads"      ; the image's threads: list, backtrace, interrupt, kill
+    "user-threads" ; user threads' output kept, their errors stopped at
     "profile"      ; profile: code under SB-SPROF, a flat report
     "setup")       ; setting an image up, resetting a session
   "The agent's parts (agent/NAME.lisp), in loading order: each uses only

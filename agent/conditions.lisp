@@ -186,7 +186,7 @@ this agent's own functions, and frames SBCL cannot name."
 
 (defun error-frames ()
   "The frames between the point a condition was signalled and the
-evaluation boundary, user-relevant ones only, as frame objects.  Called
+evaluation boundary (or a watched thread's start), user-relevant ones only, as frame objects.  Called
 from inside the handler, before anything unwinds, so the frames stay valid
 while the evaluation waits there."
   (let ((frames '()))
@@ -194,7 +194,9 @@ while the evaluation waits there."
       (sb-debug::map-backtrace
        (lambda (frame)
          (let ((name (frame-name frame)))
-           (when (eq name '%eval-form) (return-from walk))
+           ;; Below: the evaluator, or where a watched thread began
+           ;; (`call-watched', agent/user-threads.lisp).
+           (when (member name '(%eval-form call-watched)) (return-from walk))
            (push (cons name frame) frames)))
        :count *frame-walk-limit*))
     (setf frames (nreverse frames))

@@ -134,6 +134,10 @@ unblock, as on Linux); true when SIGPROF was blocked before."
      how (sb-alien:alien-sap set) (sb-alien:alien-sap old))
     (logbitp (1- sb-unix:sigprof) (sb-alien:deref old 0))))
 
+(defvar *making-agent-thread* nil
+  "True while `make-agent-thread' makes a thread: the agent's own threads
+are never watched as a user's (agent/user-threads.lisp).")
+
 (defun make-agent-thread (function name &rest arguments)
   "A thread running FUNCTION on ARGUMENTS that can be interrupted (for its
 deadline, a cancel, or SB-EXT:EXIT) wherever it was made.  SBCL 2.2.9 gives
@@ -141,9 +145,10 @@ a new thread the signal mask of the thread that made it, and inside an
 interrupt (a deadline's, where an evaluation waits at its error) the
 signals that carry interrupts are blocked: a thread made there would never
 hear one."
-  (sb-thread:make-thread (lambda ()
-                           (when *unblock-deferrable-signals*
-                             (funcall *unblock-deferrable-signals*))
-                           (change-sigprof-mask 1)
-                           (apply function arguments))
-                         :name name))
+  (let ((*making-agent-thread* t))
+    (sb-thread:make-thread (lambda ()
+                             (when *unblock-deferrable-signals*
+                               (funcall *unblock-deferrable-signals*))
+                             (change-sigprof-mask 1)
+                             (apply function arguments))
+                           :name name)))

@@ -222,6 +222,8 @@ thread of a load) findable under TAG, for `cancel-evaluation' and
 (defun answer-directly (evaluation report)
   "Answer EVALUATION's Swank request with REPORT now, from inside; true if
 there was a request left to answer."
+  (when (evaluation-continuation evaluation)
+    (deliver-thread-news))  ; as Swank's pre-reply hook would (user-threads.lisp)
   ;; No interrupt (a deadline, a cancel) may land between taking the
   ;; request and handing its answer to Swank's control thread.
   (sb-sys:without-interrupts

@@ -71,8 +71,8 @@ logged.  Return t."
   (setf (fdefinition 'swank::slime-secret) (lambda () secret))
   (setf swank:*global-debugger* nil
         swank::*configure-emacs-indentation* nil
-        sb-ext:*invoke-debugger-hook* #'log-background-error
         *debugger-hook* nil)
+  (watch-user-threads)
   (install-mailbox-pruning)
   t)
 
@@ -92,6 +92,7 @@ it to the newest connection, which would otherwise be cl-mcp's).  Return t."
           (append (remove ours swank::*connections*) (list ours))))
   (set-connection-nodelay)
   (install-mailbox-pruning)
+  (watch-threads-started-by-cl-mcp)
   t)
 
 (defun defined-by-a-file-p (package)

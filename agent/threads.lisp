@@ -38,18 +38,25 @@ THREAD, or nil; the second value is true when it waits at an error."
       (values (or suspended (find thread *background* :key #'evaluation-thread))
               (and suspended t)))))
 
-(defun thread-owner (thread)
-  "Whose THREAD is: :cl-mcp, :swank, :sbcl or :user.  A user's thread
-stopped by `interrupt-user-thread' stays the user's."
-  (let ((name (or (sb-thread:thread-name thread) ""))
-        (evaluation (evaluation-of-thread thread)))
-    (cond ((or (eql 0 (search "cl-mcp" name))
-               (and evaluation (not (eq (evaluation-code evaluation) :interrupted))))
-           :cl-mcp)
-          ((member name *swank-thread-names* :test #'string=) :swank)
-          ((eq thread sb-thread::*initial-thread*) :sbcl)
-          ((string= name "finalizer") :sbcl)
+(defun owner-by-name (thread)
+  "Whose THREAD is by its name alone: :cl-mcp, :swank, :sbcl or :user.
+Cheap and lock-free: every write of a user's thread asks it."
+  (let ((name (or (sb-thread:thread-name thread) "")))
+    (cond ((eql 0 (search "cl-mcp" name)) :cl-mcp)
+          ((or (member name *swank-thread-names* :test #'string=)
+               (eql 0 (search "Swank " name)))  ; a listener: "Swank 4005"
+           :swank)
+          ((or (eq thread sb-thread::*initial-thread*) (string= name "finalizer")) :sbcl)
           (t :user))))
+
+(defun thread-owner (thread)
+  "Whose THREAD is: :cl-mcp, :swank, :sbcl or :user.  A thread running an
+evaluation is cl-mcp's, but a user's thread stopped at its error, or by
+`interrupt-user-thread', stays the user's."
+  (let ((evaluation (evaluation-of-thread thread)))
+    (if (and evaluation (not (member (evaluation-code evaluation) '(:interrupted :thread-error))))
+        :cl-mcp
+        (owner-by-name thread))))
 
 (defun task-file-line (thread file)
   "The first line of /proc/self/task/TID/FILE for THREAD, or nil."

@@ -197,6 +197,8 @@ class EmbeddedLink:
         if self._lane is not None and self._lane.closed:
             log.warning("the lane to the image was lost; opening a new one")
             self._lane = await self._open_lane(control)
+        if self._lane is not None:
+            self._lane.on_news = control.on_news  # set by the session's set-up
         return self._lane or control, control
 
     async def _control_ready(self) -> SwankConnection:
@@ -241,6 +243,8 @@ class EmbeddedLink:
             raise
         log.info("Lisp image ready (pid %s, port %s)", image.pid, port)
         self._lane = await self._open_lane(control)
+        if self._lane is not None:
+            self._lane.on_news = control.on_news  # set by the session's set-up
         self._control = control
         return control
 

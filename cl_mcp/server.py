@@ -520,9 +520,10 @@ class McpServer:
         text = rendered.text
         # The notice goes with a call that ran in the image, never with one
         # refused before it got there.
-        notice = self.session.take_lost_state()
-        if notice:
-            text = budget.fit_text(f"{text}\n\n[session]\n{notice}", self.session.config.max_result_chars)
+        notices = self.session.take_notices()
+        if notices:
+            text = budget.fit_text("\n\n".join([text, *(f"[{title}]\n{notice}" for title, notice in notices)]),
+                                   self.session.config.max_result_chars)
         return self._tool_result(request, rendered, text)
 
     @staticmethod

@@ -25,6 +25,7 @@ from cl_mcp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in
 from cl_mcp.outputs import OutputStore
 from cl_mcp.sexp import Keyword, SExp, Symbol
 from cl_mcp.swank.client import DEFAULT_PACKAGE, SwankConnection
+from cl_mcp.thread_news import NewsNotices, ThreadNews
 from cl_mcp.unclaimed import Unclaimed
 
 log = logging.getLogger("cl_mcp.session")
@@ -72,6 +73,8 @@ class LispSession:
         # yet, by number: how its tool shows it (cl_mcp/tools/evaluate.py's
         # `Work`), and who keeps its outcome.
         self.background: Unclaimed[Any] = Unclaimed()
+        # What the user's threads did, for the next tool result's notice.
+        self.news = NewsNotices()
 
     @property
     def shared(self) -> bool:
@@ -85,6 +88,7 @@ class LispSession:
 
     async def _set_up(self, connection: SwankConnection) -> None:
         """Configure a fresh connection's image for this session."""
+        connection.on_news = self._hear_news
         def microseconds(seconds: float) -> int:
             return round(seconds * 1_000_000)
 
@@ -102,6 +106,7 @@ class LispSession:
             self.package = DEFAULT_PACKAGE  # a fresh image
             self.outputs.clear()  # whose evaluations are numbered afresh
             self.background.clear()
+            self.news.clear()
 
     # ------------------------------------------------------------ calling
 
@@ -183,10 +188,26 @@ class LispSession:
             self.package = DEFAULT_PACKAGE
             self.outputs.clear()
             self.background.clear()
+            self.news.clear()
 
-    def take_lost_state(self) -> str | None:
-        """The notice that state was lost since the last call, once."""
-        return self._link.take_notice()
+    def _hear_news(self, value: SExp) -> None:
+        """The image's news of the user's threads: keep their output for
+        read-output, and the notice for the next tool result."""
+        try:
+            news = ThreadNews.from_plist(value)
+        except (ProtocolError, TypeError, ValueError) as error:
+            log.warning("ignoring malformed thread news (%s): %.300r", error, value)
+            return
+        kept = news.kept()
+        if kept is not None and news.number is not None:
+            self.outputs.keep(news.number, kept)
+        self.news.hear(news)
+
+    def take_notices(self) -> list[tuple[str, str]]:
+        """The notices for the next tool result, once, each (title, text):
+        state lost since the last call, and what the user's threads did."""
+        notices = [("session", self._link.take_notice()), ("threads", self.news.take())]
+        return [(title, text) for title, text in notices if text]
 
     async def close(self) -> None:
         """Stop the embedded image, or leave the attached one.  Safe to call

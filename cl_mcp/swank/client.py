@@ -35,6 +35,7 @@ DEFAULT_PACKAGE = "COMMON-LISP-USER"
 READ_CHUNK = 1 << 16
 _TRAILING_ID = re.compile(r"(\d+)\)\s*$")
 _OK = Keyword("ok")
+_NEWS = Keyword("cl-mcp-threads")  # the agent's news of the user's threads, on a channel
 
 
 def _time_out(future: asyncio.Future[SExp]) -> None:
@@ -126,6 +127,9 @@ class SwankConnection:
         self._answer_spin = answer_spin
         self._on_output = on_output or (lambda text: log.info("lisp output: %s", text.rstrip()))
         self._pending: dict[int, asyncio.Future[SExp]] = {}
+        # Who hears the agent's `:cl-mcp-threads` events: what the user's
+        # threads did, sent just before a reply (cl_mcp/thread_news.py).
+        self.on_news: Callable[[SExp], None] | None = None
         self._debug_conditions: dict[int, str] = {}
         # Request ids; connections to one image share them (see `open`).
         self.ids = ids or itertools.count(1)
@@ -307,6 +311,15 @@ class SwankConnection:
         if len(args) >= 3 and args[2]:
             self._send([Keyword("write-done"), args[2]])
 
+    def _on_channel_send(self, args: list[SExp]) -> None:
+        _channel, message = args[0], args[1]
+        if not (isinstance(message, list) and message and message[0] == _NEWS):
+            log.debug("ignoring a message on Swank channel %r", _channel)
+        elif self.on_news is not None:
+            self.on_news(message[1])
+        else:
+            log.info("thread news with nobody to hear it: %.300r", message[1])
+
     def _on_read_string(self, args: list[SExp]) -> None:
         # Nothing can type into the image's standard input: break the read,
         # which lands in the debugger and is left from there.
@@ -349,6 +362,7 @@ _HANDLERS: dict[str, Callable[[SwankConnection, list[SExp]], None]] = {
     "ping": SwankConnection._on_ping,
     "debug": SwankConnection._on_debug,
     "write-string": SwankConnection._on_write_string,
+    "channel-send": SwankConnection._on_channel_send,
     "read-string": SwankConnection._on_read_string,
     "y-or-n-p": SwankConnection._on_emacs_question,
     "read-from-minibuffer": SwankConnection._on_emacs_question,

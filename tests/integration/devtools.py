@@ -23,15 +23,16 @@ MODES = ["embedded", "attached"]
 
 
 @contextmanager
-def cl_mcp_in(mode: str) -> Iterator[McpProcess]:
-    """An initialized cl-mcp: embedded, or attached to a programmer's Swank."""
+def cl_mcp_in(mode: str, *options: str) -> Iterator[McpProcess]:
+    """An initialized cl-mcp, started with OPTIONS: embedded, or attached to
+    a programmer's Swank."""
     swank = None
     if mode == "attached":
         home = temporary_home()
         swank = SwankServer(home)
-        process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
+        process = McpProcess("--connect", str(swank.port), *options, env={"HOME": str(home)})
     else:
-        process = McpProcess()
+        process = McpProcess(*options)
     process.mode = mode
     try:
         process.initialize()

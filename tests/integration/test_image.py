@@ -105,13 +105,20 @@ def test_the_listener_closes_once_cl_mcp_has_connected(server):
 
 
 def test_stdout_of_the_image_goes_to_the_log(server):
-    server.eval('(sb-thread:make-thread (lambda () (format *standard-output* "from-a-thread~%") (finish-output)))')
+    # A user's thread's output is kept for the model (test_thread_news.py);
+    # the image's own stdout, and its threads', go to the log.
+    server.eval('(sb-thread:make-thread (lambda () (format sb-sys:*stdout* "from-a-thread~%") '
+                '(finish-output sb-sys:*stdout*)))')
     assert wait_for(lambda: any("from-a-thread" in line for line in server.stderr_lines), 5)
+    server.eval('(sb-thread:make-thread (lambda () (format t "from-its-own~%") (finish-output)) '
+                ':name "cl-mcp test thread")')
+    assert wait_for(lambda: any("from-its-own" in line for line in server.stderr_lines), 5)
     assert server.eval("(+ 1 1)") == ("=> 2", False)
 
 
-def test_an_error_in_a_user_thread_is_logged_and_harmless(server):
-    server.eval('(sb-thread:make-thread (lambda () (error "bg failure")) :name "bg")')
+def test_an_error_in_a_thread_of_cl_mcps_own_is_logged_and_harmless(server):
+    # A user's thread stops at its error instead (test_thread_news.py).
+    server.eval('(sb-thread:make-thread (lambda () (error "bg failure")) :name "cl-mcp test thread")')
     assert wait_for(lambda: any("bg failure" in line for line in server.stderr_lines), 5)
     assert server.eval("(+ 1 1)") == ("=> 2", False)
 

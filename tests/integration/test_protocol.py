@@ -220,16 +220,17 @@ def image_writes_to_stream(stream: str, text: str) -> str:
 
 
 # Everything in the image that could reach a standard output: its file
-# descriptors, its standard streams, and a thread of the user's, which sees
-# the global *STANDARD-OUTPUT* (the image's real stdout, not the capture)
-# and writes after its evaluation has answered.
+# descriptors, its standard streams, and a thread that is not the user's
+# (a user's thread's output is kept for the model: test_thread_news.py),
+# which sees the global *STANDARD-OUTPUT* and writes after its evaluation
+# has answered.
 STRAY_IMAGE_WRITES = {
     "stray-image-fd-1": image_writes_to_fd(1, "stray-image-fd-1"),
     "stray-image-fd-2": image_writes_to_fd(2, "stray-image-fd-2"),
     "stray-image-stdout-stream": image_writes_to_stream("sb-sys:*stdout*", "stray-image-stdout-stream"),
     "stray-image-stderr-stream": image_writes_to_stream("sb-sys:*stderr*", "stray-image-stderr-stream"),
     "stray-image-thread": ('(sb-thread:make-thread (lambda () (sleep 0.2) '
-                           '(write-line "stray-image-thread") (finish-output)))'),
+                           '(write-line "stray-image-thread") (finish-output)) :name "cl-mcp stray")'),
 }
 
 # Loaded by cl-mcp's own Python at start-up (PYTHONPATH, no hook in cl-mcp):

@@ -151,7 +151,7 @@ class Counted(Harness):
     def __init__(self) -> None:
         super().__init__()
         self.notices = ["the image was replaced"]
-        self.session.take_lost_state = lambda: self.notices.pop() if self.notices else None  # type: ignore[method-assign]
+        self.session.take_notices = lambda: [("session", self.notices.pop())] if self.notices else []  # type: ignore[method-assign]
 
     def request(self, request_id: Any, method: str, params: Any) -> dict[str, Any]:
         self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})

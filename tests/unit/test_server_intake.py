@@ -63,8 +63,8 @@ class FakeSession:
         self.tail_polls.append(self.running)
         return f"output of {self.running}" if self.running else None
 
-    def take_lost_state(self) -> None:
-        return None
+    def take_notices(self) -> list[tuple[str, str]]:
+        return []
 
 
 class Harness:

@@ -1,0 +1,370 @@
+;;;; agent/user-threads.lisp --- what the user's threads print, and their errors
+;;;;
+;;;; A thread the user's code starts has no evaluation around it: what it
+;;;; prints and the error it meets would reach nobody (an image cl-mcp owns
+;;;; has no terminal, and a shared image's belong to the programmer's
+;;;; Emacs).  Here its output is kept, each line marked with the thread's
+;;;; name, and an error no handler takes stops the thread where it
+;;;; happened, under an evaluation number, as SLIME's debugger stops any
+;;;; thread.  What happened since cl-mcp's last request goes to cl-mcp just
+;;;; before its next reply (a `:cl-mcp-threads' message on a Swank
+;;;; channel), and cl-mcp tells
+;;;; the model in that call's result.
+;;;;
+;;;; Which threads: in an image cl-mcp owns, every thread that is not
+;;;; cl-mcp's, Swank's or SBCL's, through the global output streams and
+;;;; debugger hook.  In a shared image, only the threads that cl-mcp's
+;;;; evaluations start, and the threads those start: SB-THREAD:MAKE-THREAD
+;;;; is wrapped so that such a thread binds the streams and the hook, and
+;;;; the programmer's own threads still go to Emacs.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define (calls that go back and forth say so).
+
+(in-package #:cl-mcp-agent)
+
+;;;; The news: what user threads did since cl-mcp last heard
+
+(defparameter *news-output-limit* 1000000
+  "Characters of each stream of thread output kept between two of
+cl-mcp's requests; the oldest are dropped first.")
+
+(defstruct (news-text (:constructor make-news-text ()))
+  "One stream of the threads' output: its lines, each begun with the
+name of the thread that wrote it."
+  (buffer (make-text-buffer))
+  (dropped 0)        ; the oldest characters, dropped past the limit
+  (writer nil)       ; the thread that wrote last
+  (line-start t))    ; whether the next character begins a line
+
+(defstruct (news (:constructor make-news ()))
+  "What user threads did since cl-mcp's last request."
+  (stdout (make-news-text))
+  (stderr (make-news-text))
+  (writers '())  ; (LABEL CHARACTERS LINES) lists, the first writer first
+  (stops '())    ; a plist for each thread that stopped at an error
+  (ends '()))    ; a plist for each stopped thread aborted past the limits
+
+(defvar *news-lock* (sb-thread:make-mutex :name "cl-mcp thread news")
+  "Guards `*news*'.")
+
+(defvar *news* nil
+  "The `news' cl-mcp has not heard yet, or nil.")
+
+(defun thread-label (thread)
+  "The name that marks THREAD's lines: its name, or its id."
+  (or (sb-thread:thread-name thread) (format nil "thread ~D" (thread-id thread))))
+
+(defun current-news ()
+  "The news being gathered (the caller holds `*news-lock*')."
+  (or *news* (setf *news* (make-news))))
+
+(defun keep-news-text (text string start end)
+  "Append STRING from START to END to TEXT, dropping its oldest characters
+past `*news-output-limit*' (a quarter of the limit at a time, so that a
+steady flood moves the buffer once per quarter)."
+  (let* ((limit *news-output-limit*)
+         (skipped (max 0 (- end start limit)))
+         (start (+ start skipped))
+         (buffer (news-text-buffer text))
+         (fill (fill-pointer buffer))
+         (excess (- (+ fill (- end start)) limit)))
+    (incf (news-text-dropped text) skipped)
+    (when (plusp excess)
+      (let ((drop (min fill (max excess (floor limit 4)))))
+        (replace buffer buffer :start2 drop)
+        (setf (fill-pointer buffer) (- fill drop))
+        (incf (news-text-dropped text) drop)))
+    (setf (news-text-buffer text) (append-text (news-text-buffer text) string start end))))
+
+(defun add-thread-text (text thread string start end)
+  "Append STRING from START to END to TEXT as THREAD's, each line begun
+with [LABEL]; a line another thread left unfinished is ended first.
+Return how many lines it began."
+  (let ((prefix (format nil "[~A] " (thread-label thread)))
+        (lines 0))
+    (unless (or (news-text-line-start text) (eq (news-text-writer text) thread))
+      (keep-news-text text (string #\Newline) 0 1)
+      (setf (news-text-line-start text) t))
+    (setf (news-text-writer text) thread)
+    (loop with position = start
+          while (< position end)
+          do (when (news-text-line-start text)
+               (incf lines)
+               ;; An empty line gets the name alone.
+               (keep-news-text text prefix 0 (if (char= (char string position) #\Newline)
+                                                 (1- (length prefix))
+                                                 (length prefix))))
+             (let* ((newline (position #\Newline string :start position :end end))
+                    (stop (if newline (1+ newline) end)))
+               (keep-news-text text string position stop)
+               (setf (news-text-line-start text) (and newline t)
+                     position stop)))
+    lines))
+
+(defun record-output (kind thread string start end)
+  "Keep what THREAD wrote to its KIND stream (:stdout or :stderr), and
+count it for THREAD."
+  (when (< start end)
+    (sb-thread:with-mutex (*news-lock*)
+      (let* ((news (current-news))
+             (lines (add-thread-text (if (eq kind :stdout) (news-stdout news) (news-stderr news))
+                                     thread string start end))
+             (label (thread-label thread))
+             (entry (assoc label (news-writers news) :test #'string=)))
+        (if entry
+            (progn (incf (second entry) (- end start))
+                   (incf (third entry) lines))
+            (setf (news-writers news)
+                  (append (news-writers news) (list (list label (- end start) lines)))))))))
+
+(defun stop-text (entry)
+  "The lines that keep a stopped thread's error: its condition, then its
+backtrace."
+  (format nil "stopped at ~A: ~A~@[ (evaluation ~D)~]~%~{  ~A~%~}"
+          (getf entry :type) (one-line (getf entry :message) 2000)
+          (getf entry :evaluation) (getf entry :backtrace)))
+
+(defun record-stop (thread entry)
+  "THREAD stopped at an error, which ENTRY describes: keep the error with
+its backtrace among THREAD's error output, and tell cl-mcp."
+  (let ((text (stop-text entry)))
+    (sb-thread:with-mutex (*news-lock*)
+      (let ((news (current-news)))
+        (add-thread-text (news-stderr news) thread text 0 (length text))
+        (setf (news-stops news) (append (news-stops news) (list (remf-backtrace entry))))))))
+
+(defun remf-backtrace (entry)
+  "ENTRY without its :backtrace, which the thread's output keeps."
+  (loop for (key value) on entry by #'cddr
+        unless (eq key :backtrace) append (list key value)))
+
+(defun record-end (entry reason)
+  "The stopped thread ENTRY describes was aborted for REASON: tell cl-mcp."
+  (sb-thread:with-mutex (*news-lock*)
+    (let ((news (current-news)))
+      (setf (news-ends news)
+            (append (news-ends news) (list (list* :reason reason (remf-backtrace entry))))))))
+
+(defun take-news ()
+  "The news as a plist for cl-mcp, once, or nil when there is none:
+:number (under which the output is kept, when there is output), :stdout
+and :stderr (with :stdout-dropped, :stderr-dropped), :writers, :stops,
+:ends."
+  (let ((news (sb-thread:with-mutex (*news-lock*) (shiftf *news* nil))))
+    (when news
+      (let ((stdout (news-stdout news))
+            (stderr (news-stderr news))
+            (report (list :writers (news-writers news)
+                          :stops (news-stops news)
+                          :ends (news-ends news))))
+        (flet ((add (key value) (setf report (list* key value report))))
+          (dolist (stream (list (list :stdout :stdout-dropped stdout)
+                                (list :stderr :stderr-dropped stderr)))
+            (destructuring-bind (key dropped-key text) stream
+              (when (plusp (fill-pointer (news-text-buffer text)))
+                (add key (coerce (news-text-buffer text) 'simple-string)))
+              (when (plusp (news-text-dropped text))
+                (add dropped-key (news-text-dropped text)))))
+          (when (or (getf report :stdout) (getf report :stderr))
+            (add :number (sb-thread:with-mutex (*registry-lock*) (incf *evaluation-counter*)))))
+        report))))
+
+(defparameter *news-channel* 0
+  "The channel number the news goes on.")
+
+(defun cl-mcp-connection-p ()
+  "True when the request being answered came on one of cl-mcp's
+connections (in an image cl-mcp owns, they all do)."
+  (or (not *track-session*) (member swank::*emacs-connection* *connections*)))
+
+(defun deliver-thread-news ()
+  "Send cl-mcp the news, just before the reply to one of its requests (a
+Swank pre-reply hook; `answer-directly' calls it too)."
+  (when (and *news* (cl-mcp-connection-p))
+    (let ((news (take-news)))
+      (when news
+        ;; Swank passes on only the events it knows: a message on a channel
+        ;; is one (cl-mcp opens no channel; the number is cl-mcp's own).
+        (swank::send-to-emacs (list :channel-send *news-channel* (list :cl-mcp-threads news)))))))
+
+;;;; The streams user threads write to
+
+(defclass thread-output-stream (sb-gray:fundamental-character-output-stream)
+  ((kind :initarg :kind :reader kind
+         :documentation ":stdout or :stderr: which news text it adds to.")
+   (fallback :initarg :fallback :reader fallback
+             :documentation "Where the writes of other threads go."))
+  (:documentation "What a user's thread writes is kept in the news; what
+cl-mcp's, Swank's or SBCL's own threads write goes on to FALLBACK, as
+before (in an image cl-mcp owns, its log)."))
+
+(defmethod sb-gray:stream-write-string ((stream thread-output-stream) string
+                                        &optional (start 0) end)
+  "Keep a user thread's STRING; pass another's on."
+  (let ((thread sb-thread:*current-thread*))
+    (if (eq (owner-by-name thread) :user)
+        (record-output (kind stream) thread string start (or end (length string)))
+        (write-string string (fallback stream) :start start :end end))
+    string))
+
+(defmethod sb-gray:stream-write-char ((stream thread-output-stream) char)
+  "Keep a user thread's CHAR; pass another's on."
+  (let ((thread sb-thread:*current-thread*))
+    (if (eq (owner-by-name thread) :user)
+        (record-output (kind stream) thread (string char) 0 1)
+        (write-char char (fallback stream)))
+    char))
+
+(defmethod sb-gray:stream-line-column ((stream thread-output-stream))
+  "0 at the start of a line of the threads' output; else unknown."
+  (let ((news *news*))
+    (and news
+         (news-text-line-start (if (eq (kind stream) :stdout) (news-stdout news) (news-stderr news)))
+         0)))
+
+(defmethod sb-gray:stream-finish-output ((stream thread-output-stream))
+  "Another thread's output goes on to FALLBACK now."
+  (unless (eq (owner-by-name sb-thread:*current-thread*) :user)
+    (finish-output (fallback stream)))
+  nil)
+
+(defmethod sb-gray:stream-force-output ((stream thread-output-stream))
+  "Another thread's output goes on to FALLBACK soon."
+  (unless (eq (owner-by-name sb-thread:*current-thread*) :user)
+    (force-output (fallback stream)))
+  nil)
+
+(defvar *thread-stdout* nil
+  "The `thread-output-stream' user threads' standard output goes to.")
+
+(defvar *thread-stderr* nil
+  "The `thread-output-stream' user threads' error and trace output go to.")
+
+(defun make-thread-streams ()
+  "Make `*thread-stdout*' and `*thread-stderr*', passing other threads'
+writes on to the global output streams of now; once."
+  (unless *thread-stdout*
+    (setf *thread-stdout* (make-instance 'thread-output-stream :kind :stdout
+                                         :fallback (sb-ext:symbol-global-value '*standard-output*))
+          *thread-stderr* (make-instance 'thread-output-stream :kind :stderr
+                                         :fallback (sb-ext:symbol-global-value '*error-output*)))))
+
+;;;; A user thread stopped at its error
+
+(defun thread-restarts (restarts)
+  "RESTARTS up to the thread's own ABORT (the last one), which ends it."
+  (let ((thread-abort (position 'abort restarts :key #'restart-name :from-end t)))
+    (if thread-abort (subseq restarts 0 (1+ thread-abort)) restarts)))
+
+(defun end-thread (restarts)
+  "Abort this thread through its own ABORT restart, the last of RESTARTS."
+  (let ((thread-abort (find 'abort restarts :key #'restart-name :from-end t)))
+    (if thread-abort
+        (invoke-restart thread-abort)
+        (sb-thread:abort-thread))))
+
+(defun stop-user-thread (condition)
+  "In a user's thread, at an error no handler took: wait there under an
+evaluation number, as an evaluation waits at its error, and tell cl-mcp.
+A restart the model invokes takes the thread on from its error; past
+`*max-suspended*' or `*suspend-seconds*' the thread is aborted, its error
+and backtrace kept in the news."
+  (let* ((thread sb-thread:*current-thread*)
+         (restarts (thread-restarts (compute-restarts condition)))
+         (frames (error-frames))
+         (evaluation (make-evaluation :may-wait t :code :thread-error :thread thread))
+         (waiting (register-suspended evaluation))
+         (entry (list :thread (thread-label thread) :id (thread-id thread)
+                      :evaluation (and waiting (evaluation-id evaluation))
+                      :type (condition-type-name condition)
+                      :message (condition-message condition)
+                      :restarts (restart-entries restarts)
+                      :backtrace (frame-lines frames condition *backtrace-frame-limit*)))
+         (left nil))
+    (setf (evaluation-stdout evaluation) (make-capped-output-stream *inline-output*)
+          (evaluation-stderr evaluation) (make-capped-output-stream *inline-output*)
+          (evaluation-condition evaluation) condition
+          (evaluation-frames evaluation) frames
+          (evaluation-restarts evaluation) restarts)
+    (record-stop thread entry)
+    (unless waiting
+      (record-end entry :no-waiting)
+      (end-thread restarts))
+    (unwind-protect
+         (restart-case
+             (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
+               (setf (evaluation-abort-restart evaluation) (find-restart 'give-up))
+               (with-debugger-calling ((lambda (c) (stop-at-error evaluation c)))
+                 (command-loop evaluation)))
+           (give-up (&optional timed-out)
+             :report "Stop waiting at the error."
+             (setf left (if timed-out :timed-out :aborted))))
+      (stop-deadline evaluation)
+      (forget-evaluation evaluation)
+      (unless left
+        ;; A restart the model invoked took the thread on: its caller hears.
+        (post-report evaluation
+                     (list :status :ok :number (evaluation-id evaluation)
+                           :values (list (format nil "; thread ~S left its error and runs on"
+                                                 (thread-label thread)))))))
+    (record-end entry left)
+    (end-thread restarts)))
+
+(defun thread-debugger-hook (condition hook)
+  "SB-EXT:*INVOKE-DEBUGGER-HOOK* for the threads watched here: a user's
+thread stops at its error (`stop-user-thread'), unless the user bound a
+debugger hook of their own, which then has it; in a shared image with no
+cl-mcp connection left, Swank's debugger has it, as before cl-mcp came.
+Errors in cl-mcp's or Swank's threads are logged (`log-background-error')."
+  (cond ((not (eq (owner-by-name sb-thread:*current-thread*) :user))
+         (log-background-error condition hook))
+        (*debugger-hook* nil)  ; the user's own: SBCL calls it next
+        ((and *track-session* (null (intersection *connections* swank::*connections*)))
+         (swank:swank-debugger-hook condition hook))
+        (t (stop-user-thread condition))))
+
+;;;; Watching threads
+
+(defvar *started-by-cl-mcp* nil
+  "True in a thread a cl-mcp evaluation started (or one such a thread
+started), in a shared image.")
+
+(defun call-watched (function arguments)
+  "Call FUNCTION on ARGUMENTS with output kept and errors stopped as a
+user's thread's are here."
+  (let ((*standard-output* *thread-stdout*)
+        (*error-output* *thread-stderr*)
+        (*trace-output* *thread-stderr*)
+        (sb-ext:*invoke-debugger-hook* #'thread-debugger-hook)
+        (*debugger-hook* nil)
+        (*started-by-cl-mcp* t))
+    (apply function arguments)))
+
+(defun make-thread-watched (make-thread function &rest options)
+  "SB-THREAD:MAKE-THREAD, wrapped (in a shared image): a thread started from
+a cl-mcp evaluation, or from a thread one started, runs FUNCTION through
+`call-watched'; every other thread is made as before."
+  (if (and (or *inside-evaluation* *started-by-cl-mcp*) (not *making-agent-thread*))
+      (apply make-thread (lambda (&rest arguments) (call-watched function arguments)) options)
+      (apply make-thread function options)))
+
+(defun watch-user-threads ()
+  "In an image cl-mcp owns: every user thread's output is kept and its
+errors stop it, through the global streams and debugger hook."
+  (make-thread-streams)
+  (setf (sb-ext:symbol-global-value '*standard-output*) *thread-stdout*
+        (sb-ext:symbol-global-value '*error-output*) *thread-stderr*
+        (sb-ext:symbol-global-value '*trace-output*) *thread-stderr*
+        (sb-ext:symbol-global-value 'sb-ext:*invoke-debugger-hook*) #'thread-debugger-hook)
+  (pushnew 'deliver-thread-news swank::*pre-reply-hook*))
+
+(defun watch-threads-started-by-cl-mcp ()
+  "In a shared image: the threads cl-mcp's evaluations start are watched,
+by wrapping SB-THREAD:MAKE-THREAD as TRACE wraps a function; once."
+  (make-thread-streams)
+  (unless (sb-int:encapsulated-p 'sb-thread:make-thread 'watched)
+    (sb-ext:without-package-locks
+      (sb-int:encapsulate 'sb-thread:make-thread 'watched #'make-thread-watched)))
+  (pushnew 'deliver-thread-news swank::*pre-reply-hook*))

@@ -1,0 +1,137 @@
+"""What the user's threads did between two calls, as the image tells it
+(the agent's `:cl-mcp-threads` event, agent/user-threads.lisp): the output
+they wrote, kept for read-output under a number of its own, and the
+threads that stopped at an error or were aborted there.  Turned here into
+the `[threads]` notice the next tool result carries.  Pure: no I/O."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from cl_mcp import sexp
+from cl_mcp.outputs import Kept
+from cl_mcp.sexp import Keyword, SExp
+
+# Output this short is shown in the notice itself, not only named.
+INLINE_CHARS = 600
+INLINE_LINES = 8
+MESSAGE_CHARS = 500  # of a condition's message in the notice
+
+END_REASONS = {
+    "timed-out": "it waited longer than --suspend-timeout",
+    "aborted": "more evaluations waited than --max-suspended allows, or a reset or threads kill ended it",
+    "no-waiting": "--max-suspended is 0, so nothing waits at an error",
+}
+
+
+def _name(value: SExp) -> SExp:
+    return value.name if isinstance(value, Keyword) else value
+
+
+def _entries(value: SExp) -> list[dict[str, SExp]]:
+    return [{key: _name(item) for key, item in sexp.plist(entry).items()} for entry in value or []]
+
+
+def _message(entry: dict[str, SExp]) -> str:
+    message = " ".join(str(entry.get("message") or "").split())  # one line
+    return message if len(message) <= MESSAGE_CHARS else message[:MESSAGE_CHARS] + " …"
+
+
+def _call(tool: str, **arguments: object) -> str:
+    return f"{tool} {json.dumps(arguments)}"
+
+
+@dataclass(slots=True)
+class ThreadNews:
+    """One `:cl-mcp-threads` event."""
+    number: int | None  # under which its output is kept
+    stdout: str
+    stderr: str
+    dropped: int  # characters of output dropped in the image, oldest first
+    writers: list[tuple[str, int, int]]  # (thread, characters, lines)
+    stops: list[dict[str, SExp]]
+    ends: list[dict[str, SExp]]
+
+    @classmethod
+    def from_plist(cls, value: SExp) -> ThreadNews:
+        news = sexp.plist(value)
+        number = news.get("number")
+        return cls(number=number if isinstance(number, int) else None,
+                   stdout=news.get("stdout") or "", stderr=news.get("stderr") or "",
+                   dropped=int(news.get("stdout-dropped") or 0) + int(news.get("stderr-dropped") or 0),
+                   writers=[(str(name), int(chars), int(lines))
+                            for name, chars, lines in news.get("writers") or []],
+                   stops=_entries(news.get("stops")), ends=_entries(news.get("ends")))
+
+    def kept(self) -> Kept | None:
+        """What read-output keeps under `number`."""
+        return Kept(self.stdout, self.stderr, "") if self.number is not None else None
+
+
+@dataclass(slots=True)
+class NewsNotices:
+    """The `[threads]` lines not yet shown, and where each stopped thread's
+    error was kept (a thread aborted later points there)."""
+    pending: list[str] = field(default_factory=list)
+    kept_in: dict[int, int] = field(default_factory=dict)  # evaluation -> output number
+
+    def hear(self, news: ThreadNews) -> None:
+        if news.writers and news.number is not None:
+            self.pending.append(self._output_line(news))
+        for stop in news.stops:
+            if isinstance(stop.get("evaluation"), int) and news.number is not None:
+                self.kept_in[stop["evaluation"]] = news.number  # type: ignore[index]
+            if stop.get("evaluation") is not None:
+                self.pending.append(self._stop_line(stop))
+        for end in news.ends:
+            self.pending.append(self._end_line(end, news.number))
+
+    def take(self) -> str | None:
+        """The notice, once."""
+        if not self.pending:
+            return None
+        text, self.pending = "\n".join(self.pending), []
+        return text
+
+    def clear(self) -> None:
+        self.pending.clear()
+        self.kept_in.clear()
+
+    @staticmethod
+    def _output_line(news: ThreadNews) -> str:
+        who = ", ".join(f"{json.dumps(name)} {chars:,} character{'s' if chars != 1 else ''}"
+                        f" ({lines:,} line{'s' if lines != 1 else ''})"
+                        for name, chars, lines in news.writers)
+        where = _call("read-output", evaluation=news.number)
+        if news.stderr:
+            where += f' (stream "stderr": {_call("read-output", evaluation=news.number, stream="stderr")})'
+        line = f"Output from threads since the last call: {who}; {where}."
+        if news.dropped:
+            line += f" The oldest {news.dropped:,} characters were dropped."
+        shown = news.stdout
+        if shown and len(shown) <= INLINE_CHARS and shown.count("\n") <= INLINE_LINES:
+            line += "\n" + shown.rstrip("\n")
+        return line
+
+    @staticmethod
+    def _stop_line(stop: dict[str, SExp]) -> str:
+        number = stop["evaluation"]
+        restarts = "; ".join(f"{index} {name} ({description})"
+                             for index, (name, description) in enumerate(stop.get("restarts") or []))
+        return (f"Thread {json.dumps(stop.get('thread'))} stopped at an error: {stop.get('type')}: "
+                f"{_message(stop)}\nIt waits as evaluation {number}: backtrace, eval-in-frame and "
+                f"inspect look at it, and {_call('invoke-restart', evaluation=number, restart=0)} "
+                f"takes it on. Restarts: {restarts or 'none'}.")
+
+    def _end_line(self, end: dict[str, SExp], number: int | None) -> str:
+        evaluation = end.get("evaluation")
+        kept = self.kept_in.pop(evaluation, number) if isinstance(evaluation, int) else number
+        reason = END_REASONS.get(str(end.get("reason")).lower(), str(end.get("reason")).lower())
+        waited = f" (evaluation {evaluation})" if evaluation is not None else ""
+        line = (f"Thread {json.dumps(end.get('thread'))}{waited} was aborted at its error, "
+                f"{end.get('type')}: {_message(end)}, because {reason}.")
+        if kept is not None:
+            line += (f" Its error and backtrace are kept: "
+                     f"{_call('read-output', evaluation=kept, stream='stderr')}.")
+        return line

@@ -1,0 +1,182 @@
+"""What the user's threads print and the errors they meet reach the model,
+in an image cl-mcp owns and in a programmer's image it attaches to: their
+output kept for read-output with each line marked by its thread, an error
+no handler takes stopping its thread under an evaluation number, told in
+the next tool result's [threads] notice, whatever tool that is; two at
+once both wait and each goes on; past --max-suspended or
+--suspend-timeout a thread is aborted and its error kept; a thread whose
+own handler takes its error, and cl-mcp's own output, are left alone."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.integration.devtools import MODES, cl_mcp_in
+
+NOTICE = re.compile(r"\n\n\[threads\]\n(.*)\Z", re.S)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def lisp(request):
+    with cl_mcp_in(request.param) as process:
+        yield process
+
+
+def notice_of(result: dict) -> str:
+    """The [threads] notice a result carries, or ''."""
+    found = NOTICE.search(result["content"][0]["text"])
+    return found.group(1) if found else ""
+
+
+def notices_until(lisp, wanted: str, seen: str = "", calls: int = 50) -> str:
+    """SEEN and the [threads] notices of cheap calls, made until they
+    mention WANTED."""
+    for _ in range(calls):
+        if wanted in seen:
+            return seen
+        seen += notice_of(lisp.call("threads", action="list")) + "\n"
+        time.sleep(0.05)
+    raise AssertionError(f"no notice mentioned {wanted!r}; seen: {seen}")
+
+
+def start(lisp, code: str) -> str:
+    """Evaluate CODE (which starts threads); the notice its result carries."""
+    result = lisp.call("evaluate-lisp", code=code)
+    assert not result["isError"], result
+    return notice_of(result)
+
+
+def waiting_evaluation(notice: str, thread: str) -> int:
+    found = re.search(rf'Thread "{thread}" stopped at an error: .*\nIt waits as evaluation (\d+)', notice)
+    assert found, notice
+    return int(found.group(1))
+
+
+def output_number(notice: str, thread: str) -> int:
+    found = re.search(rf'Output from threads since the last call: [^\n]*"{thread}"[^\n]*'
+                      r'read-output \{"evaluation": (\d+)\}', notice)
+    assert found, notice
+    return int(found.group(1))
+
+
+def thread_entry(lisp, name: str) -> dict | None:
+    threads = lisp.call("threads", action="list")["structuredContent"]["threads"]
+    return next((t for t in threads if t["name"] == name), None)
+
+
+def test_a_thread_that_prints_then_errs_is_seen_and_stops_where_the_tools_reach_it(lisp):
+    notice = start(lisp, '(sb-thread:make-thread (lambda () (print :from-thread) (finish-output) '
+                         '(sleep 0.2) (error "tn crash ~A" (+ 40 2))) :name "tn-crasher")')
+    notice = notices_until(lisp, 'Thread "tn-crasher" stopped', notice)
+    number = waiting_evaluation(notice, "tn-crasher")
+    assert "SIMPLE-ERROR: tn crash 42" in notice, notice
+    output = lisp.call("read-output", evaluation=output_number(notice, "tn-crasher"))
+    assert "[tn-crasher] :FROM-THREAD" in output["content"][0]["text"], output
+    entry = thread_entry(lisp, "tn-crasher")
+    assert (entry["state"], entry["evaluation"], entry["owner"]) == ("stopped-at-error", number, "user")
+    frames = lisp.call("backtrace", evaluation=number)
+    assert not frames["isError"] and "ERROR" in frames["content"][0]["text"], frames
+    name = lisp.call("eval-in-frame", evaluation=number, frame=0,
+                     code="(sb-thread:thread-name sb-thread:*current-thread*)")
+    assert '"tn-crasher"' in name["content"][0]["text"], name
+    ended = lisp.call("invoke-restart", evaluation=number, restart="ABORT")
+    assert not ended["isError"], ended
+    for _ in range(50):
+        if thread_entry(lisp, "tn-crasher") is None:
+            break
+        time.sleep(0.05)
+    assert thread_entry(lisp, "tn-crasher") is None
+
+
+def test_an_error_while_no_call_runs_is_told_by_the_next_call_whatever_it_is(lisp, tmp_path):
+    marker = tmp_path / "erring"
+    # A handler that declines leaves a mark just before the error goes on to
+    # the debugger; no call reaches the image meanwhile.
+    start(lisp, f'''(sb-thread:make-thread
+                    (lambda ()
+                      (sleep 0.2)
+                      (handler-bind ((error (lambda (c) (declare (ignore c))
+                                              (with-open-file (f "{marker}" :direction :output)))))
+                        (car (read-from-string "5"))))
+                    :name "tn-later")''')
+    for _ in range(200):
+        if marker.exists():
+            break
+        time.sleep(0.02)
+    time.sleep(0.3)
+    notice = notice_of(lisp.call("apropos", pattern="tn-no-such-name-anywhere"))
+    number = waiting_evaluation(notice, "tn-later")
+    assert "TYPE-ERROR" in notice, notice
+    lisp.call("invoke-restart", evaluation=number, restart="ABORT")
+
+
+def test_two_threads_that_err_at_once_both_wait_and_each_goes_on(lisp):
+    started = start(lisp, """
+      (let ((gate (sb-thread:make-semaphore)))
+        (dolist (name '("tn-one" "tn-two"))
+          (sb-thread:make-thread
+           (lambda ()
+             (sb-thread:wait-on-semaphore gate)
+             (restart-case (error "tn both ~A" (sb-thread:thread-name sb-thread:*current-thread*))
+               (continue () :report "Go on past the error."
+                 (format t "went on~%"))))
+           :name name))
+        (sb-thread:signal-semaphore gate 2))""")
+    notice = notices_until(lisp, 'Thread "tn-two" stopped', notices_until(lisp, 'Thread "tn-one" stopped', started))
+    numbers = {name: waiting_evaluation(notice, name) for name in ("tn-one", "tn-two")}
+    assert len(set(numbers.values())) == 2, numbers
+    assert "0 CONTINUE (Go on past the error.)" in notice, notice
+    later = ""
+    for name, number in numbers.items():
+        went = lisp.call("invoke-restart", evaluation=number, restart="CONTINUE")
+        assert not went["isError"], went
+        assert f'thread "{name}" left its error and runs on' in went["content"][0]["text"], went
+        later += notice_of(went)
+    for name in ("tn-one", "tn-two"):
+        later = notices_until(lisp, f'"{name}"', later)
+    texts = [lisp.call("read-output", evaluation=int(number))["content"][0]["text"]
+             for number in re.findall(r'read-output \{"evaluation": (\d+)\}', later)]
+    for name in ("tn-one", "tn-two"):
+        assert any(f"[{name}] went on" in text for text in texts), (later, texts)
+
+
+def test_a_thread_whose_own_handler_takes_its_error_is_untouched(lisp):
+    notice = start(lisp, '(sb-thread:join-thread (sb-thread:make-thread (lambda () '
+                         '(handler-case (error "tn handled") (error (c) (format t "handled: ~A~%" c)))) '
+                         ':name "tn-handled"))')
+    notice = notices_until(lisp, "tn-handled", notice)
+    assert "stopped" not in notice, notice
+    text = lisp.call("read-output", evaluation=output_number(notice, "tn-handled"))["content"][0]["text"]
+    assert "[tn-handled] handled: tn handled" in text, text
+
+
+def test_cl_mcps_own_output_never_goes_to_the_threads(lisp):
+    result = lisp.call("evaluate-lisp", code='(progn (print :own) (format *error-output* "own~%") '
+                                             '(format *trace-output* "traced~%"))')
+    assert notice_of(result) == "", result
+    assert notice_of(lisp.call("threads", action="list")) == ""
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_past_the_limits_a_stopped_thread_is_aborted_and_its_error_kept(mode):
+    with cl_mcp_in(mode, "--max-suspended", "1", "--suspend-timeout", "1") as lisp:
+        first = notices_until(lisp, 'Thread "tn-first" stopped', start(
+            lisp, '(sb-thread:make-thread (lambda () (error "tn first")) :name "tn-first")'))
+        # A second waiting thread makes room by aborting the first.
+        seen = notices_until(lisp, 'Thread "tn-first" (evaluation', first + start(
+            lisp, '(sb-thread:make-thread (lambda () (error "tn second")) :name "tn-second")'))
+        assert re.search(r'Thread "tn-first" \(evaluation \d+\) was aborted at its error, '
+                         r"SIMPLE-ERROR: tn first, because more evaluations waited", seen), seen
+        kept = re.search(r'Its error and backtrace are kept: read-output (\{[^}]*\})', seen)
+        assert kept, seen
+        # The second waits past --suspend-timeout.
+        seen = notices_until(lisp, 'Thread "tn-second" (evaluation', seen)
+        assert re.search(r'"tn-second" \(evaluation \d+\) was aborted at its error, SIMPLE-ERROR: '
+                         r"tn second, because it waited longer than --suspend-timeout", seen), seen
+        number = int(re.search(r'"evaluation": (\d+)', kept.group(1)).group(1))
+        stderr = lisp.call("read-output", evaluation=number, stream="stderr")["content"][0]["text"]
+        assert "[tn-first] stopped at SIMPLE-ERROR: tn first" in stderr, stderr
+        assert thread_entry(lisp, "tn-first") is None

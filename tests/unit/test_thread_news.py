@@ -1,0 +1,52 @@
+"""The [threads] notice made of the agent's news (cl_mcp/thread_news.py)."""
+
+from __future__ import annotations
+
+from cl_mcp.sexp import loads
+from cl_mcp.thread_news import NewsNotices, ThreadNews
+
+
+def news(text: str) -> ThreadNews:
+    return ThreadNews.from_plist(loads(text))
+
+
+STOP = news('(:number 3 :stderr "[w] stopped at SIMPLE-ERROR: boom (evaluation 2)\n" '
+            ':writers (("w" 6 1)) :stdout "[w] hi\n" '
+            ':stops ((:thread "w" :id 7 :evaluation 2 :type "SIMPLE-ERROR" :message "boom\n  twice" '
+            ':restarts (("CONTINUE" "Go on.") ("ABORT" "abort thread")))) :ends nil)')
+
+
+def test_output_is_kept_under_its_number_and_shown_when_short():
+    assert STOP.kept().stdout == "[w] hi\n" and STOP.number == 3
+    notices = NewsNotices()
+    notices.hear(STOP)
+    text = notices.take()
+    assert 'Output from threads since the last call: "w" 6 characters (1 line); read-output {"evaluation": 3}' in text
+    assert "\n[w] hi\n" in text + "\n"
+    assert notices.take() is None  # once
+
+
+def test_a_stop_names_its_evaluation_restarts_and_one_line_message():
+    notices = NewsNotices()
+    notices.hear(STOP)
+    text = notices.take()
+    assert 'Thread "w" stopped at an error: SIMPLE-ERROR: boom twice\nIt waits as evaluation 2' in text
+    assert "Restarts: 0 CONTINUE (Go on.); 1 ABORT (abort thread)." in text
+
+
+def test_an_end_points_to_where_the_stop_was_kept():
+    notices = NewsNotices()
+    notices.hear(STOP)
+    notices.take()
+    notices.hear(news('(:writers nil :stops nil :ends ((:reason :timed-out :thread "w" :id 7 '
+                      ':evaluation 2 :type "SIMPLE-ERROR" :message "boom")))'))
+    assert notices.take() == (
+        'Thread "w" (evaluation 2) was aborted at its error, SIMPLE-ERROR: boom, because it waited '
+        'longer than --suspend-timeout. Its error and backtrace are kept: '
+        'read-output {"evaluation": 3, "stream": "stderr"}.')
+
+
+def test_no_news_no_notice():
+    notices = NewsNotices()
+    notices.hear(news("(:writers nil :stops nil :ends nil)"))
+    assert notices.take() is None
