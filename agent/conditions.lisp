@@ -201,11 +201,12 @@ while the evaluation waits there."
        :count *frame-walk-limit*))
     (setf frames (nreverse frames))
     ;; Drop the signalling machinery (and this agent's handler) above the
-    ;; frame that signalled.
-    (let ((last (position-if (lambda (entry)
-                               (or (member (car entry) *signalling-frames* :test #'equal)
-                                   (agent-name-p (car entry))))
-                             frames :end (min 40 (length frames)) :from-end t)))
+    ;; frame that signalled.  The agent's own frames count only when no
+    ;; signalling frame does: run-tests' frames lie below the user's code.
+    (let* ((end (min 40 (length frames)))
+           (last (or (position-if (lambda (entry) (member (car entry) *signalling-frames* :test #'equal))
+                                  frames :end end :from-end t)
+                     (position-if (lambda (entry) (agent-name-p (car entry))) frames :end end :from-end t))))
       (when last (setf frames (nthcdr (1+ last) frames))))
     (loop for (name . frame) in frames
           unless (internal-frame-p name) collect frame)))

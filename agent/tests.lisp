@@ -15,8 +15,9 @@
 ;;;;    pending after the run when they failed, and the values each was
 ;;;;    compared with (an encapsulation of its `equalp-with-case', which RT
 ;;;;    calls once per entry that did not signal).
-;;;; A test's place is found by its name in the files of the loaded systems
-;;;; that depend on its framework: FiveAM and RT keep no source location (Fiasco's are found so too).
+;;;; A test's place goes through the edit-compile loop's resolver: a Fiasco
+;;;; test's as Swank records it, a FiveAM or RT test's (which record none)
+;;;; found by its name in the text its file was compiled from (see `placed').
 ;;;;
 ;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
 ;;;; in swank-bootstrap.lisp; it uses only what the parts before it
@@ -154,11 +155,11 @@ keeps nowhere: its form is evaluated once more here for the condition."
     (unless passed
       (progn
         (if compared
-            (list :kind :failure :test (printed name) :form (printed form)
+            (list :kind :failure :test (printed name) :symbol name :form (printed form)
                   :reason (format nil "Expected ~A, got ~A"
                                   (printed-values vals) (printed-values actual))
                   :expected (printed-values vals) :actual (printed-values actual))
-            (list* :kind :error :test (printed name) :form (printed form)
+            (list* :kind :error :test (printed name) :symbol name :form (printed form)
                    (condition-fields (nth-value 1 (ignore-errors (eval form))))))))))
 
 (defun printed-values (values)
@@ -182,10 +183,10 @@ keeps nowhere: its form is evaluated once more here for the condition."
   "A FiveAM result object as a failure or error plist, or nil for a pass or a skip."
   (flet ((slot (name) (funcall (framework-symbol "FIVEAM" name) result)))
     (cond ((fiveam-class-p result "UNEXPECTED-TEST-FAILURE")
-           (list* :kind :error :test (printed (fiveam-test-name result))
+           (list* :kind :error :test (printed (fiveam-test-name result)) :symbol (fiveam-test-name result)
                   (condition-fields (slot "ACTUAL-CONDITION"))))
           ((fiveam-class-p result "TEST-FAILURE")
-           (list :kind :failure :test (printed (fiveam-test-name result))
+           (list :kind :failure :test (printed (fiveam-test-name result)) :symbol (fiveam-test-name result)
                  :form (printed (slot "TEST-EXPR"))
                  :reason (string-trim " " (flat-text (or (slot "REASON") "no reason given") *text-limit*)))))))
 
@@ -219,15 +220,30 @@ errored."
 nil for one the test declared expected."
   (unless (fiasco-call "EXPECTED-P" failure)
     (let* ((context (fiasco-call "CONTEXT-OF" failure))
-           (test (printed (and context (fiasco-call "NAME-OF" (fiasco-call "TEST-OF" context))))))
+           (symbol (and context (fiasco-call "NAME-OF" (fiasco-call "TEST-OF" context))))
+           (test (printed symbol)))
       (if (typep failure (framework-symbol "FIASCO" "UNEXPECTED-ERROR"))
-          (list* :kind :error :test test (condition-fields (fiasco-call "ERROR-OF" failure)))
-          (list :kind :failure :test test :form (printed (fiasco-call "FORM-OF" failure))
+          (list* :kind :error :test test :symbol symbol (condition-fields (fiasco-call "ERROR-OF" failure)))
+          (list :kind :failure :test test :symbol symbol :form (printed (fiasco-call "FORM-OF" failure))
                 :reason (string-trim " " (flat-text (with-output-to-string (stream)
                                                       (describe-object failure stream))
                                                     *text-limit*)))))))
 
 ;;;; Where a test is defined
+;;;
+;;; Every place goes through the edit-compile loop's resolver
+;;; (`location-plist' of agent/names.lisp), which checks it against the
+;;; file as it is now.  What SBCL records differs by framework:
+;;;  - a Fiasco test is a function (`deftest' expands to a DEFUN), so Swank
+;;;    finds its definition as for find-definition;
+;;;  - FiveAM's test functions are made by EVAL when the test is
+;;;    registered (their recorded source is the file being loaded at the
+;;;    top, not the test's), and RT's entries are data: neither records a
+;;;    place.  Those are found by name in the text the file was compiled
+;;;    from, when Swank's source cache holds it (load-system and run-tests
+;;;    {system} keep it: `remember-system-sources'), and that place is then
+;;;    resolved as a recorded one; else by name in the file as it is now,
+;;;    with no status, as nothing says what was compiled.
 
 (defun framework-files (framework)
   "The source files of the loaded ASDF systems that depend on FRAMEWORK's
@@ -274,25 +290,70 @@ SPLIT-SEQUENCE.0) is found at the macro's form."
         collect candidate
         while (and cut (plusp cut))))
 
-(defun test-place (name files cache)
-  "Where test NAME (printed) is defined in FILES, as `place-plist' gives
-it without a status (found in the file as it is now), or (:error WHY)."
+(defun compiled-text (file)
+  "The text FILE (a namestring) was compiled from, as Swank's source cache
+holds it, or nil."
+  (let ((entry (gethash file swank/source-file-cache::*source-file-cache*)))
+    (and entry (swank/source-file-cache::source-cache-entry.text entry))))
+
+(defun opening-in (candidate octets)
+  "The byte where a form naming CANDIDATE (a lowered name) opens in OCTETS."
+  (test-opening (sb-ext:string-to-octets candidate :external-format :utf-8) (lowered-octets octets)))
+
+(defun compiled-location (file candidate)
+  "Swank's kind of location for the form naming CANDIDATE in the text FILE
+was compiled from: (:location (:file FILE) (:position CHARACTERS)
+(:snippet TEXT)), as SBCL would record it; nil when that text is not kept
+or does not name it."
+  (let* ((text (compiled-text file))
+         (octets (and text (sb-ext:string-to-octets text :external-format :utf-8)))
+         (offset (and octets (opening-in candidate octets))))
+    (when offset
+      (list :location (list :file file)
+            (list :position (1+ (length (utf-8-text octets 0 offset))))
+            (list :snippet (nth-value 2 (place-at octets offset)))))))
+
+(defun searched-place (name files cache)
+  "Where the test NAME (printed) is, found by its name (see
+`name-candidates') in FILES: resolved from the text they were compiled
+from when it is kept, else in them as they are now, with no status."
   (let ((bare (string-downcase (subseq name (1+ (or (position #\: name :from-end t) -1))))))
-    (dolist (candidate (name-candidates bare) (list :error "no form naming this test in its system's files"))
-      (let ((needle (sb-ext:string-to-octets candidate :external-format :utf-8)))
-        (dolist (file files)
-          (let* ((source (file-source file cache))
-                 (offset (test-opening needle (source-file-lowered source))))
-            (when offset
-              (return-from test-place
-                (multiple-value-bind (line column snippet) (place-at (source-file-octets source) offset)
-                  (list :file file :line line :column column :snippet snippet))))))))))
+    (dolist (candidate (name-candidates bare))
+      (dolist (file files)
+        (let ((location (compiled-location file candidate)))
+          (when location
+            (return-from searched-place (location-plist location cache :name candidate :characters t)))))
+      (dolist (file files)
+        (let* ((source (file-source file cache))
+               (offset (opening-in candidate (source-file-octets source))))
+          (when offset
+            (return-from searched-place (place-plist source offset nil nil))))))
+    (list :error "no form naming this test in its system's files")))
+
+(defun recorded-place (symbol cache)
+  "The place of the function SYMBOL as Swank finds it (a Fiasco test's
+DEFUN), resolved as find-definition resolves it; nil when none is in a
+file."
+  (let ((definitions (call-guarded (lambda () (swank/backend:find-definitions symbol)) 30)))
+    (when (eq (first definitions) :ok)
+      (loop for (dspec location) in (second definitions)
+            for place = (and (consp dspec) (eq (first dspec) 'defun)
+                             (location-plist location cache :name symbol :characters t))
+            when (and place (getf place :file))
+              return place))))
 
 (defun placed (outcomes framework)
+  "OUTCOMES (each with :symbol, the test's name, which is dropped) with
+each test's :place (see `location-plist')."
   (let ((files (framework-files framework))
         (cache (make-hash-table :test 'equal)))
     (loop for outcome in outcomes
-          collect (append outcome (list :place (test-place (getf outcome :test) files cache))))))
+          for symbol = (getf outcome :symbol)
+          for rest = (let ((copy (copy-list outcome))) (remf copy :symbol) copy)
+          collect (append rest
+                          (list :place (or (and (string= framework "Fiasco") (symbolp symbol) symbol
+                                                (recorded-place symbol cache))
+                                           (searched-place (getf rest :test) files cache)))))))
 
 ;;;; The report
 
@@ -369,13 +430,17 @@ printout goes to *standard-output*."
 
 (defun load-test-dependencies (system)
   "Load SYSTEM and the systems its test-op needs first, so that their
-frameworks are hooked before the tests run."
+frameworks are hooked before the tests run, and keep the text their files
+were compiled from (ASDF recompiles an edited file here), where test
+places are found (see `placed')."
   (asdf:load-system system)
+  (remember-system-sources system)
   (loop for (operation . components) in (asdf:component-depends-on 'asdf:test-op (asdf:find-system system))
         when (member (string operation) '("LOAD-OP" "TEST-OP") :test #'string=)
           do (dolist (component components)
                (when (or (stringp component) (symbolp component))
-                 (asdf:load-system component)))))
+                 (asdf:load-system component)
+                 (remember-system-sources component)))))
 
 (defun call-with-debugging (run thunk)
   "Call THUNK with the frameworks told to stop at a failed check or an

@@ -41,6 +41,7 @@ const FIXTURES = join(ROOT, "tests", "fixtures", "lisp");
 const FIXTURE = join(FIXTURES, "cl-mcp-fixture");
 const SHAPES = join(FIXTURE, "shapes.lisp");
 const CALLERS = join(FIXTURE, "callers.lisp");
+const RUN_TESTS_FIXTURE = join(FIXTURES, "run-tests-fixture");
 const SDK_VERSION = JSON.parse(
   readFileSync(join(HERE, "node_modules", "@modelcontextprotocol", "sdk", "package.json"), "utf8")).version;
 
@@ -418,6 +419,21 @@ async function everyTool(files, attached) {
         `got ${JSON.stringify(s.references)}, file has line ${want}`);
       return `RESET-GREETING@${s.references[0].line}`;
     });
+
+  // run-tests on the fixture's FiveAM suite: totals as FiveAM prints them, the failure at its test
+  await call("asdf:load-asd of the run-tests fixture", "evaluate-lisp",
+    { code: `(asdf:load-asd "${RUN_TESTS_FIXTURE}/run-tests-fixture.asd")` }, (r, s, t) => { expectOk(r); return t; });
+  await call("run-tests-fixture", "run-tests", { system: "run-tests-fixture" }, (r, s, t) => {
+    const tests = s.tests ?? {};
+    const got = [tests.passed, tests.failed, tests.errored, tests.skipped].join("/");
+    expect(r.isError === true && got === "2/1/1/1", `totals ${got}, text ${t}`);
+    const failure = tests.problems?.find((p) => p.kind === "failure");
+    const want = placeOf(readFileSync(join(RUN_TESTS_FIXTURE, "fiveam-suite.lisp"), "utf8").split("\n"),
+      "(test doubles-wrongly");
+    expect(failure?.place?.line === want.line && snippetMatchesFile(failure.place),
+      `failure ${JSON.stringify(failure)}, file has line ${want.line}`);
+    return `${oneLine(t.split("\n")[0])}; failure at line ${failure.place.line}`;
+  }, LONG);
 
   // compile-file on copies of tests/fixtures/lisp/files (fasls go beside them)
   await call("warnings.lisp", "compile-file", { path: join(files, "warnings.lisp") }, (r, s) => {

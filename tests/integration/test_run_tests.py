@@ -111,8 +111,11 @@ def test_debug_stops_at_the_failed_check_with_fiveams_restarts(lisp):
     assert result["isError"] and structure["error"]["type"].endswith("CHECK-FAILURE")
     restarts = [restart["name"] for restart in structure["restarts"]]
     assert {"IGNORE-FAILURE", "RETEST", "ABORT"} <= set(restarts), restarts
+    # The backtrace starts where the check failed, in FiveAM running the test.
     frames = lisp.call("backtrace", evaluation=structure["evaluation"])
     assert not frames["isError"], frames
+    text = frames["content"][0]["text"]
+    assert "PROCESS-FAILURE (= 5 (RUN-TESTS-FIXTURE::DOUBLE 2))" in text and "TEST-CASE RUN-TESTS-FIXTURE::DOUBLES-WRONGLY" in text, text
     # Going on past the failure finishes the run, nothing waits any more,
     # and the run's end is run-tests' result.
     done = checked_call(lisp, "invoke-restart", evaluation=structure["evaluation"], restart="IGNORE-FAILURE")
