@@ -186,9 +186,9 @@ this agent's own functions, and frames SBCL cannot name."
 
 (defun error-frames ()
   "The frames between the point a condition was signalled and the
-evaluation boundary (or a watched thread's start), user-relevant ones only, as frame objects.  Called
-from inside the handler, before anything unwinds, so the frames stay valid
-while the evaluation waits there."
+evaluation boundary (or a watched thread's start), user-relevant ones
+only, as frame objects.  Called from inside the handler, before anything
+unwinds, so the frames stay valid while the evaluation waits there."
   (let ((frames '()))
     (block walk
       (sb-debug::map-backtrace

@@ -29,7 +29,7 @@ from cl_mcp.tools.background import follow_to_outcome
 # Tasks: 2025-11-25's experimental ones, asked for with `task` in a call's
 # params; from 2026-07-28 on the io.modelcontextprotocol/tasks extension.
 TASKS_VERSION = "2025-11-25"
-TASK_TOOLS = frozenset({"evaluate-lisp", "load-system", "compile-file"})
+TASK_TOOLS = frozenset({"evaluate-lisp", "load-system", "compile-file", "run-tests"})
 # A 2025-11-25 task's work goes to the background after this long, so that
 # the session's other calls need not wait for it (unless the call gives its
 # own answer-within).

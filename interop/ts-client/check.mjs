@@ -53,7 +53,7 @@ const TOOLS = [
   "run-tests",
 ];
 // The tools cl-mcp runs as MCP tasks (2025-11-25: execution.taskSupport "optional")
-const TASK_TOOLS = ["evaluate-lisp", "load-system", "compile-file"];
+const TASK_TOOLS = ["evaluate-lisp", "load-system", "compile-file", "run-tests"];
 const TASKS_VERSION = "2025-11-25";
 const CIRCLE = "(make-instance 'cl-mcp-fixture:circle :radius 2 :name \"disc\")";
 const LONG = { timeout: 300_000 }; // load-system and compile-file may compile for a while

@@ -11,7 +11,7 @@ import pytest
 
 from cl_mcp.errors import SERVER_BUSY
 from tests.integration.conftest import McpProcess, cl_mcp
-from tests.integration.devtools import FIXTURE
+from tests.integration.devtools import FIXTURE, FIXTURES
 from tests.integration.test_intake import PeakSampler, is_python, resident_kib
 
 MODERN = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
@@ -64,7 +64,7 @@ def test_tasks_are_declared_only_in_2025_11_25(legacy):
     assert capabilities["tasks"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
     tools = {tool["name"]: tool for tool in legacy.request("tools/list")["result"]["tools"]}
     supported = {name for name, tool in tools.items() if tool.get("execution")}
-    assert supported == {"evaluate-lisp", "load-system", "compile-file"}
+    assert supported == {"evaluate-lisp", "load-system", "compile-file", "run-tests"}
     assert all(tools[name]["execution"] == {"taskSupport": "optional"} for name in supported)
     older = McpProcess()
     try:
@@ -129,6 +129,16 @@ def test_load_system_and_compile_file_as_tasks(legacy, tmp_path):
     loaded = start_task(legacy, "load-system", {"system": "cl-mcp-fixture"})
     result = legacy.request("tasks/result", {"taskId": loaded})["result"]
     assert not result["isError"] and result["structuredContent"]["system"] == "cl-mcp-fixture", result
+
+
+def test_run_tests_as_a_task(legacy):
+    legacy.eval(f'(asdf:load-asd "{FIXTURES}/run-tests-fixture/run-tests-fixture.asd")')
+    task_id = start_task(legacy, "run-tests", {"system": "run-tests-fixture"})
+    result = legacy.request("tasks/result", {"taskId": task_id})["result"]
+    tests = result["structuredContent"]["tests"]
+    assert (tests["passed"], tests["failed"], tests["errored"]) == (2, 1, 1), result
+    # Failing tests make a tool error, which 2025-11-25 counts as a failed task.
+    assert result["isError"] and task_status(legacy, task_id)["status"] == "failed"
 
 
 def test_what_cannot_be_a_task(legacy):
