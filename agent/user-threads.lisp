@@ -366,5 +366,6 @@ by wrapping SB-THREAD:MAKE-THREAD as TRACE wraps a function; once."
   (make-thread-streams)
   (unless (sb-int:encapsulated-p 'sb-thread:make-thread 'watched)
     (sb-ext:without-package-locks
-      (sb-int:encapsulate 'sb-thread:make-thread 'watched #'make-thread-watched)))
+      ;; By name: an agent loaded again (a new version) takes over.
+      (sb-int:encapsulate 'sb-thread:make-thread 'watched 'make-thread-watched)))
   (pushnew 'deliver-thread-news swank::*pre-reply-hook*))
