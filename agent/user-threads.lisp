@@ -44,7 +44,12 @@ name of the thread that wrote it."
   (stderr (make-news-text))
   (writers '())  ; (LABEL CHARACTERS LINES) lists, the first writer first
   (stops '())    ; a plist for each thread that stopped at an error
-  (ends '()))    ; a plist for each stopped thread aborted past the limits
+  (ends '())     ; a plist for each stopped thread aborted past the limits
+  (untold 0))    ; stops and ends past `*news-entry-limit*', only counted
+
+(defparameter *news-entry-limit* 50
+  "Stops, and ends, told one by one between two of cl-mcp's requests; the
+rest are counted (their errors are still written to the threads' output).")
 
 (defvar *news-lock* (sb-thread:make-mutex :name "cl-mcp thread news")
   "Guards `*news*'.")
@@ -133,7 +138,9 @@ its backtrace among THREAD's error output, and tell cl-mcp."
     (sb-thread:with-mutex (*news-lock*)
       (let ((news (current-news)))
         (add-thread-text (news-stderr news) thread text 0 (length text))
-        (setf (news-stops news) (append (news-stops news) (list (remf-backtrace entry))))))))
+        (if (< (length (news-stops news)) *news-entry-limit*)
+            (setf (news-stops news) (append (news-stops news) (list (remf-backtrace entry))))
+            (incf (news-untold news)))))))
 
 (defun remf-backtrace (entry)
   "ENTRY without its :backtrace, which the thread's output keeps."
@@ -144,21 +151,24 @@ its backtrace among THREAD's error output, and tell cl-mcp."
   "The stopped thread ENTRY describes was aborted for REASON: tell cl-mcp."
   (sb-thread:with-mutex (*news-lock*)
     (let ((news (current-news)))
-      (setf (news-ends news)
-            (append (news-ends news) (list (list* :reason reason (remf-backtrace entry))))))))
+      (if (< (length (news-ends news)) *news-entry-limit*)
+          (setf (news-ends news)
+                (append (news-ends news) (list (list* :reason reason (remf-backtrace entry)))))
+          (incf (news-untold news))))))
 
 (defun take-news ()
   "The news as a plist for cl-mcp, once, or nil when there is none:
 :number (under which the output is kept, when there is output), :stdout
 and :stderr (with :stdout-dropped, :stderr-dropped), :writers, :stops,
-:ends."
+:ends, :untold."
   (let ((news (sb-thread:with-mutex (*news-lock*) (shiftf *news* nil))))
     (when news
       (let ((stdout (news-stdout news))
             (stderr (news-stderr news))
             (report (list :writers (news-writers news)
                           :stops (news-stops news)
-                          :ends (news-ends news))))
+                          :ends (news-ends news)
+                          :untold (news-untold news))))
         (flet ((add (key value) (setf report (list* key value report))))
           (dolist (stream (list (list :stdout :stdout-dropped stdout)
                                 (list :stderr :stderr-dropped stderr)))

@@ -17,6 +17,7 @@ from cl_mcp.sexp import Keyword, SExp
 INLINE_CHARS = 600
 INLINE_LINES = 8
 MESSAGE_CHARS = 500  # of a condition's message in the notice
+MAX_LINES = 20  # notices in one result
 
 END_REASONS = {
     "timed-out": "it waited longer than --suspend-timeout",
@@ -52,6 +53,7 @@ class ThreadNews:
     writers: list[tuple[str, int, int]]  # (thread, characters, lines)
     stops: list[dict[str, SExp]]
     ends: list[dict[str, SExp]]
+    untold: int = 0  # stops and ends past the image's limit, only counted
 
     @classmethod
     def from_plist(cls, value: SExp) -> ThreadNews:
@@ -62,7 +64,8 @@ class ThreadNews:
                    dropped=int(news.get("stdout-dropped") or 0) + int(news.get("stderr-dropped") or 0),
                    writers=[(str(name), int(chars), int(lines))
                             for name, chars, lines in news.get("writers") or []],
-                   stops=_entries(news.get("stops")), ends=_entries(news.get("ends")))
+                   stops=_entries(news.get("stops")), ends=_entries(news.get("ends")),
+                   untold=int(news.get("untold") or 0))
 
     def kept(self) -> Kept | None:
         """What read-output keeps under `number`."""
@@ -79,20 +82,32 @@ class NewsNotices:
     def hear(self, news: ThreadNews) -> None:
         if news.writers and news.number is not None:
             self.pending.append(self._output_line(news))
+        ended = {end.get("evaluation") for end in news.ends}
         for stop in news.stops:
             if isinstance(stop.get("evaluation"), int) and news.number is not None:
                 self.kept_in[stop["evaluation"]] = news.number  # type: ignore[index]
-            if stop.get("evaluation") is not None:
+            # One that was aborted since is told by its end alone.
+            if stop.get("evaluation") is not None and stop.get("evaluation") not in ended:
                 self.pending.append(self._stop_line(stop))
         for end in news.ends:
             self.pending.append(self._end_line(end, news.number))
+        if news.untold:
+            self.pending.append(
+                f"{news.untold:,} more threads stopped or were aborted at an error than are told here; "
+                "each one's error and backtrace is in the threads' error output"
+                + (f" ({_call('read-output', evaluation=news.number, stream='stderr')})" if news.number else "")
+                + ', and threads {"action": "list"} shows those still stopped.')
 
     def take(self) -> str | None:
-        """The notice, once."""
+        """The notice, once; past MAX_LINES lines, the first and the last
+        (those between say where to look: each names its read-output call)."""
         if not self.pending:
             return None
-        text, self.pending = "\n".join(self.pending), []
-        return text
+        lines, self.pending = self.pending, []
+        if len(lines) > MAX_LINES:
+            half = MAX_LINES // 2
+            lines = [*lines[:half], f"({len(lines) - 2 * half:,} more notices left out)", *lines[-half:]]
+        return "\n".join(lines)
 
     def clear(self) -> None:
         self.pending.clear()

@@ -160,6 +160,24 @@ def test_cl_mcps_own_output_never_goes_to_the_threads(lisp):
     assert notice_of(lisp.call("threads", action="list")) == ""
 
 
+def test_a_flood_of_erring_threads_stays_bounded(lisp):
+    notice = start(lisp, '(dotimes (i 40) (sb-thread:make-thread (lambda () (error "tn flood")) '
+                         ':name (format nil "tn-flood-~D" i)))')
+    for _ in range(100):
+        threads = lisp.call("threads", action="list")
+        notice += notice_of(threads)
+        names = [t["name"] for t in threads["structuredContent"]["threads"]]
+        if sum(name.startswith("tn-flood-") for name in names) <= 8:
+            break
+        time.sleep(0.05)
+    stopped = [t for t in threads["structuredContent"]["threads"] if t["name"].startswith("tn-flood-")]
+    assert len(stopped) <= 8 and all(t["state"] == "stopped-at-error" for t in stopped), stopped
+    assert "was aborted at its error, SIMPLE-ERROR: tn flood" in notice
+    assert lisp.eval("(+ 1 2)") == ("=> 3", False)
+    for thread in stopped:
+        lisp.call("invoke-restart", evaluation=thread["evaluation"], restart="ABORT")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_past_the_limits_a_stopped_thread_is_aborted_and_its_error_kept(mode):
     with cl_mcp_in(mode, "--max-suspended", "1", "--suspend-timeout", "1") as lisp:

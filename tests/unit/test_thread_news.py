@@ -50,3 +50,29 @@ def test_no_news_no_notice():
     notices = NewsNotices()
     notices.hear(news("(:writers nil :stops nil :ends nil)"))
     assert notices.take() is None
+
+
+def test_a_flood_of_notices_keeps_the_first_and_the_last():
+    notices = NewsNotices()
+    for number in range(1, 31):
+        notices.hear(news(f'(:writers nil :stops ((:thread "t{number}" :evaluation {number} :type "E" '
+                          ':message "m" :restarts nil)) :ends nil)'))
+    text = notices.take()
+    assert text.count("stopped at an error") == 20 and "(10 more notices left out)" in text
+    assert 'Thread "t1" stopped' in text and 'Thread "t30" stopped' in text
+
+
+def test_what_the_image_only_counted_is_said():
+    notices = NewsNotices()
+    notices.hear(news('(:number 9 :stderr "x" :writers nil :stops nil :ends nil :untold 7)'))
+    assert notices.take().startswith("7 more threads stopped or were aborted at an error than are told here")
+
+
+def test_a_thread_stopped_and_aborted_since_the_last_call_is_told_once():
+    notices = NewsNotices()
+    notices.hear(news('(:number 4 :stderr "x" :writers nil '
+                      ':stops ((:thread "t" :evaluation 3 :type "E" :message "m" :restarts nil)) '
+                      ':ends ((:reason :aborted :thread "t" :evaluation 3 :type "E" :message "m")))'))
+    text = notices.take()
+    assert "stopped at an error" not in text
+    assert text.endswith('Its error and backtrace are kept: read-output {"evaluation": 4, "stream": "stderr"}.')
