@@ -135,8 +135,8 @@ class NewsNotices:
         restarts = "; ".join(f"{index} {name} ({description})"
                              for index, (name, description) in enumerate(stop.get("restarts") or []))
         return (f"Thread {json.dumps(stop.get('thread'))} stopped at an error: {stop.get('type')}: "
-                f"{_message(stop)}\nIt waits as evaluation {number}: backtrace, eval-in-frame and "
-                f"inspect look at it, and {_call('invoke-restart', evaluation=number, restart=0)} "
+                f"{_message(stop)}\nIt waits as evaluation {number}: backtrace and eval-in-frame "
+                f"look at it (inspect {{\"code\": \"*\"}} then shows eval-in-frame's value), and {_call('invoke-restart', evaluation=number, restart=0)} "
                 f"takes it on. Restarts: {restarts or 'none'}.")
 
     def _end_line(self, end: dict[str, SExp], number: int | None) -> str:

@@ -82,6 +82,9 @@ def test_a_thread_that_prints_then_errs_is_seen_and_stops_where_the_tools_reach_
     name = lisp.call("eval-in-frame", evaluation=number, frame=0,
                      code="(sb-thread:thread-name sb-thread:*current-thread*)")
     assert '"tn-crasher"' in name["content"][0]["text"], name
+    # inspect reaches what eval-in-frame gave (*), as for any waiting evaluation.
+    inspected = lisp.call("inspect", code="*")
+    assert not inspected["isError"] and "tn-crasher" in inspected["content"][0]["text"], inspected
     ended = lisp.call("invoke-restart", evaluation=number, restart="ABORT")
     assert not ended["isError"], ended
     for _ in range(50):
