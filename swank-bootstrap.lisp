@@ -28,7 +28,7 @@
 ;;;
 ;;; Checked with SBCL 2.2.9 and Swank 2.27 (Debian cl-swank).  Everything
 ;;; else is standard Common Lisp or a supported interface: SB-EXT,
-;;; SB-THREAD, SB-GRAY, SB-MOP, SB-ALIEN, SB-BSD-SOCKETS, SB-POSIX,
+;;; SB-THREAD, SB-GRAY, SB-MOP, SB-ALIEN, SB-BSD-SOCKETS, SB-POSIX, SB-PROFILE,
 ;;; SB-INTROSPECT, SWANK, SWANK/BACKEND, ASDF.  Those marked "by name" are
 ;;; looked up when the agent loads (`existing-symbols', `find-symbol') and
 ;;; their feature is left out where a release lacks them.  The others are
@@ -241,7 +241,7 @@ cl-mcp after loading them, so that attaching again does not reload them.")
     "tests"        ; run-tests: FiveAM's and RT's results, as an evaluation
     "threads"      ; the image's threads: list, backtrace, interrupt, kill
     "user-threads" ; user threads' output kept, their errors stopped at
-    "profile"      ; profile: code under SB-SPROF, a flat report
+    "profile"      ; profile: code under SB-SPROF or SB-PROFILE, a report
     "setup")       ; setting an image up, resetting a session
   "The agent's parts (agent/NAME.lisp), in loading order: each uses only
 what the parts before it define.")

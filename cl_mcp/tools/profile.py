@@ -1,5 +1,6 @@
 """profile: code run under SB-SPROF on the thread that evaluates it, and
-the flat report's top rows (the agent's `profile-of`)."""
+the flat report's top rows; or under SB-PROFILE, the calls of the named
+functions (the agent's `profile-of`)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,42 @@ from typing import Any
 from cl_mcp.render import Rendered, error_result
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, result_dict, whole
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, result_dict, strings, whole
 
-EMPTY = {"samples": 0, "rows": []}
+EMPTY: dict[str, Any] = {"rows": []}
 
 
 def percent(tenths: int) -> float:
     return tenths / 10
+
+
+def seconds(millionths: int) -> float:
+    return millionths / 1_000_000
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def render_calls(result: dict[str, Any]) -> Rendered:
+    """``N functions profiled, K called``, then one row a called function:
+    calls, seconds, bytes consed, seconds per call."""
+    rows = [{"function": row["function"], "calls": row["calls"], "seconds": seconds(row["seconds"]),
+             "consedBytes": row["consed"], "secondsPerCall": seconds(row["per-call"])}
+            for row in map(result_dict, result["rows"] or [])]
+    theirs = strings(result["already-profiled"])
+    head = (f'{plural(result["profiled"], "function")} profiled, {result["called"]} called (deterministic); '
+            f'the value: {result["value"]}')
+    if theirs:
+        head += "\nProfiled before this call, left alone (their counts are not here): " + ", ".join(theirs)
+    if result["called"] > len(rows):
+        head += f'\nThe {len(rows)} with the most seconds:'
+    table = "\n".join(f'{row["calls"]:>9} {row["seconds"]:9.3f} {row["consedBytes"]:>13,} '
+                      f'{row["secondsPerCall"]:10.6f}  {row["function"]}' for row in rows)
+    text = head + ("\n\n    calls   seconds        consed   sec/call  function\n" + table if rows else "")
+    return Rendered(text, False, {"mode": "deterministic", "value": result["value"],
+                                  "functions": result["profiled"], "called": result["called"],
+                                  "alreadyProfiled": theirs, "rows": rows})
 
 
 def render_profile(result: dict[str, Any]) -> Rendered:
@@ -40,8 +70,15 @@ async def profile(session: LispSession, arguments: dict[str, Any]) -> Rendered:
             Keyword("mode"), Keyword(arguments.get("mode", "cpu")),
             Keyword("max-rows"), whole(arguments.get("max-rows", 20)),
             Keyword("package"), arguments.get("package"),
+            Keyword("functions"), quoted(arguments.get("functions")),
+            Keyword("packages"), quoted(arguments.get("packages")),
             Keyword("timeout"), lisp_seconds(timeout)]
     result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE)
     if failure:
         return error_result(*failure, EMPTY)
-    return render_profile(result)
+    return render_calls(result) if result["mode"] == "deterministic" else render_profile(result)
+
+
+def quoted(names: list[str] | None) -> Any:
+    """A list of strings as Lisp data, not a call."""
+    return [Symbol("cl:quote"), names] if names else None
