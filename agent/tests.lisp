@@ -460,17 +460,22 @@ are by default."
 
 (defun run-tests-now ()
   "Run the tests of `*test-run*' (called as an evaluation's code); the
-run, whose report the evaluation's report carries as :tests."
-  (let ((run *test-run*))
+run, whose report the evaluation's report carries as :tests, or when no
+framework was recognised, the values the system's test-op returned (the
+fallback's result shows them as an evaluation's)."
+  (let ((run *test-run*)
+        (returned '()))
     (when (test-run-system run)
       (load-test-dependencies (test-run-system run)))
     (install-hooks)
     (flet ((run-them ()
              (call-with-debugging
               run (lambda ()
-                    (if (test-run-test run)
-                        (run-named-test (test-designator (test-run-test run)))
-                        (asdf:test-system (test-run-system run)))))))
+                    (setf returned
+                          (multiple-value-list
+                           (if (test-run-test run)
+                               (run-named-test (test-designator (test-run-test run)))
+                               (asdf:test-system (test-run-system run)))))))))
       (if (test-run-debug run)
           ;; The error waits where it was signalled, as an evaluation's.
           (run-them)
@@ -480,7 +485,7 @@ run, whose report the evaluation's report carries as :tests."
             (error (condition)
               (setf (test-run-signalled run) (describe-error condition nil))))))
     (setf (test-run-report run) (test-run-plist run))
-    run))
+    (if (test-run-frameworks run) run (values-list returned))))
 
 ;;;; Entry point
 

@@ -106,6 +106,9 @@ def rendered_tests(result: dict[str, Any], limit: int) -> Rendered:
     if tests["signalled"]:
         sections.append(error_text(tests["signalled"]["type"], "The run ended with an error: "
                                    + tests["signalled"]["message"]))
+    elif not tests["frameworks"] and not result.get("stdout") and not result.get("stderr"):
+        sections.append("The test-op printed nothing and signalled nothing: it may run no tests "
+                        "(a system without a test-op does nothing).")
     number = result.get("number")
     offsets = result.get("line-offsets") or {}
     if tests["frameworks"] and number is not None and result.get("stdout"):

@@ -100,6 +100,16 @@ def test_an_unrecognised_framework_gives_no_counts_but_its_output_and_error(lisp
     assert "checking 3 things by hand" in text and "no test framework recognised" in text
 
 
+def test_a_system_whose_test_op_runs_nothing_says_so(lisp):
+    # Fiasco's own system defines no test-op: asdf:test-system returns T.
+    # (Loaded first: compiling it would print.)
+    assert not lisp.eval('(asdf:load-system "fiasco")')[1]
+    structure, text = run(lisp, system="fiasco")
+    assert structure["tests"]["recognised"] is False and structure["success"] is True
+    assert "The test-op printed nothing and signalled nothing" in text and "\n=> T\n" in text, text
+    assert "TEST-RUN" not in text
+
+
 def test_one_test_by_name(lisp):
     structure, _ = run(lisp, test="doubles-small-numbers", package="RUN-TESTS-FIXTURE")
     assert (totals(structure["tests"]), structure["success"]) == ((2, 0, 0, 0), True)
