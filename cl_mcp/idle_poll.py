@@ -18,6 +18,12 @@ busy a yield hands the CPU to it for a whole time slice (milliseconds, where
 sleeping would have been woken at once): measured, both doubled a round
 trip.  So there is no polling on a single CPU, and a yield that comes back
 late stops the polling for `BACK_OFF` seconds.
+
+Nor does it pay when requests come further apart than the poll lasts (an
+assistant's, seconds apart): then every poll would spin to its end for
+nothing.  So the loop polls only when its last wait was at most that
+long; a wait that outlasted it makes the next one sleep at once, and the
+first short wait (requests coming back to back) starts polling again.
 """
 
 from __future__ import annotations
@@ -40,12 +46,14 @@ def idle_spin() -> float:
 
 class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
     """The platform's default selector, which polls for SPIN seconds before
-    any wait that would block, unless a recent poll found the CPU busy."""
+    any wait that would block, unless a recent poll found the CPU busy or
+    the last wait outlasted SPIN."""
 
     def __init__(self, spin: float = IDLE_SPIN) -> None:
         super().__init__()
         self.spin = spin
         self.quiet_until = 0.0  # no polling before this perf_counter() time
+        self.last_wait_short = True  # whether the last wait ended within SPIN
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         ready = super().select(0)
@@ -53,7 +61,7 @@ class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-ty
             return ready
         clock = time.perf_counter
         started = now = clock()
-        if now >= self.quiet_until:
+        if now >= self.quiet_until and self.last_wait_short:
             spin_until = now + (self.spin if timeout is None else min(self.spin, timeout))
             while now < spin_until:
                 os.sched_yield()
@@ -66,7 +74,9 @@ class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-ty
                     return ready
         if timeout is not None:
             timeout = max(0.0, timeout - (now - started))
-        return super().select(timeout)
+        ready = super().select(timeout)
+        self.last_wait_short = clock() - started <= self.spin
+        return ready
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
