@@ -18,6 +18,14 @@ busy a yield hands the CPU to it for a whole time slice (milliseconds, where
 sleeping would have been woken at once): measured, both doubled a round
 trip.  So there is no polling on a single CPU, and a yield that comes back
 late stops the polling for `BACK_OFF` seconds.
+
+Nor does it pay when requests come further apart than the poll lasts (an
+assistant's, seconds apart): then every poll would spin to its end for
+nothing.  So after `LONG_WAITS` waits in a row that each outlasted the poll,
+the loop sleeps at once, until a wait ends within it (requests coming back
+to back again).  One long wait is not enough: a call answered later than
+the answer window (a slower evaluation, or a busy CPU) is waited for in the
+loop, and the request after it still comes at once.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import time
 IDLE_SPIN = 0.0003  # seconds; ~10× a wake-up, ~1/3000 of an assistant's turn
 STOLEN = 0.0005  # a yield that took this long gave the CPU away for a time slice
 BACK_OFF = 1.0  # seconds without polling after that
+LONG_WAITS = 2  # waits in a row longer than the poll, after which it stops
 
 
 def idle_spin() -> float:
@@ -40,12 +49,14 @@ def idle_spin() -> float:
 
 class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
     """The platform's default selector, which polls for SPIN seconds before
-    any wait that would block, unless a recent poll found the CPU busy."""
+    any wait that would block, unless a recent poll found the CPU busy or
+    the last `LONG_WAITS` waits each outlasted SPIN."""
 
     def __init__(self, spin: float = IDLE_SPIN) -> None:
         super().__init__()
         self.spin = spin
         self.quiet_until = 0.0  # no polling before this perf_counter() time
+        self.long_waits = 0  # the last waits in a row that outlasted SPIN
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         ready = super().select(0)
@@ -53,7 +64,7 @@ class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-ty
             return ready
         clock = time.perf_counter
         started = now = clock()
-        if now >= self.quiet_until:
+        if now >= self.quiet_until and self.long_waits < LONG_WAITS:
             spin_until = now + (self.spin if timeout is None else min(self.spin, timeout))
             while now < spin_until:
                 os.sched_yield()
@@ -63,10 +74,13 @@ class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-ty
                     break
                 ready = super().select(0)
                 if ready:
+                    self.long_waits = 0
                     return ready
         if timeout is not None:
             timeout = max(0.0, timeout - (now - started))
-        return super().select(timeout)
+        ready = super().select(timeout)
+        self.long_waits = self.long_waits + 1 if clock() - started > self.spin else 0
+        return ready
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

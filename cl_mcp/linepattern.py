@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-import re2
-
 
 class PatternError(ValueError):
     """A pattern RE2 refuses; the message is RE2's reason."""
@@ -69,6 +67,10 @@ Regexp = Any
 
 def compiled(pattern: str) -> Regexp:
     """PATTERN compiled by RE2; raises PatternError."""
+    # Imported on the first search: a session may never search, and the
+    # extension takes milliseconds to load at start-up.
+    import re2
+
     options = re2.Options()
     options.never_capture = True  # only where a match starts is wanted
     options.log_errors = False  # RE2 would write its refusals to stderr

@@ -118,7 +118,6 @@ class McpServer:
     def __init__(self, session: LispSession, send: Send) -> None:
         self.session = session
         self._send = send
-        self._tools: dict[str, ToolSpec] = build_tools(session.config.max_result_chars)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._inflight: dict[Any, tuple[str, asyncio.Future[Any]]] = {}
         self._cancelled: set[Any] = set()
@@ -141,6 +140,13 @@ class McpServer:
             "notifications/initialized": lambda params: None,
             "notifications/cancelled": self._cancel,
         }
+
+    @functools.cached_property
+    def _tools(self) -> dict[str, ToolSpec]:
+        """Built on the first tools/list or tools/call, not before
+        initialize is answered: the tools' modules and their compiled
+        schemas take ~20 ms to load, which a host would wait for."""
+        return build_tools(self.session.config.max_result_chars)
 
     # ------------------------------------------------------------ input
 
@@ -265,7 +271,7 @@ class McpServer:
         """Start REQUEST (SIZE bytes) with RUN: its task, or the busy error
         when it is a tools/call past the intake limits.  Nothing of a
         refused request is kept."""
-        spec = self._tools.get(_tool_name(request.params))
+        spec = self._tools.get(_tool_name(request.params)) if request.method == "tools/call" else None
         if request.method == "tools/call" and not (spec is not None and spec.beside):
             busy = self._calls.refusal(size)
             if busy is not None:

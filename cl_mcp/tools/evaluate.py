@@ -133,6 +133,15 @@ def rendered_within(result: dict[str, Any], limit: int) -> Rendered:
         return {**result, "stdout": cut["stdout"], "stderr": cut["stderr"],
                 **({"values": values_cut} if "values" in result else {})}
 
+    # Most results are far under the budget: rendered once and weighed
+    # once, they need none of the fitting below (which renders each twice).
+    whole = render_evaluation(with_parts(parts))
+    structure = whole.structured or {}
+    if isinstance(number, int):
+        structure["number"] = number
+    if len(whole.text) <= limit and budget.json_size(structure) <= limit:
+        return Rendered(whole.text, whole.is_error, structure)
+
     text_parts = budget.fit_parts(parts, lambda cut: len(render_evaluation(with_parts(cut)).text),
                                   limit, how_to_read)
     rendered = render_evaluation(with_parts(text_parts))

@@ -92,11 +92,35 @@ def test_a_timeout_counts_the_polling_and_a_short_one_caps_it():
         assert selector.select(0.05) == []
         assert 0 <= selector.timeouts[-1] < 0.05
         selector.spin = 5.0
+        selector.long_waits = 0  # as after a request that came at once
         selector.timeouts.clear()
         started = time.perf_counter()
         assert selector.select(0.01) == []
         assert time.perf_counter() - started < 2.5  # at its timeout, not after the 5 s spin
         assert all(timeout is not None and timeout < 0.01 for timeout in selector.timeouts)
+
+
+def test_after_waits_longer_than_the_poll_the_next_wait_sleeps_at_once(monkeypatch):
+    """Requests further apart than the poll lasts (an assistant's) would
+    have every poll spin to its end for nothing; back to back, it polls.
+    One long wait (a late answer) does not stop it."""
+    selector, ours, theirs = _watched_pair(spin=0.001)
+    with selector, ours, theirs:
+        assert selector.select(0.05) == []  # nothing came within the poll
+        selector.timeouts.clear()
+        assert selector.select(0.05) == []
+        assert len(selector.timeouts) > 2  # after one long wait it still polled
+        selector.timeouts.clear()
+        selector.on_block = lambda: theirs.sendall(b"x")
+        assert _ready(selector)
+        assert selector.timeouts == [0, None]  # after two: one look, then sleep
+        ours.recv(1)
+        selector.on_block = None
+        selector.spin = 5.0
+        selector.timeouts.clear()
+        input_at_yield(monkeypatch, theirs, 3)
+        assert _ready(selector)  # that wait was short: polling again
+        assert selector.timeouts == [0, 0, 0, 0]
 
 
 def test_the_loop_runs_pipes_timers_and_subprocesses():

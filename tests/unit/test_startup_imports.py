@@ -1,0 +1,60 @@
+"""What cl-mcp loads before it answers initialize: a host waits for that
+answer, so the tools (their modules, tools.json and its compiled schemas)
+and the extensions a session may never use (RE2) wait for their first use.
+Checked in a fresh interpreter, whose modules are what this test's process
+has not imported already."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+SERVE_INITIALIZE = """
+import asyncio, json, sys
+from cl_mcp import jsonrpc
+from cl_mcp.server import McpServer
+from cl_mcp.session import LispSession, SessionConfig
+
+async def main():
+    sent = []
+    server = McpServer(LispSession(SessionConfig()), sent.append)
+    server.receive(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}}}).encode())
+    answered = [m for m in sent if m.get("id") == 1 and "result" in m]
+    loaded_then = sorted(sys.modules)
+    server.receive(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}).encode())
+    listed = json.loads(jsonrpc.encode([m for m in sent if m.get("id") == 2][0]))
+    tools = listed["result"]["tools"]
+    print(json.dumps({"answered": bool(answered), "loaded": loaded_then, "tools": len(tools),
+                      "listed": sorted(sys.modules)}))
+
+asyncio.run(main())
+"""
+
+
+OTHER_TOOLS = ("browse", "code", "definitions", "forms", "inspector", "names", "output",
+               "profile", "restarts", "run_tests", "systems", "threads")
+
+
+def initialize_in_fresh_process() -> dict:
+    done = subprocess.run([sys.executable, "-c", SERVE_INITIALIZE], capture_output=True, text=True,
+                          timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
+def test_initialize_is_answered_before_the_tools_are_loaded() -> None:
+    outcome = initialize_in_fresh_process()
+    assert outcome["answered"]
+    loaded = set(outcome["loaded"])
+    # Tasks follow an evaluation to its outcome (task_calls.py): those few
+    # modules come with the server; none of the other tools' does.
+    assert not loaded & {f"cl_mcp.tools.{name}" for name in OTHER_TOOLS}
+    assert outcome["tools"] == 20  # the first tools/list builds them all
+
+
+def test_re2_waits_for_the_first_search() -> None:
+    outcome = initialize_in_fresh_process()
+    assert "cl_mcp.tools.output" in outcome["listed"]  # read-output is built...
+    assert "re2" not in outcome["listed"]  # ...without the engine of its patterns
