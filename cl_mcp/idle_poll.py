@@ -59,8 +59,10 @@ class PollingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-ty
         self.long_waits = 0  # the last waits in a row that outlasted SPIN
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if self.spin <= 0:
+            return super().select(timeout)  # an ordinary wait
         ready = super().select(0)
-        if ready or (timeout is not None and timeout <= 0) or self.spin <= 0:
+        if ready or (timeout is not None and timeout <= 0):
             return ready
         clock = time.perf_counter
         started = now = clock()

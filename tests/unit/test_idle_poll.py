@@ -60,6 +60,16 @@ def test_what_is_ready_already_costs_one_poll():
         assert selector.timeouts == [0]
 
 
+def test_without_polling_it_sleeps_at_once():
+    # On one CPU (spin 0) the wait is an ordinary one: it used to return the
+    # first look's empty answer, and the loop spun at 100 % of that CPU.
+    selector, ours, theirs = _watched_pair(spin=0.0)
+    with selector, ours, theirs:
+        selector.on_block = lambda: theirs.sendall(b"x")  # arrives only if it blocks
+        assert _ready(selector)
+        assert selector.timeouts == [None]
+
+
 def test_a_loop_with_work_to_do_never_spins():
     selector, ours, theirs = _watched_pair(spin=0.5)
     with selector, ours, theirs:
