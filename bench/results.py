@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cl_mcp.linepattern import LinePattern  # noqa: E402
 from cl_mcp.outputs import Lines  # noqa: E402
-from cl_mcp.session import SessionConfig  # noqa: E402
+from cl_mcp.config import SessionConfig  # noqa: E402
 from cl_mcp.tools.output import read_slice, search  # noqa: E402
 from devtools import timed, tool  # noqa: E402
 

@@ -35,7 +35,8 @@ from devtools import timed  # noqa: E402
 import pure  # noqa: E402  (bench/pure.py, beside this file)
 import results  # noqa: E402  (bench/results.py, beside this file)
 from cl_mcp import sexp  # noqa: E402
-from cl_mcp.image import ImageConfig, LispImage  # noqa: E402
+from cl_mcp.config import ImageConfig  # noqa: E402
+from cl_mcp.image import LispImage  # noqa: E402
 from cl_mcp.swank.wire import encode_frame, parse_header  # noqa: E402
 
 CL_MCP = [str(Path(sys.executable).parent / "cl-mcp"), "--log-level", "warning"]

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import os
 import signal
 import sys
-from typing import Any, Awaitable, Callable, Mapping, NoReturn
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, NoReturn
 
 from cl_mcp import __version__, idle_poll, jsonrpc
 from cl_mcp.jsonrpc import OversizedLine
 from cl_mcp.client_log import ClientLogHandler
-from cl_mcp.image import HEAP_SIZE_RANGE, ImageConfig
-from cl_mcp.link import parse_address
-from cl_mcp.session import LispSession, SessionConfig
+from cl_mcp.config import HEAP_SIZE_RANGE, ImageConfig, SessionConfig, parse_address
 from cl_mcp.stdio import StdioTransport, claim_stdout, reopen_closed_stdin
+
+if TYPE_CHECKING:
+    from cl_mcp.session import LispSession
 
 log = logging.getLogger("cl_mcp")
 
@@ -168,6 +168,7 @@ def is_loopback(host: str) -> bool:
     any other name counts as remote."""
     if host.lower() == "localhost":
         return True
+    import ipaddress  # only for --connect: not on the way to initialize
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -200,15 +201,18 @@ async def first_of(*awaitables: Awaitable[object]) -> None:
 async def serve(config: SessionConfig, out_fd: int) -> int:
     from cl_mcp.server import McpServer
 
-    session = LispSession(config)
-    server = McpServer(session, lambda message: transport.write(jsonrpc.encode(message)))
+    def make_session() -> LispSession:
+        from cl_mcp.session import LispSession
+        return LispSession(config)
+
+    server = McpServer(config, make_session, lambda message: transport.write(jsonrpc.encode(message)))
 
     def receive_first(line: bytes | OversizedLine) -> None:
-        # The image starts once the first message (initialize) is under way,
-        # so that its start-up does not compete with the first answer.
+        # The session (its modules) and the image are made once the first
+        # message (initialize) is answered, so that neither delays it.
         transport.on_line = server.receive
         server.receive(line)
-        session.start_in_background()
+        asyncio.get_running_loop().call_soon(lambda: server.session.start_in_background())
 
     transport = StdioTransport(receive_first, 0, out_fd)
     await transport.open()
@@ -229,7 +233,8 @@ async def serve(config: SessionConfig, out_fd: int) -> int:
     if stop.is_set():
         log.info("signal received; shutting down")
     await server.finish(timeout=0)
-    await session.close()
+    if server.has_session:
+        await server.session.close()
     await transport.drain()
     transport.close()
     return 0

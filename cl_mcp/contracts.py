@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from functools import cache
-from importlib import resources
+import os
 from typing import TYPE_CHECKING, Any
 
 from cl_mcp.schema_check import compile_schema
@@ -25,11 +25,15 @@ log = logging.getLogger("cl_mcp.contracts")
 MAX_PROBLEMS = 10  # lines of Schema.problems
 MAX_REASON = 300  # characters of one problem's reason
 MAX_VALUE = 80  # characters of a value quoted in a reason
+SCHEMAS = os.path.join(os.path.dirname(__file__), "schemas")  # cl_mcp/schemas
 
 
 def load_schema(name: str) -> Any:
     """A JSON file of cl_mcp/schemas."""
-    return json.loads(resources.files("cl_mcp.schemas").joinpath(name).read_text("utf-8"))
+    # Beside this file, as pip installs it; importlib.resources would cost
+    # ~10 ms of imports before initialize is answered.
+    with open(os.path.join(SCHEMAS, name), encoding="utf-8") as schema:
+        return json.load(schema)
 
 
 class Schema:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from cl_mcp.errors import ClMcpError
-from cl_mcp.image import (HEAP_SIZE_CAP, HEAP_SIZE_FLOOR, ImageConfig, LispImage, cache_dir,
-                          cache_problem, cached_code, find_bootstrap, find_slime_dir,
-                          physical_memory, saved_core)
+from cl_mcp.config import HEAP_SIZE_CAP, HEAP_SIZE_FLOOR, ImageConfig, physical_memory
+from cl_mcp.image import (LispImage, cache_dir, cache_problem, cached_code, find_bootstrap, find_slime_dir,
+                          saved_core)
 from cl_mcp.sexp import Symbol, plist
 from cl_mcp.swank.client import SwankConnection
 

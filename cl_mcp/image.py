@@ -23,10 +23,10 @@ import shutil
 import stat
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from cl_mcp import sexp
+from cl_mcp.config import ImageConfig
 from cl_mcp.errors import ImageError
 
 log = logging.getLogger("cl_mcp.image")
@@ -58,48 +58,6 @@ def find_slime_dir(explicit: str | None = None) -> Path:
         f"Swank sources not found (looked in {where}); install Debian's cl-swank "
         "or pass --slime-dir / set CL_MCP_SLIME_DIR"
     )
-
-
-# The image's heap (SBCL's dynamic space), in MiB.  By default a quarter of
-# the memory this machine (or its cgroup) has, at most 8 GiB, as the JVM
-# sizes its default heap; never less than the 1 GiB SBCL itself starts with.
-HEAP_SIZE_RANGE = (256, 1_048_576)
-HEAP_SIZE_CAP = 8192
-HEAP_SIZE_FLOOR = 1024
-CGROUP_MEMORY_LIMIT = Path("/sys/fs/cgroup/memory.max")
-
-
-def physical_memory() -> int:
-    """The bytes of memory this process may use: the machine's, or its
-    cgroup's limit when that is lower (a container's)."""
-    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        limit = CGROUP_MEMORY_LIMIT.read_text().strip()
-    except OSError:
-        return memory
-    return min(memory, int(limit)) if limit.isdigit() else memory
-
-
-def default_heap_size(memory: int) -> int:
-    """The heap, in MiB, for a machine with MEMORY bytes."""
-    return max(HEAP_SIZE_FLOOR, min(HEAP_SIZE_CAP, memory // 4 // 2**20))
-
-
-@dataclass(frozen=True, slots=True)
-class ImageConfig:
-    sbcl: str = "sbcl"
-    slime_dir: str | None = None
-    startup_timeout: float = 120.0
-    saved_core: bool = True  # start from a cached core with Swank and the agent
-    heap_size: int | None = None  # MiB; None: default_heap_size of this machine
-
-    def heap_mib(self) -> int:
-        return self.heap_size or default_heap_size(physical_memory())
-
-    def runtime_options(self) -> list[str]:
-        """SBCL's runtime options for the image (they precede the toplevel
-        ones; a core saved without :save-runtime-options takes any size)."""
-        return ["--dynamic-space-size", f"{self.heap_mib()}MB"]
 
 
 def _lisp_string(text: str) -> str:

@@ -23,7 +23,8 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from cl_mcp import idle_poll, sexp
 from cl_mcp.errors import ImageError, SessionError, SwankError
-from cl_mcp.image import ImageConfig, LispImage, agent_digest, agent_parts, find_bootstrap
+from cl_mcp.config import ImageConfig
+from cl_mcp.image import LispImage, agent_digest, agent_parts, find_bootstrap
 from cl_mcp.sexp import SExp, Symbol
 from cl_mcp.swank.client import SwankConnection
 
@@ -74,14 +75,6 @@ def read_slime_secret(home: Path | None = None) -> str | None:
     except FileNotFoundError:
         return None
     return text.splitlines()[0] if text else ""
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """`[HOST:]PORT` as (host, port); the host defaults to 127.0.0.1."""
-    host, _, port = text.rpartition(":")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"not a [HOST:]PORT address: {text!r}")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 # Sets a fresh connection up for the session (the agent's `configure`).

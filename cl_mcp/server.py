@@ -25,7 +25,7 @@ import asyncio
 import functools
 import json
 import logging
-from typing import Any, Awaitable, Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine
 
 import orjson
 
@@ -44,10 +44,13 @@ from cl_mcp.intake import CallQueue, QueuedCall
 from cl_mcp.jsonrpc import OversizedLine
 from cl_mcp.render import Rendered, invalid_arguments
 from cl_mcp.request import META_CAPABILITIES, Request, check_params
-from cl_mcp.session import LispSession
 from cl_mcp.task_calls import TASK_TOOLS, TASKS_VERSION, TaskCalls, Then
 from cl_mcp.tasks import EXTENSION, EXTENSION_VERSION
+from cl_mcp.config import SessionConfig
 from cl_mcp.tools import ToolSpec, build_tools
+
+if TYPE_CHECKING:  # made after initialize is answered (McpServer.session)
+    from cl_mcp.session import LispSession
 
 log = logging.getLogger("cl_mcp.server")
 
@@ -115,14 +118,15 @@ def _tool_name(params: Any) -> str:
 
 
 class McpServer:
-    def __init__(self, session: LispSession, send: Send) -> None:
-        self.session = session
+    def __init__(self, config: SessionConfig, make_session: Callable[[], LispSession], send: Send) -> None:
+        self.config = config
+        self._make_session = make_session
         self._send = send
         self._tasks: set[asyncio.Future[Any]] = set()
         self._inflight: dict[Any, tuple[str, asyncio.Future[Any]]] = {}
         self._cancelled: set[Any] = set()
         self._calls = CallQueue()
-        self._task_calls = TaskCalls(session, send, self._calls, self._call_result)
+        self._task_calls = TaskCalls(lambda: self.session, send, self._calls, self._call_result)
         self.protocol_version = LATEST_LEGACY
         self.initialized = False
         self.client_info: dict[str, Any] = {}
@@ -142,11 +146,22 @@ class McpServer:
         }
 
     @functools.cached_property
+    def session(self) -> LispSession:
+        """Made on its first use, after initialize is answered: the session's
+        modules (the image, the link, the Swank client) take ~25 ms to load,
+        which a host starting cl-mcp would wait for."""
+        return self._make_session()
+
+    @property
+    def has_session(self) -> bool:
+        return "session" in self.__dict__
+
+    @functools.cached_property
     def _tools(self) -> dict[str, ToolSpec]:
         """Built on the first tools/list or tools/call, not before
         initialize is answered: the tools' modules and their compiled
         schemas take ~20 ms to load, which a host would wait for."""
-        return build_tools(self.session.config.max_result_chars)
+        return build_tools(self.config.max_result_chars)
 
     # ------------------------------------------------------------ input
 
@@ -529,7 +544,7 @@ class McpServer:
         notices = self.session.take_notices()
         if notices:
             text = budget.fit_text("\n\n".join([text, *(f"[{title}]\n{notice}" for title, notice in notices)]),
-                                   self.session.config.max_result_chars)
+                                   self.config.max_result_chars)
         return self._tool_result(request, rendered, text)
 
     @staticmethod

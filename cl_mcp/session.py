@@ -15,12 +15,11 @@ import asyncio
 import itertools
 import logging
 import secrets
-from dataclasses import dataclass
 from typing import Any
 
 from cl_mcp import idle_poll
 from cl_mcp.errors import ProtocolError, SessionError, SwankError
-from cl_mcp.image import ImageConfig
+from cl_mcp.config import SessionConfig
 from cl_mcp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in_image
 from cl_mcp.outputs import OutputStore
 from cl_mcp.sexp import Keyword, SExp, Symbol
@@ -29,26 +28,6 @@ from cl_mcp.thread_news import NewsNotices, ThreadNews
 from cl_mcp.unclaimed import Unclaimed
 
 log = logging.getLogger("cl_mcp.session")
-
-
-@dataclass(frozen=True, slots=True)
-class SessionConfig:
-    image: ImageConfig = ImageConfig()
-    connect: tuple[str, int] | None = None  # attach to this Swank instead
-    eval_timeout: float = 30.0
-    load_timeout: float = 300.0
-    # Hosts give up on a call after about 60 s: an evaluation still running
-    # after this long is answered "still running" and runs on in the
-    # background, at most max_background at once.
-    answer_within: float = 45.0
-    max_background: int = 4
-    # Characters the image captures of each stream of one evaluation: each
-    # costs it 4 bytes of a 1 GB heap while the evaluation runs.
-    max_output: int = 16_000_000
-    max_result_chars: int = 20_000  # what one tool result may hold (hosts' budgets)
-    keep_output: int = 64 * 1024 * 1024  # characters of output kept for read-output
-    max_suspended: int = 8
-    suspend_timeout: float = 600.0
 
 
 class LispSession:

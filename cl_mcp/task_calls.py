@@ -13,7 +13,7 @@ against the intake limits until it is done with the session (intake.py).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from cl_mcp import jsonrpc
 from cl_mcp.eager import start_eagerly
@@ -21,10 +21,11 @@ from cl_mcp.errors import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError
 from cl_mcp.intake import CallQueue
 from cl_mcp.render import Rendered
 from cl_mcp.request import META_CAPABILITIES, Request, check_params
-from cl_mcp.session import LispSession
 from cl_mcp.tasks import EXTENSION, RELATED_TASK, Task, TaskRegistry
-from cl_mcp.tools import ToolSpec
-from cl_mcp.tools.background import follow_to_outcome
+
+if TYPE_CHECKING:  # the session and the tools load after initialize is answered
+    from cl_mcp.session import LispSession
+    from cl_mcp.tools import ToolSpec
 
 # Tasks: 2025-11-25's experimental ones, asked for with `task` in a call's
 # params; from 2026-07-28 on the io.modelcontextprotocol/tasks extension.
@@ -46,16 +47,16 @@ Send = Callable[[Any], None]
 # follows its evaluation to the outcome).
 Then = Callable[[Rendered], Awaitable[Rendered]]
 # The server's tool call: validation, the handler, THEN, the CallToolResult.
-CallResult = Callable[[Request, ToolSpec, dict[str, Any], Then | None], Awaitable[dict[str, Any]]]
+CallResult = Callable[[Request, "ToolSpec", dict[str, Any], Then | None], Awaitable[dict[str, Any]]]
 
 
 class TaskCalls:
     """The session's tasks, wired to the server's tool calls: SEND writes a
     message, CALLS is the intake queue, CALL_RESULT runs one call."""
 
-    def __init__(self, session: LispSession, send: Send, calls: CallQueue,
+    def __init__(self, session: Callable[[], LispSession], send: Send, calls: CallQueue,
                  call_result: CallResult) -> None:
-        self._session = session
+        self._session = session  # made on its first use
         self._send = send
         self._calls = calls
         self._call_result = call_result
@@ -96,7 +97,7 @@ class TaskCalls:
         runner = self._start(task, request, spec, arguments)
         if not runner.done():
             try:
-                await asyncio.wait({runner}, timeout=self._session.config.answer_within + TASK_GRACE)
+                await asyncio.wait({runner}, timeout=self._session().config.answer_within + TASK_GRACE)
             except asyncio.CancelledError:
                 self._registry.cancel(task)
                 self._registry.forget(task)
@@ -131,7 +132,8 @@ class TaskCalls:
             # the background (counted by --max-background), followed beside
             # the session's calls.
             leave_the_queue()
-            return await follow_to_outcome(self._session, rendered,
+            from cl_mcp.tools.background import follow_to_outcome
+            return await follow_to_outcome(self._session(), rendered,
                                            lambda message: self._registry.note(task, message))
 
         try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import secrets
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -113,7 +113,7 @@ class TaskRegistry:
     def create(self, tool: str, revision: str, ttl_ms: int | None) -> Task:
         """A new task, `working`; `run` starts its job."""
         self._prune()
-        task = Task(f"{next(self._ids)}-{secrets.token_hex(8)}", tool, revision,
+        task = Task(f"{next(self._ids)}-{os.urandom(8).hex()}", tool, revision,
                     min(ttl_ms, MAX_TTL_MS) if ttl_ms is not None else DEFAULT_TTL_MS)
         self._tasks[task.task_id] = task
         return task

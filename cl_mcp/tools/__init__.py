@@ -11,15 +11,17 @@ made an int (cl_mcp/integers.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from cl_mcp import budget
 from cl_mcp.contracts import Schema, tool_definitions, tool_schema
 from cl_mcp.integers import Normalize, integers_of
 from cl_mcp.render import Rendered
-from cl_mcp.session import LispSession
 
-Handler = Callable[[LispSession, dict[str, Any]], Awaitable[Rendered]]
+if TYPE_CHECKING:  # loaded after initialize is answered
+    from cl_mcp.session import LispSession
+
+Handler = Callable[["LispSession", dict[str, Any]], Awaitable[Rendered]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from cl_mcp.session import LispSession, SessionConfig
+from cl_mcp.config import SessionConfig
+from cl_mcp.session import LispSession
 from cl_mcp.tools.evaluate import evaluate
 from tests.integration.attach_fixtures import SwankServer, temporary_home
 from tests.integration.conftest import McpProcess

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cl_mcp.image import default_heap_size, physical_memory
+from cl_mcp.config import default_heap_size, physical_memory
 from tests.integration.conftest import McpProcess, cl_mcp, listening_ports, pid_alive, sbcl_children
 
 

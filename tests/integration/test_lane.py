@@ -8,8 +8,9 @@ import socket
 import pytest
 
 from cl_mcp import idle_poll
-from cl_mcp.image import ImageConfig, LispImage
-from cl_mcp.session import LispSession, SessionConfig
+from cl_mcp.config import ImageConfig, SessionConfig
+from cl_mcp.image import LispImage
+from cl_mcp.session import LispSession
 from cl_mcp.sexp import Symbol
 from cl_mcp.swank import client
 from cl_mcp.swank.client import SwankConnection

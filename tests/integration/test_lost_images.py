@@ -15,7 +15,8 @@ import pytest
 from cl_mcp.image import LispImage
 from cl_mcp.link import EmbeddedLink
 from cl_mcp.errors import SessionError
-from cl_mcp.session import LispSession, SessionConfig
+from cl_mcp.config import SessionConfig
+from cl_mcp.session import LispSession
 from cl_mcp.tools.evaluate import evaluate
 from cl_mcp.swank.client import SwankConnection
 from tests.integration.conftest import McpProcess, pid_alive, sbcl_children

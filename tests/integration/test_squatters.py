@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from cl_mcp.image import ImageConfig, LispImage
+from cl_mcp.config import ImageConfig
+from cl_mcp.image import LispImage
 from cl_mcp.sexp import Symbol
 from cl_mcp.swank.client import SwankConnection
 from cl_mcp.swank.wire import encode_frame

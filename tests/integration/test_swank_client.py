@@ -10,7 +10,8 @@ import socket
 import pytest
 
 from cl_mcp.errors import SwankError
-from cl_mcp.image import ImageConfig, LispImage
+from cl_mcp.config import ImageConfig
+from cl_mcp.image import LispImage
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.swank import client
 from cl_mcp.swank.client import RexAborted, SwankConnection, _read_soon

@@ -17,7 +17,7 @@ from cl_mcp import intake, server as server_module
 from cl_mcp.errors import SERVER_BUSY
 from cl_mcp.intake import MAX_QUEUED_BYTES, MAX_QUEUED_CALLS, CallQueue, QueuedCall
 from cl_mcp.server import McpServer
-from cl_mcp.session import SessionConfig
+from cl_mcp.config import SessionConfig
 from cl_mcp.sexp import Keyword
 from cl_mcp.swank.client import DEFAULT_PACKAGE
 
@@ -73,7 +73,7 @@ class Harness:
     def __init__(self) -> None:
         self.session = FakeSession()
         self.sent: list[Any] = []
-        self.server = McpServer(self.session, self.sent.append)  # type: ignore[arg-type]
+        self.server = McpServer(self.session.config, lambda: self.session, self.sent.append)  # type: ignore[arg-type]
 
     def send(self, message: Any) -> bytes:
         line = json.dumps(message).encode()

@@ -1,6 +1,7 @@
 """What cl-mcp loads before it answers initialize: a host waits for that
-answer, so the tools (their modules, tools.json and its compiled schemas)
-and the extensions a session may never use (RE2) wait for their first use.
+answer, so the session (the image, the link, the Swank client), the tools
+(their modules, tools.json and its compiled schemas) and the extensions a
+session may never use (RE2) wait for their first use.
 Checked in a fresh interpreter, whose modules are what this test's process
 has not imported already."""
 
@@ -14,11 +15,15 @@ SERVE_INITIALIZE = """
 import asyncio, json, sys
 from cl_mcp import jsonrpc
 from cl_mcp.server import McpServer
-from cl_mcp.session import LispSession, SessionConfig
+from cl_mcp.config import SessionConfig
+
+def make_session():
+    from cl_mcp.session import LispSession
+    return LispSession(SessionConfig())
 
 async def main():
     sent = []
-    server = McpServer(LispSession(SessionConfig()), sent.append)
+    server = McpServer(SessionConfig(), make_session, sent.append)
     server.receive(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "test", "version": "0"}}}).encode())
@@ -52,6 +57,14 @@ def test_initialize_is_answered_before_the_tools_are_loaded() -> None:
     # modules come with the server; none of the other tools' does.
     assert not loaded & {f"cl_mcp.tools.{name}" for name in OTHER_TOOLS}
     assert outcome["tools"] == 20  # the first tools/list builds them all
+
+
+def test_initialize_is_answered_before_the_session_is_made() -> None:
+    # The session's modules (the image, the link, the Swank client, the
+    # s-expression codec) load when the session is first needed.
+    loaded = set(initialize_in_fresh_process()["loaded"])
+    assert not loaded & {"cl_mcp.session", "cl_mcp.link", "cl_mcp.image", "cl_mcp.swank.client",
+                         "cl_mcp.sexp"}, sorted(loaded)
 
 
 def test_re2_waits_for_the_first_search() -> None:
