@@ -9,6 +9,7 @@ continued to the run's end."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,18 @@ def test_alexandrias_rt_suite_counts_as_rt_does(lisp):
              (list (length (cdr sb-rt::*entries*)) (length (sb-rt::pending-tests))))""")
     assert tests["passed"] + tests["failed"] + tests["errored"] == 2 * entries
     assert entries > 100 and tests["passed"] >= 2 * (entries - pending) - pending
+
+
+def test_cancelling_the_call_stops_the_run(lisp):
+    """notifications/cancelled aborts a run in the image, as it aborts an
+    evaluation, and frees the session at once (its slow test sleeps 3 s)."""
+    request_id = lisp.start_request("tools/call", {"name": "run-tests",
+                                                   "arguments": {"system": "run-tests-fixture/slow"}})
+    time.sleep(0.5)
+    lisp.notify("notifications/cancelled", {"requestId": request_id, "reason": "test"})
+    started = time.monotonic()
+    assert lisp.eval("(+ 1 2)") == ("=> 3", False)
+    assert time.monotonic() - started < 2.0  # not after the suite's 3 s
 
 
 def test_a_long_run_answers_still_running_then_await_gives_its_results(lisp):
