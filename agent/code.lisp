@@ -631,19 +631,18 @@ system creates are libraries, not the session's own definitions."
          (warnings '())
          (notes '())
          (undefined (make-hash-table :test 'equal))
-         (before (list-all-packages))
          (quicklisp (ensure-quicklisp))
          (outcome (with-running (tag sb-thread:*current-thread*)
                     (or (catch 'load-cancelled
-                          (call-recording-undefined
-                           undefined
+                          (call-loading-libraries
                            (lambda ()
-                             (%load-system name quicklisp stdout
-                                           (lambda (w) (push w warnings))
-                                           (lambda (note) (push note notes))))))
+                             (call-recording-undefined
+                              undefined
+                              (lambda ()
+                                (%load-system name quicklisp stdout
+                                              (lambda (w) (push w warnings))
+                                              (lambda (note) (push note notes))))))))
                         (list :aborted)))))
-    (setf *baseline-packages*
-          (union *baseline-packages* (set-difference (list-all-packages) before)))
     (when (eq (first outcome) :ok)
       (remember-system-sources name))
     (multiple-value-bind (notes dropped counts) (system-notes name (nreverse notes) mode undefined)

@@ -15,6 +15,14 @@
   "Packages that existed when the agent was first loaded.  Packages created
 later belong to the session (see `session-packages').")
 
+(defun call-loading-libraries (thunk)
+  "Call THUNK, which loads systems: the packages made meanwhile are their
+libraries', not the session's definitions (see `session-packages')."
+  (let ((before (list-all-packages)))
+    (unwind-protect (funcall thunk)
+      (setf *baseline-packages*
+            (union *baseline-packages* (set-difference (list-all-packages) before))))))
+
 (defun session-packages ()
   "CL-USER and every package created since the agent was loaded."
   (cons (find-package "COMMON-LISP-USER")

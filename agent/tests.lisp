@@ -432,15 +432,18 @@ printout goes to *standard-output*."
   "Load SYSTEM and the systems its test-op needs first, so that their
 frameworks are hooked before the tests run, and keep the text their files
 were compiled from (ASDF recompiles an edited file here), where test
-places are found (see `placed')."
-  (asdf:load-system system)
-  (remember-system-sources system)
-  (loop for (operation . components) in (asdf:component-depends-on 'asdf:test-op (asdf:find-system system))
-        when (member (string operation) '("LOAD-OP" "TEST-OP") :test #'string=)
-          do (dolist (component components)
-               (when (or (stringp component) (symbolp component))
-                 (asdf:load-system component)
-                 (remember-system-sources component)))))
+places are found (see `placed').  What they define is a library's, as
+after load-system (`call-loading-libraries')."
+  (call-loading-libraries
+   (lambda ()
+     (asdf:load-system system)
+     (remember-system-sources system)
+     (loop for (operation . components) in (asdf:component-depends-on 'asdf:test-op (asdf:find-system system))
+           when (member (string operation) '("LOAD-OP" "TEST-OP") :test #'string=)
+             do (dolist (component components)
+                  (when (or (stringp component) (symbolp component))
+                    (asdf:load-system component)
+                    (remember-system-sources component)))))))
 
 (defun call-with-debugging (run thunk)
   "Call THUNK with the frameworks told to stop at a failed check or an

@@ -187,6 +187,18 @@ def test_alexandrias_rt_suite_counts_as_rt_does(lisp):
     assert entries > 100 and tests["passed"] >= 2 * (entries - pending) - pending
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_what_a_run_loads_is_a_librarys_not_the_sessions(mode):
+    # As after load-system: split-sequence and its tests' system, loaded by
+    # the run in a fresh session, are not the session's definitions.
+    with cl_mcp_in(mode) as fresh:
+        check_results_of(fresh, "run-tests")
+        structure, _ = run(fresh, system="split-sequence")
+        assert structure["tests"]["passed"] > 100
+        listed = fresh.call("list-definitions", type="functions")["content"][0]["text"]
+        assert "SPLIT-SEQUENCE" not in listed, listed
+
+
 def test_cancelling_the_call_stops_the_run(lisp):
     """notifications/cancelled aborts a run in the image, as it aborts an
     evaluation, and frees the session at once (its slow test sleeps 3 s)."""
