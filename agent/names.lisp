@@ -31,6 +31,11 @@
   "The :status :error plist of a name or package that cannot be used."
   (list :status :error :error (list :type type :message message :backtrace nil)))
 
+(defun error-report (type control &rest arguments)
+  "The :status :error plist of TYPE, its message made by FORMAT from
+CONTROL and ARGUMENTS."
+  (name-error type (apply #'format nil control arguments)))
+
 (defun find-named-package (package-name)
   "The package PACKAGE-NAME names (exactly, or upcased), or nil."
   (and package-name (find-package-designator package-name)))
@@ -281,14 +286,19 @@ a definition's position in characters of the text it read."
           (length (sb-ext:string-to-octets text :external-format :utf-8
                                                 :end (min characters (length text))))))))
 
+(defun compiled-text (path)
+  "The text PATH (a pathname or namestring) was compiled from, as Swank's
+source cache holds it, or nil."
+  (let ((entry (gethash path swank/source-file-cache::*source-file-cache*)))
+    (and entry (swank/source-file-cache::source-cache-entry.text entry))))
+
 (defun compiled-line (path characters)
   "The line character CHARACTERS (from 0) was on in the text of PATH that
 Swank's source cache holds from when it was compiled, or nil."
   (handler-case
-      (let ((entry (gethash path swank/source-file-cache::*source-file-cache*)))
-        (when entry
-          (let ((text (swank/source-file-cache::source-cache-entry.text entry)))
-            (1+ (count #\Newline text :end (min characters (length text)))))))
+      (let ((text (compiled-text path)))
+        (when text
+          (1+ (count #\Newline text :end (min characters (length text))))))
     (serious-condition () nil)))
 
 (defun location-name (name)

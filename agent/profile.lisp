@@ -84,10 +84,6 @@ the result `profile-of' describes."
 
 ;;;; Deterministic profiling: SB-PROFILE
 
-(defun invalid-arguments (control &rest arguments)
-  "The :status :error plist of arguments that cannot go together."
-  (name-error "CL-MCP:INVALID-ARGUMENTS" (apply #'format nil control arguments)))
-
 (defun profilable-p (name)
   "Whether NAME (a symbol or (setf symbol)) names a function SB-PROFILE
 can wrap: not a macro or special operator."
@@ -141,9 +137,10 @@ agent's are refused: wrapping them all would slow or break the image."
                                          (format nil "The package ~S does not exist." package-name)))))
               ((or (sb-ext:package-locked-p package) (eq package (find-package "CL-MCP-AGENT")))
                (return-from requested-functions
-                 (values nil (invalid-arguments "The package ~A is ~:[cl-mcp's own~;locked (SBCL's)~]: ~
-                                                 name its functions in functions instead."
-                                                (package-name package) (sb-ext:package-locked-p package)))))
+                 (values nil (error-report "CL-MCP:INVALID-ARGUMENTS"
+                                           "The package ~A is ~:[cl-mcp's own~;locked (SBCL's)~]: ~
+                                            name its functions in functions instead."
+                                           (package-name package) (sb-ext:package-locked-p package)))))
               (t (setf names (append (package-functions package) names))))))
     (values (remove-duplicates (nreverse names) :test #'equal) nil)))
 
@@ -215,7 +212,8 @@ they are, counters and all; the others start with counters of their own,
 and are unprofiled when the code ends, however it ends."
   (when (and (null functions) (null packages))
     (return-from count-calls
-      (invalid-arguments "Mode deterministic needs functions or packages: what to count the calls of.")))
+      (error-report "CL-MCP:INVALID-ARGUMENTS"
+                    "Mode deterministic needs functions or packages: what to count the calls of.")))
   (multiple-value-bind (names failure) (requested-functions functions packages (package-name package))
     (when failure
       (return-from count-calls failure))
@@ -258,6 +256,7 @@ called ones by seconds, each (:function :calls :seconds :consed
           ((eq mode :deterministic)
            (count-calls code target functions packages max-rows timeout))
           ((or functions packages)
-           (invalid-arguments "functions and packages are for mode deterministic; mode ~(~A~) samples the whole thread."
-                              mode))
+           (error-report "CL-MCP:INVALID-ARGUMENTS"
+                         "functions and packages are for mode deterministic; mode ~(~A~) samples the whole thread."
+                         mode))
           (t (sample-code code target mode max-rows timeout)))))

@@ -290,12 +290,6 @@ SPLIT-SEQUENCE.0) is found at the macro's form."
         collect candidate
         while (and cut (plusp cut))))
 
-(defun compiled-text (file)
-  "The text FILE (a namestring) was compiled from, as Swank's source cache
-holds it, or nil."
-  (let ((entry (gethash file swank/source-file-cache::*source-file-cache*)))
-    (and entry (swank/source-file-cache::source-cache-entry.text entry))))
-
 (defun opening-in (candidate octets)
   "The byte where a form naming CANDIDATE (a lowered name) opens in OCTETS."
   (test-opening (sb-ext:string-to-octets candidate :external-format :utf-8) (lowered-octets octets)))

@@ -102,10 +102,6 @@ number it waits at an error under) or :lock (the lock it waits for)."
   "The live thread whose id is ID, or nil."
   (find id (sb-thread:list-all-threads) :key #'thread-id))
 
-(defun thread-error (type format-control &rest arguments)
-  "A :status :error plist of TYPE with a message."
-  (name-error type (apply #'format nil format-control arguments)))
-
 (defun ask-thread (thread function)
   "The value of FUNCTION called inside THREAD by an interrupt, or nil when
 THREAD does not answer within `*thread-answer-seconds*'."
@@ -125,7 +121,7 @@ THREAD does not answer within `*thread-answer-seconds*'."
                                     (list (frame-lines (error-frames) nil count))))))
     (if lines
         (list :status :ok :thread (thread-entry thread) :frames (first lines))
-        (thread-error "CL-MCP:THREAD-DID-NOT-ANSWER"
+        (error-report "CL-MCP:THREAD-DID-NOT-ANSWER"
                       "Thread ~D did not answer within ~A: it blocks interrupts, or is ~
                        inside foreign code."
                       (thread-id thread) (seconds-text *thread-answer-seconds*)))))
@@ -167,10 +163,10 @@ post that outcome for the invoke-restart that continued it."
     (handler-case (sb-thread:interrupt-thread thread (lambda () (stop-interrupted evaluation)))
       (sb-thread:interrupt-thread-error ()
         (return-from interrupt-user-thread
-          (thread-error "CL-MCP:NO-SUCH-THREAD" "Thread ~D has ended." (thread-id thread)))))
+          (error-report "CL-MCP:NO-SUCH-THREAD" "Thread ~D has ended." (thread-id thread)))))
     (or (take-slot evaluation #'evaluation-report #'(setf evaluation-report)
                    *thread-answer-seconds*)
-        (thread-error "CL-MCP:THREAD-DID-NOT-ANSWER"
+        (error-report "CL-MCP:THREAD-DID-NOT-ANSWER"
                       "Thread ~D did not stop within ~A: it blocks interrupts, or is inside ~
                        foreign code; it will stop when it can."
                       (thread-id thread) (seconds-text *thread-answer-seconds*)))))
@@ -187,12 +183,12 @@ the error it waits at, numbered), :kill ends it (a user's thread only)."
                                          collect (thread-entry thread)))
       (let ((target (and thread (find-thread thread))))
         (cond ((null thread)
-               (thread-error "CL-MCP:INVALID-ARGUMENTS" "~(~A~) needs a thread id (from list)." action))
+               (error-report "CL-MCP:INVALID-ARGUMENTS" "~(~A~) needs a thread id (from list)." action))
               ((null target)
-               (thread-error "CL-MCP:NO-SUCH-THREAD" "No thread has the id ~D (list shows the live ones)." thread))
+               (error-report "CL-MCP:NO-SUCH-THREAD" "No thread has the id ~D (list shows the live ones)." thread))
               ((eq action :backtrace) (thread-backtrace target count))
               ((not (eq (thread-owner target) :user))
-               (thread-error "CL-MCP:NOT-A-USER-THREAD"
+               (error-report "CL-MCP:NOT-A-USER-THREAD"
                              "Thread ~D (~S) is ~A's own: only a user's thread can be ~(~A~)ed."
                              thread (sb-thread:thread-name target)
                              (ecase (thread-owner target) (:cl-mcp "cl-mcp") (:swank "Swank") (:sbcl "SBCL"))

@@ -139,10 +139,10 @@ its backtrace among THREAD's error output, and tell cl-mcp."
       (let ((news (current-news)))
         (add-thread-text (news-stderr news) thread text 0 (length text))
         (if (< (length (news-stops news)) *news-entry-limit*)
-            (setf (news-stops news) (append (news-stops news) (list (remf-backtrace entry))))
+            (setf (news-stops news) (append (news-stops news) (list (without-backtrace entry))))
             (incf (news-untold news)))))))
 
-(defun remf-backtrace (entry)
+(defun without-backtrace (entry)
   "ENTRY without its :backtrace, which the thread's output keeps."
   (loop for (key value) on entry by #'cddr
         unless (eq key :backtrace) append (list key value)))
@@ -153,7 +153,7 @@ its backtrace among THREAD's error output, and tell cl-mcp."
     (let ((news (current-news)))
       (if (< (length (news-ends news)) *news-entry-limit*)
           (setf (news-ends news)
-                (append (news-ends news) (list (list* :reason reason (remf-backtrace entry)))))
+                (append (news-ends news) (list (list* :reason reason (without-backtrace entry)))))
           (incf (news-untold news))))))
 
 (defun take-news ()

@@ -190,8 +190,6 @@ class EmbeddedLink:
         if self._lane is not None and self._lane.closed:
             log.warning("the lane to the image was lost; opening a new one")
             self._lane = await self._open_lane(control)
-        if self._lane is not None:
-            self._lane.on_news = control.on_news  # set by the session's set-up
         return self._lane or control, control
 
     async def _control_ready(self) -> SwankConnection:
@@ -236,8 +234,6 @@ class EmbeddedLink:
             raise
         log.info("Lisp image ready (pid %s, port %s)", image.pid, port)
         self._lane = await self._open_lane(control)
-        if self._lane is not None:
-            self._lane.on_news = control.on_news  # set by the session's set-up
         self._control = control
         return control
 
@@ -252,9 +248,11 @@ class EmbeddedLink:
             name = await control.rex([Symbol("cl-mcp-agent:open-lane")], deadline=OPEN_TIMEOUT)
             if not isinstance(name, str):
                 raise SwankError(f"open-lane answered {name!r}, not a socket name")
-            return await SwankConnection.open("\0" + name, None, secret=self._image.secret,
+            lane = await SwankConnection.open("\0" + name, None, secret=self._image.secret,
                                               ids=control.ids, answer_window=LANE_ANSWER_WINDOW,
                                               answer_spin=idle_poll.idle_spin())
+            lane.on_news = control.on_news  # the session's, set at its set-up
+            return lane
         except (SwankError, OSError) as error:
             log.warning("no lane to the image (%s); requests take Swank's connection", error)
             return None

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine
 import orjson
 
 from cl_mcp import __version__, budget, jsonrpc
+from cl_mcp.config import SessionConfig
 from cl_mcp.eager import start_eagerly
 from cl_mcp.contracts import error_location, first_error, shared_type
 from cl_mcp.errors import (
@@ -46,7 +47,6 @@ from cl_mcp.render import Rendered, invalid_arguments
 from cl_mcp.request import META_CAPABILITIES, Request, check_params
 from cl_mcp.task_calls import TASK_TOOLS, TASKS_VERSION, TaskCalls, Then
 from cl_mcp.tasks import EXTENSION, EXTENSION_VERSION
-from cl_mcp.config import SessionConfig
 from cl_mcp.tools import ToolSpec, build_tools
 
 if TYPE_CHECKING:  # made after initialize is answered (McpServer.session)

@@ -177,9 +177,8 @@ class LispSession:
         except (ProtocolError, TypeError, ValueError) as error:
             log.warning("ignoring malformed thread news (%s): %.300r", error, value)
             return
-        kept = news.kept()
-        if kept is not None and news.number is not None:
-            self.outputs.keep(news.number, kept)
+        if news.number is not None:
+            self.outputs.keep(news.number, news.kept())
         self.news.hear(news)
 
     def take_notices(self) -> list[tuple[str, str]]:

@@ -67,9 +67,9 @@ class ThreadNews:
                    stops=_entries(news.get("stops")), ends=_entries(news.get("ends")),
                    untold=int(news.get("untold") or 0))
 
-    def kept(self) -> Kept | None:
-        """What read-output keeps under `number`."""
-        return Kept(self.stdout, self.stderr, "") if self.number is not None else None
+    def kept(self) -> Kept:
+        """What read-output keeps under `number` (when there is one)."""
+        return Kept(self.stdout, self.stderr, "")
 
 
 @dataclass(slots=True)
@@ -125,7 +125,7 @@ class NewsNotices:
         if news.dropped:
             line += f" The oldest {news.dropped:,} characters were dropped."
         shown = news.stdout
-        if shown and len(shown) <= INLINE_CHARS and shown.count("\n") <= INLINE_LINES:
+        if shown and len(shown) <= INLINE_CHARS and len(shown.splitlines()) <= INLINE_LINES:
             line += "\n" + shown.rstrip("\n")
         return line
 

@@ -6,7 +6,7 @@ structured content checked against the tool's outputSchema."""
 from __future__ import annotations
 
 import shutil
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,7 +14,7 @@ import pytest
 
 from jsonschema import Draft202012Validator
 
-from tests.integration.attach_fixtures import SwankServer, temporary_home
+from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
 from tests.integration.conftest import McpProcess
 
 FIXTURES = (Path(__file__).parents[1] / "fixtures" / "lisp").resolve()
@@ -41,6 +41,23 @@ def cl_mcp_in(mode: str, *options: str) -> Iterator[McpProcess]:
         process.close()
         if swank:
             swank.stop()
+
+
+@contextmanager
+def shared_with_emacs() -> Iterator[tuple[SwankServer, Emacs, McpProcess, Path]]:
+    """The programmer's image, Emacs connected to it with SLIME, and an
+    initialized cl-mcp attached to the same image; and their HOME."""
+    home = temporary_home()
+    with ExitStack() as stack:
+        server = SwankServer(home)
+        stack.callback(server.stop)
+        emacs = Emacs(home)
+        stack.callback(emacs.stop)
+        emacs.connect(server.port)
+        process = McpProcess("--connect", str(server.port), env={"HOME": str(home)})
+        stack.callback(process.close)
+        process.initialize()
+        yield server, emacs, process, home
 
 
 def load_fixture(process: McpProcess) -> None:

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
+from tests.integration.attach_fixtures import SwankServer, temporary_home
 from tests.integration.conftest import McpProcess, cl_mcp
-from tests.integration.devtools import FIXTURES
+from tests.integration.devtools import FIXTURES, shared_with_emacs
 
 
 @pytest.fixture
@@ -123,15 +123,8 @@ def test_an_unreachable_swank_is_a_clear_error():
 def shared():
     """The programmer's image, Emacs connected to it with SLIME, and cl-mcp
     attached to the same image."""
-    home = temporary_home()
-    server = SwankServer(home)
-    emacs = Emacs(home)
-    emacs.connect(server.port)
-    process = attached(server.port, home)
-    yield server, emacs, process
-    process.close()
-    emacs.stop()
-    server.stop()
+    with shared_with_emacs() as (server, emacs, process, _home):
+        yield server, emacs, process
 
 
 def test_a_function_defined_through_cl_mcp_is_callable_from_emacs(shared):

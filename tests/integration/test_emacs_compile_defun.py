@@ -9,9 +9,8 @@ import time
 
 import pytest
 
-from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
-from tests.integration.conftest import McpProcess
-from tests.integration.devtools import check_results_of, checked_call
+from tests.integration.attach_fixtures import Emacs
+from tests.integration.devtools import check_results_of, checked_call, shared_with_emacs
 
 SOURCE = """\
 (in-package #:cl-user)
@@ -30,18 +29,8 @@ SOURCE = """\
 def shared():
     """The programmer's image, Emacs connected to it with SLIME, and cl-mcp
     attached to the same image."""
-    home = temporary_home()
-    server = SwankServer(home)
-    emacs = Emacs(home)
-    emacs.connect(server.port)
-    process = McpProcess("--connect", str(server.port), env={"HOME": str(home)})
-    try:
-        process.initialize()
+    with shared_with_emacs() as (_server, emacs, process, home):
         yield emacs, process, home
-    finally:
-        process.close()
-        emacs.stop()
-        server.stop()
 
 
 def compile_defun(emacs: Emacs, path, line: int) -> None:
