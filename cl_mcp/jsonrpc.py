@@ -33,19 +33,17 @@ class LineSplitter:
         self._max_line = max_line
         self._discarding = 0  # bytes dropped so far of an oversized line
 
-    def feed(self, data: bytes) -> Iterator[bytes | OversizedLine]:
-        start = 0
-        while True:
-            end = data.find(b"\n", start)
-            if end < 0:
-                self._keep(data[start:])
-                return
-            line = self._take(data[start:end])
-            start = end + 1
-            if isinstance(line, OversizedLine):
-                yield line
-            elif line.strip():
-                yield line
+    def feed(self, data: bytes) -> list[bytes | OversizedLine]:
+        """The lines DATA completes (blank ones left out); its tail waits
+        for the next."""
+        *complete, rest = data.split(b"\n")
+        lines: list[bytes | OversizedLine] = []
+        for chunk in complete:
+            line = self._take(chunk)
+            if isinstance(line, OversizedLine) or line.strip():
+                lines.append(line)
+        self._keep(rest)
+        return lines
 
     def _keep(self, chunk: bytes) -> None:
         if self._discarding:
@@ -94,7 +92,7 @@ def parse(line: bytes) -> Any:
 def encode(message: dict[str, Any] | list[dict[str, Any]]) -> bytes:
     """MESSAGE as one line of UTF-8 JSON (never an embedded newline)."""
     try:
-        return orjson.dumps(message) + b"\n"
+        return orjson.dumps(message, option=orjson.OPT_APPEND_NEWLINE)
     except TypeError:  # an integer beyond 64 bits, echoed from a request id
         return json.dumps(message, separators=(",", ":"),
                           default=_encoded_value).encode("ascii") + b"\n"

@@ -286,14 +286,15 @@ class McpServer:
         """Start REQUEST (SIZE bytes) with RUN: its task, or the busy error
         when it is a tools/call past the intake limits.  Nothing of a
         refused request is kept."""
-        spec = self._tools.get(_tool_name(request.params)) if request.method == "tools/call" else None
-        if request.method == "tools/call" and not (spec is not None and spec.beside):
+        name = _tool_name(request.params) if request.method == "tools/call" else None
+        spec = self._tools.get(name) if name is not None else None
+        if name is not None and not (spec is not None and spec.beside):
             busy = self._calls.refusal(size)
             if busy is not None:
                 return jsonrpc.error_message(request.id, busy.code, busy.message, busy.data)
             now = _now()
             # Admitted before its first step, which reaches the session's lock.
-            request.queued = QueuedCall(request.id, _tool_name(request.params), size, now)
+            request.queued = QueuedCall(request.id, name, size, now)
             self._calls.add(request.queued, now)
         return self._track(request, self._spawn(run(request)))
 

@@ -184,8 +184,10 @@ class LispSession:
     def take_notices(self) -> list[tuple[str, str]]:
         """The notices for the next tool result, once, each (title, text):
         state lost since the last call, and what the user's threads did."""
-        notices = [("session", self._link.take_notice()), ("threads", self.news.take())]
-        return [(title, text) for title, text in notices if text]
+        session, threads = self._link.take_notice(), self.news.take()
+        if session is None and threads is None:  # nearly always
+            return []
+        return [(title, text) for title, text in (("session", session), ("threads", threads)) if text]
 
     async def close(self) -> None:
         """Stop the embedded image, or leave the attached one.  Safe to call

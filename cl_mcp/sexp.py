@@ -312,6 +312,8 @@ def _read_dispatch(text: str, pos: int) -> tuple[SExp, int]:
 
 
 def _atom(token: str) -> SExp:
+    if token.isdigit() and token.isascii():  # most atoms not cached: ids, counts
+        return int(token)
     lowered = token.lower()
     if lowered == "nil":
         return []

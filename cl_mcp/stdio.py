@@ -181,7 +181,7 @@ class StdioTransport:
             return
         # Split now, whole: the splitter keeps a partial line for the next
         # read, which a half-consumed generator would not have left yet.
-        self._waiting.append(iter(list(self._splitter.feed(data) if data else self._splitter.finish())))
+        self._waiting.append(iter(self._splitter.feed(data) if data else list(self._splitter.finish())))
         self._at_end = not data
         self._hand_on()
 

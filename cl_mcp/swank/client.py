@@ -35,6 +35,7 @@ DEFAULT_PACKAGE = "COMMON-LISP-USER"
 READ_CHUNK = 1 << 16
 _TRAILING_ID = re.compile(r"(\d+)\)\s*$")
 _OK = Keyword("ok")
+_EMACS_REX = Keyword("emacs-rex")  # made once: a rex is sent on every call
 _NEWS = Keyword("cl-mcp-threads")  # the agent's news of the user's threads, on a channel
 
 
@@ -125,6 +126,8 @@ class SwankConnection:
         self._protocol = protocol
         self._answer_window = answer_window
         self._answer_spin = answer_spin
+        socket = transport.get_extra_info("socket")
+        self._fd = socket.fileno() if socket is not None else -1  # what `_read_now` reads
         self._on_output = on_output or (lambda text: log.info("lisp output: %s", text.rstrip()))
         self._pending: dict[int, asyncio.Future[SExp]] = {}
         # Who hears the agent's `:cl-mcp-threads` events: what the user's
@@ -198,7 +201,7 @@ class SwankConnection:
         self._pending[request_id] = future
         timer = None
         try:
-            self._send([Keyword("emacs-rex"), form, package, thread, request_id])
+            self._send([_EMACS_REX, form, package, thread, request_id])
             if self._answer_window:
                 self._read_now()
             if deadline is not None and not future.done():
@@ -219,10 +222,11 @@ class SwankConnection:
         completes the request without a pass through the event loop, which
         costs more than the wait; a slow one arrives the usual way.  Nothing
         else is served meanwhile, so the window is short."""
+        if self._transport.is_closing():  # its descriptor may be closed, or another's
+            return
         try:
-            fd = self._transport.get_extra_info("socket").fileno()
-            data = _read_soon(fd, self._answer_spin, self._answer_window)
-        except (OSError, ValueError, AttributeError):
+            data = _read_soon(self._fd, self._answer_spin, self._answer_window)
+        except OSError:
             return  # the transport meets the same trouble and reports it
         if data:  # at end of file, the transport sees it too
             self._protocol.data_received(data)

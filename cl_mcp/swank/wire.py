@@ -53,16 +53,19 @@ class FrameDecoder:
 
     def next_payload(self) -> str | None:
         """The next complete payload, decoded, or None if more bytes are needed."""
-        if len(self._buffer) < HEADER_LENGTH:
+        buffer = self._buffer
+        if len(buffer) < HEADER_LENGTH:
             return None
-        length = parse_header(self._buffer[:HEADER_LENGTH])
-        end = HEADER_LENGTH + length
-        if len(self._buffer) < end:
+        end = HEADER_LENGTH + parse_header(buffer[:HEADER_LENGTH])
+        if len(buffer) < end:
             return None
-        data = bytes(self._buffer[HEADER_LENGTH:end])
-        del self._buffer[:end]
+        if len(buffer) == end:  # the usual read: one whole message, no copy kept
+            data, self._buffer = buffer, bytearray()
+        else:
+            data = buffer[:end]
+            del buffer[:end]
         try:
-            return data.decode("utf-8")
+            return data[HEADER_LENGTH:].decode("utf-8")
         except UnicodeDecodeError as error:
             raise ProtocolError(f"frame payload is not UTF-8: {error}") from None
 

@@ -24,21 +24,26 @@ SLICE = 1_000_000  # characters per output-slice: the agent's *inline-output*
 SLICE_DEADLINE = 30.0
 
 
+# Made once: a frozen dataclass costs a microsecond to make, on every call.
+_EVALUATE, _TIMEOUT, _TAG, _PACKAGE, _EXPLICIT, _CAPTURE, _MAX_OUTPUT = (
+    Symbol("cl-mcp-agent:evaluate"), Keyword("timeout"), Keyword("tag"), Keyword("package"),
+    Keyword("explicit-package"), Keyword("capture-time"), Keyword("max-output"))
+
+
 def evaluate_form(session: LispSession, code: str, package: str | None, capture_time: bool,
                   timeout: float, tag: int, window: float | None) -> list[SExp]:
     """The agent call, with only what differs from its defaults: Swank reads
     every request, and each keyword (a float most of all) costs microseconds."""
-    form: list[SExp] = [Symbol("cl-mcp-agent:evaluate"), code,
-                        Keyword("timeout"), lisp_seconds(timeout), Keyword("tag"), tag,
+    form: list[SExp] = [_EVALUATE, code, _TIMEOUT, lisp_seconds(timeout), _TAG, tag,
                         *window_keywords(window)]
     if (package or session.package) != DEFAULT_PACKAGE:
-        form += [Keyword("package"), package or session.package]
+        form += [_PACKAGE, package or session.package]
     if package is not None:
-        form += [Keyword("explicit-package"), True]
+        form += [_EXPLICIT, True]
     if capture_time:
-        form += [Keyword("capture-time"), True]
+        form += [_CAPTURE, True]
     if session.config.max_output != AGENT_MAX_OUTPUT:
-        form += [Keyword("max-output"), session.config.max_output]
+        form += [_MAX_OUTPUT, session.config.max_output]
     return form
 
 
@@ -114,6 +119,29 @@ def rendered_within(result: dict[str, Any], limit: int) -> Rendered:
         values[0] = with_reach(values[0], number)
     parts = {"stdout": result.get("stdout") or "", "stderr": result.get("stderr") or "",
              **{f"value {index}": value for index, value in enumerate(values)}}
+    # Most results are far under the budget: rendered once and weighed
+    # once, they need none of the fitting in `_fitted` (which renders each twice).
+    whole = render_evaluation(_with_parts(result, parts, len(values)))
+    structure = whole.structured or {}
+    if isinstance(number, int):
+        structure["number"] = number
+    if len(whole.text) <= limit and budget.json_size(structure) <= limit:
+        return Rendered(whole.text, whole.is_error, structure)
+    return _fitted(result, parts, values, offsets, limit)
+
+
+def _with_parts(result: dict[str, Any], cut: dict[str, str], value_count: int) -> dict[str, Any]:
+    """RESULT with its output and values as CUT has them (`rendered_within`'s parts)."""
+    values_cut = [cut[f"value {index}"] for index in range(value_count)]
+    return {**result, "stdout": cut["stdout"], "stderr": cut["stderr"],
+            **({"values": values_cut} if "values" in result else {})}
+
+
+def _fitted(result: dict[str, Any], parts: dict[str, str], values: list[str],
+            offsets: dict[str, int], limit: int) -> Rendered:
+    """`rendered_within` for a result over the budget: its PARTS (output and
+    VALUES) cut in their middles until the text, and then the structure, fit."""
+    number = result.get("number") if offsets else None
     # Where each value starts in the kept "values" stream.
     starts = [1]
     for value in values:
@@ -129,18 +157,7 @@ def rendered_within(result: dict[str, Any], limit: int) -> Rendered:
         return read_call(number, "values", starts[index] + line - 1, lines) + reach
 
     def with_parts(cut: dict[str, str]) -> dict[str, Any]:
-        values_cut = [cut[f"value {index}"] for index in range(len(values))]
-        return {**result, "stdout": cut["stdout"], "stderr": cut["stderr"],
-                **({"values": values_cut} if "values" in result else {})}
-
-    # Most results are far under the budget: rendered once and weighed
-    # once, they need none of the fitting below (which renders each twice).
-    whole = render_evaluation(with_parts(parts))
-    structure = whole.structured or {}
-    if isinstance(number, int):
-        structure["number"] = number
-    if len(whole.text) <= limit and budget.json_size(structure) <= limit:
-        return Rendered(whole.text, whole.is_error, structure)
+        return _with_parts(result, cut, len(values))
 
     text_parts = budget.fit_parts(parts, lambda cut: len(render_evaluation(with_parts(cut)).text),
                                   limit, how_to_read)

@@ -22,4 +22,7 @@ def answer_window(requested: float | None, default: float, deadline: float | Non
 def window_keywords(window: float | None) -> list[SExp]:
     """An agent call's `:answer-within` for WINDOW (`answer_window`'s
     answer), or nothing: the agent's default is to wait for the outcome."""
-    return [] if window is None else [Keyword("answer-within"), lisp_seconds(window)]
+    return [] if window is None else [_ANSWER_WITHIN, lisp_seconds(window)]
+
+
+_ANSWER_WITHIN = Keyword("answer-within")
