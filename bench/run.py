@@ -97,11 +97,12 @@ class RawSwank:
                 self._sock.sendall(encode_frame(sexp.dumps(
                     [sexp.Keyword("emacs-pong"), ping[1], ping[2]])))
 
-    def relay(self) -> Server:
-        """A minimal relay (bench/relay.py) in front of a lane into this image."""
+    def relay(self, script: str = "relay.py") -> Server:
+        """A minimal relay (bench/relay.py, or SCRIPT beside it) in front of
+        a lane into this image."""
         reply = sexp.loads(self.call([sexp.Symbol("cl-mcp-agent:open-lane")]).decode())
         name = reply[1][1]  # (:return (:ok NAME) id)
-        return Server([sys.executable, str(ROOT / "bench" / "relay.py"), name, self._image.secret])
+        return Server([sys.executable, str(ROOT / "bench" / script), name, self._image.secret])
 
     def close(self) -> None:
         self._sock.close()
@@ -298,26 +299,36 @@ def main() -> None:
     pruned = RawSwank(as_shipped=False)
     relay = pruned.relay()
     relay.initialize()
+    # The same relay on cl-mcp's architecture (an asyncio loop, protocol
+    # callbacks, the reply read at once): what the architecture costs
+    # before cl-mcp does any of its work.
+    async_relay = pruned.relay("async_relay.py")
+    async_relay.initialize()
     native = Server(LISP_SERVER)
     native.initialize()
     relayed_call = relay.caller("tools/call", EVAL)
-    evals_too, floors, relayed, natives = side_by_side(
-        evaluate, pruned.call, relayed_call, native.caller("tools/call", EVAL),
+    async_relayed_call = async_relay.caller("tools/call", EVAL)
+    evals_too, floors, relayed, async_relayed, natives = side_by_side(
+        evaluate, pruned.call, relayed_call, async_relayed_call, native.caller("tools/call", EVAL),
         rounds=rounds)
-    # The relay's CPU is its process's own work: it blocks while it waits.
-    # cl-mcp's includes its polls (the answer window's and the event
+    # The relays' CPU is their processes' own work: they block while they
+    # wait.  cl-mcp's includes its polls (the answer window's and the event
     # loop's, docs/performance.md), which spin while the others work.
     cpu_calls = 1000 if quick else 3000
-    our_cpu, relay_cpu = cpu_per_call((server, evaluate), (relay, relayed_call), calls=cpu_calls)
-    for each in (relay, native):
+    our_cpu, relay_cpu, async_relay_cpu = cpu_per_call(
+        (server, evaluate), (relay, relayed_call), (async_relay, async_relayed_call), calls=cpu_calls)
+    for each in (relay, async_relay, native):
         each.close()
     pruned.close()
     p50_row("evaluate-lisp (+ 1 2), p50, against Swank with its leak fixed", evals_too, "raw Swank, pruned", floors)
     p50_row("a relay that only passes the call on (bench/relay.py), p50", relayed, "raw Swank, pruned", floors)
     p50_row("evaluate-lisp (+ 1 2), p50, against that relay", evals_too, "relay", relayed)
+    p50_row("the same relay on asyncio (bench/async_relay.py), p50", async_relayed, "relay", relayed)
     p50_row("evaluate-lisp (+ 1 2), p50, against an MCP server in Lisp", evals_too, "Lisp server", natives)
     row(f"cl-mcp's CPU per sequential evaluate-lisp (+ 1 2), over {cpu_calls:,} calls, target ≤ 80 µs",
         us(our_cpu), f"relay {us(relay_cpu)}", f"{our_cpu / relay_cpu:.2f}×")
+    row(f"the asyncio relay's CPU per call, over {cpu_calls:,} calls",
+        us(async_relay_cpu), f"relay {us(relay_cpu)}", f"{async_relay_cpu / relay_cpu:.2f}×")
     throughput = statistics.median(server.pipelined("tools/call", EVAL, rounds) for _ in range(3))
     row("evaluate-lisp pipelined", f"{throughput:,.0f} req/s",
         f"raw Swank {1 / statistics.median(raws):,.0f} req/s sequential")
