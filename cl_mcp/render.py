@@ -40,6 +40,9 @@ class Rendered:
     is_error: bool
     # structuredContent (2025-06-18 and later), matching the tool's outputSchema.
     structured: dict[str, Any] | None = None
+    # Both already within the session's result budget (--max-result-chars):
+    # the evaluation tools fit their own, with read-output markers.
+    fitted: bool = False
 
 
 def condition_structure(kind: str, message: str, backtrace: Sequence[str] = ()) -> dict[str, Any]:
@@ -82,10 +85,11 @@ def evaluation_structure(result: dict[str, Any]) -> dict[str, Any]:
     structure: dict[str, Any] = {"success": status == "ok"}
     if status == "ok":
         structure["values"] = list(result.get("values") or [])
-    for stream in ("stdout", "stderr"):
-        structure[stream] = result.get(stream) or ""
-    structure["warnings"] = [condition_structure(kind, message)
-                             for kind, message in result.get("warnings") or []]
+    structure["stdout"] = result.get("stdout") or ""
+    structure["stderr"] = result.get("stderr") or ""
+    warnings = result.get("warnings")
+    structure["warnings"] = ([condition_structure(kind, message) for kind, message in warnings]
+                             if warnings else [])
     if status == "aborted":
         structure["aborted"] = True
     elif status != "ok":
@@ -99,18 +103,16 @@ def evaluation_structure(result: dict[str, Any]) -> dict[str, Any]:
             structure["evaluation"] = result["evaluation"]
     if isinstance(result.get("package"), str):
         structure["package"] = result["package"]
-    dropped = {stream: result.get(f"{stream}-dropped") or 0 for stream in ("stdout", "stderr")}
-    if any(dropped.values()):
-        structure["truncated"] = dropped
+    stdout_dropped, stderr_dropped = result.get("stdout-dropped") or 0, result.get("stderr-dropped") or 0
+    if stdout_dropped or stderr_dropped:
+        structure["truncated"] = {"stdout": stdout_dropped, "stderr": stderr_dropped}
     if result.get("timing"):
         real, run, gc, consed = result["timing"]
         structure["timing"] = {"realMs": real, "runMs": run, "gcMs": gc, "bytesConsed": consed}
     return structure
 
 
-def _output_section(title: str, text: str, dropped: int) -> str | None:
-    if not text and not dropped:
-        return None
+def _output_section(title: str, text: str, dropped: int) -> str:
     # The section ends where the output does: one final newline is the
     # separator's job, not the content's.
     body = text[:-1] if text.endswith("\n") else text
@@ -119,16 +121,12 @@ def _output_section(title: str, text: str, dropped: int) -> str | None:
     return f"[{title}]\n{body}"
 
 
-def _warnings_section(warnings: Sequence[Sequence[str]]) -> str | None:
-    if not warnings:
-        return None
+def _warnings_section(warnings: Sequence[Sequence[str]]) -> str:
     lines = [f"{kind}: {message}" for kind, message in warnings]
     return "[warnings]\n" + "\n".join(lines)
 
 
-def _restarts_section(restarts: Sequence[Sequence[str]], evaluation: int | None) -> str | None:
-    if not restarts:
-        return None
+def _restarts_section(restarts: Sequence[Sequence[str]], evaluation: int | None) -> str:
     lines = [f"{index}: [{name}] {description}" for index, (name, description) in enumerate(restarts)]
     if evaluation:
         lines.append(f"Evaluation {evaluation} is waiting at this error: invoke-restart continues "
@@ -208,7 +206,7 @@ def error_text(kind: str, message: str, backtrace: Sequence[str] = ()) -> str:
 
 def render_evaluation(result: dict[str, Any]) -> Rendered:
     """The text of an evaluate-lisp result from the agent's plist."""
-    sections: list[str | None] = []
+    sections: list[str] = []
     status = result.get("status")
     structure = evaluation_structure(result)
     is_error = status not in ("ok", "aborted")
@@ -217,20 +215,23 @@ def render_evaluation(result: dict[str, Any]) -> Rendered:
     elif is_error:
         error = result["error"]
         sections.append(error_text(error["type"], error["message"], error.get("backtrace") or ()))
-        sections.append(_restarts_section(result.get("restarts") or (), result.get("evaluation")))
-    sections += [
-        _output_section("stdout", result.get("stdout", ""), result.get("stdout-dropped", 0)),
-        _output_section("stderr", result.get("stderr", ""), result.get("stderr-dropped", 0)),
-        _warnings_section(result.get("warnings") or ()),
-    ]
+        if result.get("restarts"):
+            sections.append(_restarts_section(result["restarts"], result.get("evaluation")))
+    # Each section only when it has something to say (most results have one value).
+    for stream in ("stdout", "stderr"):
+        text, dropped = result.get(stream, ""), result.get(f"{stream}-dropped", 0)
+        if text or dropped:
+            sections.append(_output_section(stream, text, dropped))
+    if result.get("warnings"):
+        sections.append(_warnings_section(result["warnings"]))
     if status == "ok":
         values = result.get("values") or []
-        sections.append("\n".join(f"=> {value}" for value in values) if values else "; No values")
+        sections.append("\n".join([f"=> {value}" for value in values]) if values else "; No values")
     if result.get("timing"):
         sections.append(timing_line(result["timing"]))
     if isinstance(result.get("number"), int):
         sections.append(number_line(result["number"]))
-    return Rendered("\n\n".join(s for s in sections if s is not None), is_error, structure)
+    return Rendered("\n\n".join(sections), is_error, structure)
 
 
 # ---------------------------------------------------------------- places (the development tools)

@@ -161,11 +161,14 @@ _NOT_CACHED = object()  # a token not read before
 
 def _loads_plain(text: str) -> SExp:
     parts = text.split('"')
-    stack: list[list[SExp] | None] = []
-    items: list[SExp] | None = None  # the list being read; None at top level
-    done = False  # the top-level value is complete; only whitespace may follow
+    # What is read at top level goes into TOP, so that no token need ask
+    # where it is: exactly one value must end up there.
+    top: list[SExp] = []
+    items = top  # the list being read
+    stack: list[list[SExp]] = []  # the lists it is inside
     inside = False  # parts alternate: outside a string, inside one, ...
     index, count, pos = 0, len(parts), 0  # POS: where parts[index] starts
+    cached = _ATOM_CACHE.get
     while index < count:
         part = parts[index]
         index += 1
@@ -180,44 +183,37 @@ def _loads_plain(text: str) -> SExp:
             else:
                 pos += len(part) + 1
             inside = False
-            if done:
-                raise _Uncommon
-            if items is None:
-                done = True
-                value: SExp = part
-            else:
-                items.append(part)
+            items.append(part)
             continue
         inside = True
         pos += len(part) + 1
         if _NOT_PLAIN.search(part):
             raise _Uncommon
         for token in part.replace("(", " ( ").replace(")", " ) ").split():
-            if done:
-                raise _Uncommon
             if token == "(":
                 stack.append(items)
                 items = []
-                continue
-            if token == ")":
+            elif token == ")":
                 if not stack:
                     raise _Uncommon
                 value, items = items, stack.pop()
-            else:
-                value = _ATOM_CACHE.get(token, _NOT_CACHED)
-                if value is _NOT_CACHED:
-                    if token == ".":
-                        raise _Uncommon
-                    value = _atom(token)
-                    if isinstance(value, (Keyword, Symbol)) and len(_ATOM_CACHE) < _ATOM_CACHE_SIZE:
-                        _ATOM_CACHE[token] = value
-            if items is None:
-                done = True
-            else:
                 items.append(value)
+            else:
+                value = cached(token, _NOT_CACHED)
+                items.append(_new_atom(token) if value is _NOT_CACHED else value)
     # The last part lies outside any string, unless the last string is open.
-    if not done or not inside:
+    if stack or not inside or len(top) != 1:
         raise _Uncommon
+    return top[0]
+
+
+def _new_atom(token: str) -> SExp:
+    """An atom not in the cache, which keeps it when it is a symbol."""
+    if token == ".":
+        raise _Uncommon
+    value = _atom(token)
+    if isinstance(value, (Keyword, Symbol)) and len(_ATOM_CACHE) < _ATOM_CACHE_SIZE:
+        _ATOM_CACHE[token] = value
     return value
 
 

@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 from cl_mcp import sexp
 from cl_mcp.errors import ProtocolError, SwankError
 from cl_mcp.sexp import Keyword, SExp, Symbol
-from cl_mcp.swank.wire import FrameDecoder, encode_frame, encode_message
+from cl_mcp.swank.wire import FrameDecoder, encode_frame
 
 log = logging.getLogger("cl_mcp.swank")
 
@@ -35,7 +35,6 @@ DEFAULT_PACKAGE = "COMMON-LISP-USER"
 READ_CHUNK = 1 << 16
 _TRAILING_ID = re.compile(r"(\d+)\)\s*$")
 _OK = Keyword("ok")
-_EMACS_REX = Keyword("emacs-rex")  # made once: a rex is sent on every call
 _NEWS = Keyword("cl-mcp-threads")  # the agent's news of the user's threads, on a channel
 
 
@@ -201,7 +200,9 @@ class SwankConnection:
         self._pending[request_id] = future
         timer = None
         try:
-            self._send([_EMACS_REX, form, package, thread, request_id])
+            # Written here, not as a list for `_send`: a rex goes out on every call.
+            self._send_text(f"(:emacs-rex {sexp.dumps(form)} {sexp.dumps(package)} "
+                            f"{sexp.dumps(thread)} {request_id})")
             if self._answer_window:
                 self._read_now()
             if deadline is not None and not future.done():
@@ -250,9 +251,12 @@ class SwankConnection:
     # ------------------------------------------------------------ internals
 
     def _send(self, message: SExp) -> None:
+        self._send_text(sexp.dumps(message))
+
+    def _send_text(self, text: str) -> None:
         if self._closed.done():
             raise SwankError(self._closed.result())
-        self._transport.write(encode_message(message))
+        self._transport.write(encode_frame(text))
 
     def _lose(self, reason: str) -> None:
         """Mark the connection lost and fail every pending request."""

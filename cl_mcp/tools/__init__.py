@@ -46,9 +46,11 @@ SIZE_HINTS = ("anthropic/maxResultSizeChars",)
 def within_budget(handler: Handler) -> Handler:
     """HANDLER, its result's text and structured content each cut to the
     session's --max-result-chars (the evaluation tools fit theirs with
-    read-output markers already; this catches every other result)."""
+    read-output markers already, and say so; this catches every other result)."""
     async def run(session: LispSession, arguments: dict[str, Any]) -> Rendered:
         rendered = await handler(session, arguments)
+        if rendered.fitted:
+            return rendered
         limit = session.config.max_result_chars
         structured = rendered.structured
         if structured is not None:

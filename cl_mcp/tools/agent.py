@@ -27,16 +27,20 @@ def whole(value: Any) -> Any:
     return int(value) if isinstance(value, float) else value
 
 
-def _name(value: SExp) -> SExp:
-    return value.name if isinstance(value, Keyword) else value
-
-
 def result_dict(value: SExp) -> dict[str, Any]:
     """An agent plist with keyword values turned into their names."""
-    result = {key: _name(item) for key, item in sexp.plist(value).items()}
+    result = _names_of_keywords(sexp.plist(value))
     if isinstance(result.get("error"), list):
-        result["error"] = {k: _name(v) for k, v in sexp.plist(result["error"]).items()}
+        result["error"] = _names_of_keywords(sexp.plist(result["error"]))
     return result
+
+
+def _names_of_keywords(plist: dict[str, SExp]) -> dict[str, Any]:
+    """PLIST with each keyword value turned into its name, in place."""
+    for key, item in plist.items():
+        if isinstance(item, Keyword):
+            plist[key] = item.name
+    return plist
 
 
 def strings(value: Any) -> list[str]:

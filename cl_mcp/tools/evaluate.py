@@ -117,31 +117,30 @@ def rendered_within(result: dict[str, Any], limit: int) -> Rendered:
     values = list(result.get("values") or [])
     if number is not None and values:
         values[0] = with_reach(values[0], number)
-    parts = {"stdout": result.get("stdout") or "", "stderr": result.get("stderr") or "",
-             **{f"value {index}": value for index, value in enumerate(values)}}
     # Most results are far under the budget: rendered once and weighed
     # once, they need none of the fitting in `_fitted` (which renders each twice).
-    whole = render_evaluation(_with_parts(result, parts, len(values)))
+    whole = render_evaluation(_with_parts(result, result.get("stdout") or "",
+                                          result.get("stderr") or "", values))
     structure = whole.structured or {}
     if isinstance(number, int):
         structure["number"] = number
     if len(whole.text) <= limit and budget.json_size(structure) <= limit:
-        return Rendered(whole.text, whole.is_error, structure)
-    return _fitted(result, parts, values, offsets, limit)
+        return Rendered(whole.text, whole.is_error, structure, fitted=True)
+    return _fitted(result, values, offsets, limit)
 
 
-def _with_parts(result: dict[str, Any], cut: dict[str, str], value_count: int) -> dict[str, Any]:
-    """RESULT with its output and values as CUT has them (`rendered_within`'s parts)."""
-    values_cut = [cut[f"value {index}"] for index in range(value_count)]
-    return {**result, "stdout": cut["stdout"], "stderr": cut["stderr"],
-            **({"values": values_cut} if "values" in result else {})}
+def _with_parts(result: dict[str, Any], stdout: str, stderr: str, values: list[str]) -> dict[str, Any]:
+    """RESULT with its output and values as given (cut, or as they were)."""
+    return {**result, "stdout": stdout, "stderr": stderr,
+            **({"values": values} if "values" in result else {})}
 
 
-def _fitted(result: dict[str, Any], parts: dict[str, str], values: list[str],
-            offsets: dict[str, int], limit: int) -> Rendered:
-    """`rendered_within` for a result over the budget: its PARTS (output and
-    VALUES) cut in their middles until the text, and then the structure, fit."""
+def _fitted(result: dict[str, Any], values: list[str], offsets: dict[str, int], limit: int) -> Rendered:
+    """`rendered_within` for a result over the budget: its output and its
+    VALUES cut in their middles until the text, and then the structure, fit."""
     number = result.get("number") if offsets else None
+    parts = {"stdout": result.get("stdout") or "", "stderr": result.get("stderr") or "",
+             **{f"value {index}": value for index, value in enumerate(values)}}
     # Where each value starts in the kept "values" stream.
     starts = [1]
     for value in values:
@@ -157,7 +156,8 @@ def _fitted(result: dict[str, Any], parts: dict[str, str], values: list[str],
         return read_call(number, "values", starts[index] + line - 1, lines) + reach
 
     def with_parts(cut: dict[str, str]) -> dict[str, Any]:
-        return _with_parts(result, cut, len(values))
+        return _with_parts(result, cut["stdout"], cut["stderr"],
+                           [cut[f"value {index}"] for index in range(len(values))])
 
     text_parts = budget.fit_parts(parts, lambda cut: len(render_evaluation(with_parts(cut)).text),
                                   limit, how_to_read)
@@ -167,7 +167,7 @@ def _fitted(result: dict[str, Any], parts: dict[str, str], values: list[str],
     if isinstance(number, int):
         structure["number"] = number
     return Rendered(budget.fit_text(rendered.text, limit), rendered.is_error,
-                    budget.fit_structure(structure, limit))
+                    budget.fit_structure(structure, limit), fitted=True)
 
 
 def await_call(number: int, abort: bool = False) -> str:
@@ -231,7 +231,7 @@ def rendered_running(result: dict[str, Any], limit: int, work: Work = EVALUATION
         structure[stream] = shown
         sections.append(f"[{stream}] (latest)\n{shown.removesuffix(chr(10))}")
     return Rendered(budget.fit_text("\n\n".join(sections), limit), False,
-                    budget.fit_structure(structure, limit))
+                    budget.fit_structure(structure, limit), fitted=True)
 
 
 def evaluation_rendered(session: LispSession, result: dict[str, Any]) -> Rendered:
