@@ -97,11 +97,15 @@ class _Compiler:
             return [f"{pad}return False"]
         if "$ref" in schema:  # draft 7: siblings of $ref are ignored
             return [f"{pad}if not {self.reference(schema['$ref'])}({var}): return False"]
-        lines: list[str] = []
+        # A single type is checked first: the keywords after it then need no
+        # guard of their own (`if isinstance(v, dict)`, ...), which every
+        # message would pay for again.
+        known = schema.get("type") if isinstance(schema.get("type"), str) else None
+        lines = self.keyword("type", known, schema, var, depth) if known else []
         for keyword, argument in schema.items():
-            if keyword in ANNOTATIONS or keyword == "definitions":
+            if keyword in ANNOTATIONS or keyword == "definitions" or (known and keyword == "type"):
                 continue
-            lines += self.keyword(keyword, argument, schema, var, depth)
+            lines += self.keyword(keyword, argument, schema, var, depth, known)
         return lines
 
     def reference(self, reference: str) -> str:
@@ -117,15 +121,20 @@ class _Compiler:
         return self._references[reference]
 
     def keyword(self, keyword: str, argument: Any, schema: dict[str, Any],
-                var: str, depth: int) -> list[str]:
+                var: str, depth: int, known: str | None = None) -> list[str]:
+        """Lines for one KEYWORD; KNOWN, when given, is VAR's type, checked already."""
         pad = "    " * depth
+
+        def is_a(kind: str) -> str:  # Python compiles `if True:` away
+            return "True" if known == kind else _TYPE_TESTS[kind].format(v=var)
         if keyword == "type":
             names = argument if isinstance(argument, list) else [argument]
             test = " or ".join(_TYPE_TESTS[name].format(v=var) for name in names)
             return [f"{pad}if not ({test}): return False"]
         if keyword == "const":
             if isinstance(argument, str):
-                return [f"{pad}if not (isinstance({var}, str) and {var} == {argument!r}): return False"]
+                guard = "" if known == "string" else f"{is_a('string')} and "
+                return [f"{pad}if not ({guard}{var} == {argument!r}): return False"]
             return [f"{pad}if not _json_equal({var}, {self.constant(argument)}): return False"]
         if keyword == "enum":
             if all(isinstance(item, str) for item in argument):
@@ -137,9 +146,10 @@ class _Compiler:
             if not argument:
                 return []
             missing = " or ".join(f"{name!r} not in {var}" for name in argument)
-            return [f"{pad}if isinstance({var}, dict) and ({missing}): return False"]
+            guard = "" if known == "object" else f"{is_a('object')} and "
+            return [f"{pad}if {guard}({missing}): return False"]
         if keyword == "properties":
-            lines = [f"{pad}if isinstance({var}, dict):"]
+            lines = [f"{pad}if {is_a('object')}:"]
             for name, sub in argument.items():
                 inner = self.statements(sub, item := self._name("p"), depth + 2)
                 if inner:
@@ -152,7 +162,7 @@ class _Compiler:
             inner = self.statements(argument, item, depth + 3)
             if not inner:
                 return []
-            return [f"{pad}if isinstance({var}, dict):",
+            return [f"{pad}if {is_a('object')}:",
                     f"{pad}    for {key}, {item} in {var}.items():",
                     f"{pad}        if {key} not in {known}:", *inner]
         if keyword == "items":
@@ -160,7 +170,12 @@ class _Compiler:
             inner = self.statements(argument, item, depth + 2)
             if not inner:
                 return []
-            return [f"{pad}if isinstance({var}, list):", f"{pad}    for {item} in {var}:", *inner]
+            return [f"{pad}if {is_a('array')}:", f"{pad}    for {item} in {var}:", *inner]
+        if keyword in ("oneOf", "anyOf") and _disjoint_types(argument, keyword):
+            # Types alone, none of them overlapping (as integer and number
+            # do): one test, not a function call per option.
+            test = " or ".join(_TYPE_TESTS[sub["type"]].format(v=var) for sub in argument)
+            return [f"{pad}if not ({test}): return False"]
         if keyword in ("oneOf", "anyOf"):
             options = [self.function(sub) for sub in argument]
             if keyword == "anyOf":
@@ -175,3 +190,13 @@ class _Compiler:
             return [f"{pad}if isinstance({var}, str) and not (len({var}) {compare} {int(argument)}): "
                     "return False"]
         raise ValueError(f"schema keyword not supported by the fast check: {keyword}")
+
+
+def _disjoint_types(options: list[Any], keyword: str) -> bool:
+    """True when OPTIONS are bare single types (`{"type": "string"}`) that no
+    instance can match two of (or, for anyOf, any bare single types)."""
+    if not all(isinstance(sub, dict) and sub.keys() == {"type"} and sub["type"] in _TYPE_TESTS
+               for sub in options):
+        return False
+    kinds = [sub["type"] for sub in options]
+    return keyword == "anyOf" or (len(set(kinds)) == len(kinds) and not {"integer", "number"} <= set(kinds))
