@@ -183,6 +183,8 @@ STALE_CORE_SECONDS = 86400  # a core is ~50 MB: others go once unused for a day
 # A core that could not be built, or would not start, is not tried again for
 # a while: each try costs a build on every start.
 CORE_RETRY_SECONDS = 86400
+# A build still marked as under way after this long was abandoned.
+BUILD_STALE_SECONDS = 600
 
 
 def remove_stale_caches(fasl: Path, core: Path | None) -> None:
@@ -194,6 +196,7 @@ def remove_stale_caches(fasl: Path, core: Path | None) -> None:
     for pattern, current, limit in (("agent-*.fasl", fasl.name + "-", STALE_FASL_SECONDS),
                                     ("image-*.core", core.name if core else None, STALE_CORE_SECONDS),
                                     ("image-*.core.*.tmp", None, 3600),
+                                    ("image-*.core.building", None, 3600),
                                     ("image-*.core.failed", core.name if core else None,
                                      CORE_RETRY_SECONDS)):
         for old in fasl.parent.glob(pattern):
@@ -405,39 +408,50 @@ async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
     `cache_problem` has made and passed.  It is written to a name of its own
     and renamed, so a concurrent start never sees half a core.  A failure is
     logged: the image then starts from fasls."""
+    if _being_built(core):
+        log.info("another cl-mcp is saving the core at %s; starting from fasls", core)
+        return
     temp = core.with_name(f"{core.name}.{os.getpid()}.tmp")
     argv = sbcl_command([sbcl], core_building_forms(slime_dir, bootstrap, temp))
     log.info("saving an SBCL core with Swank and the agent at %s (once)", core)
     started = time.monotonic()
+    # Marked as building, by this process, until it is saved: a concurrent
+    # start does not build too.  A build that fails is marked failed and not
+    # retried at every start; one that never finished (cl-mcp was killed, as
+    # a host may kill a first start that seems slow) is retried by the next.
+    building = _note_building(core)
     try:
-        # Marked failed until it is saved: a build that cannot finish is not
-        # retried at every start, and a concurrent start does not build too.
-        _note_failure(core)
-        process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-    except OSError as error:
-        log.warning("could not save a core (%s); starting from fasls", error)
-        return
-    try:
-        output, _ = await asyncio.wait_for(process.communicate(), timeout)
-    except asyncio.TimeoutError:
-        await _abandon_build(process, temp)
-        log.warning("saving a core took over %g s; starting from fasls", timeout)
-        return
-    except asyncio.CancelledError:  # cl-mcp is stopping: the builder goes too
-        await _abandon_build(process, temp)
-        _failure_marker(core).unlink(missing_ok=True)  # not a failure: try again next time
-        raise
-    if process.returncode != 0 or not temp.is_file():
-        tail = output.decode("utf-8", "replace").strip().splitlines()[-3:]
-        log.warning("could not save a core (exit code %s): %s", process.returncode, " / ".join(tail))
-        temp.unlink(missing_ok=True)
-        return
-    temp.chmod(0o600)  # whatever the umask: the next start refuses a core others can write
-    temp.replace(core)
-    _failure_marker(core).unlink(missing_ok=True)
-    log.info("saved the core in %.1f s", time.monotonic() - started)
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        except OSError as error:
+            _note_failure(core)
+            log.warning("could not save a core (%s); starting from fasls", error)
+            return
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), timeout)
+        except asyncio.TimeoutError:
+            await _abandon_build(process, temp)
+            _note_failure(core)
+            log.warning("saving a core took over %g s; starting from fasls", timeout)
+            return
+        except asyncio.CancelledError:  # cl-mcp is stopping: the builder goes too
+            await _abandon_build(process, temp)
+            raise
+        if process.returncode != 0 or not temp.is_file():
+            tail = output.decode("utf-8", "replace").strip().splitlines()[-3:]
+            log.warning("could not save a core (exit code %s): %s", process.returncode, " / ".join(tail))
+            temp.unlink(missing_ok=True)
+            _note_failure(core)
+            return
+        temp.chmod(0o600)  # whatever the umask: the next start refuses a core others can write
+        temp.replace(core)
+        _failure_marker(core).unlink(missing_ok=True)
+        log.info("saved the core in %.1f s", time.monotonic() - started)
+    finally:
+        if building is not None:
+            building.unlink(missing_ok=True)
 
 
 async def _abandon_build(process: asyncio.subprocess.Process, temp: Path) -> None:
@@ -457,6 +471,40 @@ def _note_failure(core: Path) -> None:
         _failure_marker(core).touch()
     except OSError:
         pass
+
+
+def _building_marker(core: Path) -> Path:
+    return core.with_name(core.name + ".building")
+
+
+def _note_building(core: Path) -> Path | None:
+    """Mark CORE as being built by this process (its pid in the marker)."""
+    marker = _building_marker(core)
+    try:
+        marker.write_text(str(os.getpid()))
+    except OSError:
+        return None
+    return marker
+
+
+def _being_built(core: Path) -> bool:
+    """True while another process that is still running builds CORE."""
+    marker = _building_marker(core)
+    try:
+        pid = int(marker.read_text())
+        if time.time() - marker.stat().st_mtime > BUILD_STALE_SECONDS:
+            return False  # its pid may be another process's by now
+    except (OSError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False  # its builder was killed: build it again
+    except PermissionError:
+        pass  # running, as another user
+    return True
 
 
 def _failed_lately(core: Path) -> bool:

@@ -154,6 +154,42 @@ def test_the_image_starts_from_a_saved_core_built_on_first_use(tmp_path):
         assert str(cores[0]).encode() in image_command_line(second)
 
 
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs of the processes whose command line holds TEXT."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_a_core_build_that_never_finished_is_tried_again(tmp_path):
+    """A host may kill cl-mcp while its first start saves the core (a first
+    start takes seconds): the next start builds it again and starts from it,
+    rather than taking the unfinished build for a failed one and starting
+    from fasls (300 ms slower) for a day."""
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    cache = tmp_path / "cl-mcp"
+    first = McpProcess(env=env)
+    try:
+        first.initialize()
+        assert wait_for(lambda: list(cache.glob("image-*.core.building")), 30)
+        first.proc.kill()
+        first.proc.wait()
+    finally:
+        for pid in processes_mentioning(str(tmp_path)):  # its builder, in a session of its own
+            os.kill(pid, signal.SIGKILL)
+    assert not list(cache.glob("image-*.core"))
+    with cl_mcp(env=env) as second:
+        assert second.eval("(+ 1 2)") == ("=> 3", False)
+        core = next(cache.glob("image-*.core"))
+        assert str(core).encode() in image_command_line(second)
+    assert not list(cache.glob("image-*.core.building")) and not list(cache.glob("image-*.core.failed"))
+
+
 def test_a_core_that_will_not_start_is_replaced_by_fasls(tmp_path):
     env = {"XDG_CACHE_HOME": str(tmp_path)}
     with cl_mcp(env=env) as first:
