@@ -30,8 +30,9 @@ image)."
 
 (defun make-text-buffer ()
   "An empty adjustable string with a fill pointer, of no size until written
-to: most evaluations write nothing, and each makes five (with room for 256
-characters each, 7 KB of every call's 10 KB consed)."
+to (`append-text' then gives it room for 256 characters or more): most
+evaluations write nothing, and each makes five (made with that room, they
+were 7 KB of every call's 10 KB consed)."
   (make-array 0 :element-type 'character :adjustable t :fill-pointer 0))
 
 (defclass capped-output-stream (sb-gray:fundamental-character-output-stream)
@@ -57,11 +58,12 @@ cannot exhaust the image's memory or overflow a Swank frame."))
   (fill-pointer (buffer stream)))
 
 (defun append-text (buffer string start end)
-  "Append STRING from START to END to BUFFER, growing it by doubling."
+  "Append STRING from START to END to BUFFER, growing it by doubling (from
+256 characters at least)."
   (let* ((fill (fill-pointer buffer))
          (new-fill (+ fill (- end start))))
     (when (> new-fill (array-dimension buffer 0))
-      (setf buffer (adjust-array buffer (max new-fill (* 2 (array-dimension buffer 0))))))
+      (setf buffer (adjust-array buffer (max new-fill 256 (* 2 (array-dimension buffer 0))))))
     (setf (fill-pointer buffer) new-fill)
     (replace buffer string :start1 fill :start2 start :end2 end)
     buffer))
