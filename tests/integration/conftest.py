@@ -201,6 +201,18 @@ def sbcl_children(pid: int) -> list[int]:
             if int(pp) == pid and comm.strip() == "sbcl"]
 
 
+def processes_naming(text: str) -> list[int]:
+    """PIDs of the processes whose command line holds TEXT."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            pass
+    return pids
+
+
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

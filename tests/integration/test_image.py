@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cl_mcp.config import default_heap_size, physical_memory
-from tests.integration.conftest import McpProcess, cl_mcp, listening_ports, pid_alive, sbcl_children
+from tests.integration.conftest import (McpProcess, cl_mcp, listening_ports, pid_alive, processes_naming,
+                                         sbcl_children)
 
 
 def wait_for(predicate, timeout=10.0):
@@ -154,18 +155,6 @@ def test_the_image_starts_from_a_saved_core_built_on_first_use(tmp_path):
         assert str(cores[0]).encode() in image_command_line(second)
 
 
-def processes_mentioning(text: str) -> list[int]:
-    """PIDs of the processes whose command line holds TEXT."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
-        except OSError:
-            pass
-    return found
-
-
 def test_a_core_build_that_never_finished_is_tried_again(tmp_path):
     """A host may kill cl-mcp while its first start saves the core (a first
     start takes seconds): the next start builds it again and starts from it,
@@ -180,7 +169,7 @@ def test_a_core_build_that_never_finished_is_tried_again(tmp_path):
         first.proc.kill()
         first.proc.wait()
     finally:
-        for pid in processes_mentioning(str(tmp_path)):  # its builder, in a session of its own
+        for pid in processes_naming(str(tmp_path)):  # its builder, in a session of its own
             os.kill(pid, signal.SIGKILL)
     assert not list(cache.glob("image-*.core"))
     with cl_mcp(env=env) as second:

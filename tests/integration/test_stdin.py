@@ -13,7 +13,7 @@ from unittest.mock import ANY
 
 import pytest
 
-from tests.integration.conftest import cl_mcp_command
+from tests.integration.conftest import cl_mcp_command, processes_naming
 
 REQUESTS = [
     {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -41,17 +41,6 @@ def run_cl_mcp(cache_dir: Path, *args: str, **popen: object) -> tuple[subprocess
                          env={**os.environ, "XDG_CACHE_HOME": str(cache_dir)},
                          stderr=subprocess.PIPE, timeout=60, **popen)  # type: ignore[call-overload]
     return out, time.monotonic() - started
-
-
-def processes_naming(text: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except OSError:  # gone meanwhile
-            pass
-    return pids
 
 
 def assert_clean_exit(out: subprocess.CompletedProcess, cache_dir: Path) -> None:
