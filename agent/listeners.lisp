@@ -171,8 +171,10 @@ naming the one thread that serves it."
 (defparameter *lane-accept-seconds* 10
   "How long `open-lane' listens for cl-mcp to connect.")
 
-;;; The polling policy has one definition, cl-mcp's idle_poll.py, which
-;;; `configure' brings here; until then the lane does not poll.
+;;; The poll's length and back-off are cl-mcp's idle_poll.py's, which
+;;; `configure' brings here; until then the lane does not poll.  Its rule of
+;;; sleeping at once after long waits is not here: the lane polls after
+;;; every reply.
 
 (defparameter *lane-idle-poll-microseconds* 0
   "How long the lane looks for the next request before its thread sleeps;

@@ -51,9 +51,10 @@ Swank has the mailboxes to prune."
     (pushnew 'prune-swank-mailboxes swank::*pre-reply-hook*)))
 
 (defun log-background-error (condition hook)
-  "The global debugger hook of an embedded image: an error in a thread the
-user started is logged to the image's stderr (cl-mcp's log) and ends that
-thread, instead of waiting for a debugger nobody will open."
+  "For an error in one of cl-mcp's, Swank's or SBCL's own threads (a user's
+thread stops at its error instead, `thread-debugger-hook'): log it to the
+image's stderr (cl-mcp's log) and end that thread, instead of waiting for a
+debugger nobody will open."
   (declare (ignore hook))
   (ignore-errors
    (format *error-output* "~&;; cl-mcp: unhandled ~A in thread ~A: ~A~%"
@@ -66,8 +67,9 @@ thread, instead of waiting for a debugger nobody will open."
 
 (defun prepare-embedded-image (secret)
   "Settings for an image cl-mcp owns: Swank demands SECRET (a string) from
-the one client, never opens its debugger, and background errors are
-logged.  Return t."
+the one client, never opens its debugger, user threads' output is kept
+and their errors stop them (`watch-user-threads'), and errors in its own
+threads are logged.  Return t."
   (setf (fdefinition 'swank::slime-secret) (lambda () secret))
   (setf swank:*global-debugger* nil
         swank::*configure-emacs-indentation* nil

@@ -52,7 +52,15 @@ name of the thread that wrote it."
 rest are counted (their errors are still written to the threads' output).")
 
 (defvar *news-lock* (sb-thread:make-mutex :name "cl-mcp thread news")
-  "Guards `*news*'.")
+  "Guards `*news*'; taken by `with-news-lock'.")
+
+(defmacro with-news-lock (&body body)
+  "BODY holding `*news-lock*', with interrupts deferred: SB-THREAD:WITH-MUTEX
+runs its body with interrupts allowed, and a thread interrupted there
+(threads :interrupt, a deadline) would wait at its stop holding the lock,
+and every reply to cl-mcp, which takes the news first, with it."
+  `(sb-sys:without-interrupts
+     (sb-thread:with-mutex (*news-lock*) ,@body)))
 
 (defvar *news* nil
   "The `news' cl-mcp has not heard yet, or nil.")
@@ -112,17 +120,24 @@ Return how many lines it began."
   "Keep what THREAD wrote to its KIND stream (:stdout or :stderr), and
 count it for THREAD."
   (when (< start end)
-    (sb-thread:with-mutex (*news-lock*)
+    (with-news-lock
       (let* ((news (current-news))
              (lines (add-thread-text (if (eq kind :stdout) (news-stdout news) (news-stderr news))
                                      thread string start end))
-             (label (thread-label thread))
-             (entry (assoc label (news-writers news) :test #'string=)))
+             (writers (news-writers news))
+             ;; Past the limit, new writers share one entry: a server that
+             ;; names a thread per connection must not grow the news.
+             (label (let ((own (thread-label thread)))
+                      (if (or (< (length writers) *news-entry-limit*)
+                              (assoc own writers :test #'string=))
+                          own
+                          "(other threads)")))
+             (entry (assoc label writers :test #'string=)))
         (if entry
             (progn (incf (second entry) (- end start))
                    (incf (third entry) lines))
             (setf (news-writers news)
-                  (append (news-writers news) (list (list label (- end start) lines)))))))))
+                  (append writers (list (list label (- end start) lines)))))))))
 
 (defun stop-text (entry)
   "The lines that keep a stopped thread's error: its condition, then its
@@ -135,7 +150,7 @@ backtrace."
   "THREAD stopped at an error, which ENTRY describes: keep the error with
 its backtrace among THREAD's error output, and tell cl-mcp."
   (let ((text (stop-text entry)))
-    (sb-thread:with-mutex (*news-lock*)
+    (with-news-lock
       (let ((news (current-news)))
         (add-thread-text (news-stderr news) thread text 0 (length text))
         (if (< (length (news-stops news)) *news-entry-limit*)
@@ -149,7 +164,7 @@ its backtrace among THREAD's error output, and tell cl-mcp."
 
 (defun record-end (entry reason)
   "The stopped thread ENTRY describes was aborted for REASON: tell cl-mcp."
-  (sb-thread:with-mutex (*news-lock*)
+  (with-news-lock
     (let ((news (current-news)))
       (if (< (length (news-ends news)) *news-entry-limit*)
           (setf (news-ends news)
@@ -161,7 +176,7 @@ its backtrace among THREAD's error output, and tell cl-mcp."
 :number (under which the output is kept, when there is output), :stdout
 and :stderr (with :stdout-dropped, :stderr-dropped), :writers, :stops,
 :ends, :untold."
-  (let ((news (sb-thread:with-mutex (*news-lock*) (shiftf *news* nil))))
+  (let ((news (with-news-lock (shiftf *news* nil))))
     (when news
       (let ((stdout (news-stdout news))
             (stderr (news-stderr news))
@@ -193,11 +208,16 @@ connections (in an image cl-mcp owns, they all do)."
   "Send cl-mcp the news, just before the reply to one of its requests (a
 Swank pre-reply hook; `answer-directly' calls it too)."
   (when (and *news* (cl-mcp-connection-p))
-    (let ((news (take-news)))
-      (when news
-        ;; Swank passes on only the events it knows: a message on a channel
-        ;; is one (cl-mcp opens no channel; the number is cl-mcp's own).
-        (swank::send-to-emacs (list :channel-send *news-channel* (list :cl-mcp-threads news)))))))
+    ;; Run before the reply is sent: an error here must not turn the
+    ;; request it precedes into an abort.
+    (handler-case
+        (let ((news (take-news)))
+          (when news
+            ;; Swank passes on only the events it knows: a message on a channel
+            ;; is one (cl-mcp opens no channel; the number is cl-mcp's own).
+            (swank::send-to-emacs (list :channel-send *news-channel* (list :cl-mcp-threads news)))))
+      (error (condition)
+        (log-note "thread news not sent: ~A" condition)))))
 
 ;;;; The streams user threads write to
 
@@ -228,11 +248,13 @@ before (in an image cl-mcp owns, its log)."))
     char))
 
 (defmethod sb-gray:stream-line-column ((stream thread-output-stream))
-  "0 at the start of a line of the threads' output; else unknown."
+  "0 at the start of a line of the threads' output, as when nothing is
+kept since cl-mcp last heard (what comes next begins a line); else unknown."
   (let ((news *news*))
-    (and news
-         (news-text-line-start (if (eq (kind stream) :stdout) (news-stdout news) (news-stderr news)))
-         0)))
+    (if (or (null news)
+            (news-text-line-start (if (eq (kind stream) :stdout) (news-stdout news) (news-stderr news))))
+        0
+        nil)))
 
 (defmethod sb-gray:stream-finish-output ((stream thread-output-stream))
   "Another thread's output goes on to FALLBACK now."

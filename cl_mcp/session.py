@@ -75,8 +75,9 @@ class LispSession:
                               Keyword("max-suspended"), self.config.max_suspended,
                               Keyword("suspend-seconds"), float(self.config.suspend_timeout),
                               Keyword("max-background"), self.config.max_background,
-                              # The lane polls between requests as cl-mcp's own event
-                              # loop does: one policy, defined in idle_poll.py.
+                              # The lane polls between requests with cl-mcp's own event
+                              # loop's spin and back-off (idle_poll.py), but not its stop
+                              # after long waits: it polls after every reply.
                               Keyword("idle-poll-microseconds"), microseconds(idle_poll.idle_spin()),
                               Keyword("poll-stolen-microseconds"), microseconds(idle_poll.STOLEN),
                               Keyword("poll-back-off-microseconds"), microseconds(idle_poll.BACK_OFF)],
@@ -184,10 +185,8 @@ class LispSession:
     def take_notices(self) -> list[tuple[str, str]]:
         """The notices for the next tool result, once, each (title, text):
         state lost since the last call, and what the user's threads did."""
-        session, threads = self._link.take_notice(), self.news.take()
-        if session is None and threads is None:  # nearly always
-            return []
-        return [(title, text) for title, text in (("session", session), ("threads", threads)) if text]
+        notices = [("session", self._link.take_notice()), ("threads", self.news.take())]
+        return [(title, text) for title, text in notices if text]
 
     async def close(self) -> None:
         """Stop the embedded image, or leave the attached one.  Safe to call

@@ -341,3 +341,13 @@ def plist(value: SExp) -> dict[str, SExp]:
             raise ProtocolError(f"property list key is not a keyword: {key!r:.100}")
         result[key.name] = item
     return result
+
+
+def plist_named(value: SExp) -> dict[str, SExp]:
+    """`plist`, with each keyword value turned into its name (the agent's
+    plists say `:status :ok`; Python wants "ok")."""
+    result = plist(value)
+    for key, item in result.items():
+        if isinstance(item, Keyword):
+            result[key] = item.name
+    return result

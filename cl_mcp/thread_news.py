@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from cl_mcp import sexp
 from cl_mcp.outputs import Kept
-from cl_mcp.sexp import Keyword, SExp
+from cl_mcp.sexp import SExp
 
 # Output this short is shown in the notice itself, not only named.
 INLINE_CHARS = 600
@@ -26,12 +26,8 @@ END_REASONS = {
 }
 
 
-def _name(value: SExp) -> SExp:
-    return value.name if isinstance(value, Keyword) else value
-
-
 def _entries(value: SExp) -> list[dict[str, SExp]]:
-    return [{key: _name(item) for key, item in sexp.plist(entry).items()} for entry in value or []]
+    return [sexp.plist_named(entry) for entry in value or []]
 
 
 def _message(entry: dict[str, SExp]) -> str:
@@ -78,39 +74,52 @@ class NewsNotices:
     error was kept (a thread aborted later points there)."""
     pending: list[str] = field(default_factory=list)
     kept_in: dict[int, int] = field(default_factory=dict)  # evaluation -> output number
+    left_out: int = 0  # notices dropped from between the first and the latest
 
     def hear(self, news: ThreadNews) -> None:
         if news.writers and news.number is not None:
-            self.pending.append(self._output_line(news))
+            self._add(self._output_line(news))
         ended = {end.get("evaluation") for end in news.ends}
         for stop in news.stops:
-            if isinstance(stop.get("evaluation"), int) and news.number is not None:
-                self.kept_in[stop["evaluation"]] = news.number  # type: ignore[index]
+            evaluation = stop.get("evaluation")
+            if isinstance(evaluation, int) and news.number is not None:
+                self.kept_in[evaluation] = news.number
             # One that was aborted since is told by its end alone.
-            if stop.get("evaluation") is not None and stop.get("evaluation") not in ended:
-                self.pending.append(self._stop_line(stop))
+            if evaluation is not None and evaluation not in ended:
+                self._add(self._stop_line(stop))
         for end in news.ends:
-            self.pending.append(self._end_line(end, news.number))
+            self._add(self._end_line(end, news.number))
         if news.untold:
-            self.pending.append(
+            self._add(
                 f"{news.untold:,} more threads stopped or were aborted at an error than are told here; "
                 "each one's error and backtrace is in the threads' error output"
                 + (f" ({_call('read-output', evaluation=news.number, stream='stderr')})" if news.number else "")
                 + ', and threads {"action": "list"} shows those still stopped.')
 
+    def _add(self, notice: str) -> None:
+        """Keep NOTICE; past MAX_LINES notices, the first and the latest are
+        kept and the ones between counted (news keeps coming with every reply
+        of a long call, none of which is a tool result that takes it)."""
+        self.pending.append(notice)
+        if len(self.pending) > MAX_LINES:
+            del self.pending[MAX_LINES // 2]
+            self.left_out += 1
+
     def take(self) -> str | None:
-        """The notice, once; past MAX_LINES lines, the first and the last
-        (those between say where to look: each names its read-output call)."""
+        """The notice, once: the first and the latest notices, and how many
+        between were left out (each says where to look: its read-output call)."""
         if not self.pending:
             return None
-        lines, self.pending = self.pending, []
-        if len(lines) > MAX_LINES:
+        lines, left_out = self.pending, self.left_out
+        self.pending, self.left_out = [], 0
+        if left_out:
             half = MAX_LINES // 2
-            lines = [*lines[:half], f"({len(lines) - 2 * half:,} more notices left out)", *lines[-half:]]
+            lines = [*lines[:half], f"({left_out:,} more notices left out)", *lines[half:]]
         return "\n".join(lines)
 
     def clear(self) -> None:
         self.pending.clear()
+        self.left_out = 0
         self.kept_in.clear()
 
     @staticmethod

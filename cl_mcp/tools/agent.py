@@ -8,7 +8,7 @@ from typing import Any
 
 from cl_mcp import sexp
 from cl_mcp.errors import SessionError
-from cl_mcp.sexp import Keyword, SExp
+from cl_mcp.sexp import SExp
 from cl_mcp.session import LispSession
 
 # How long past its own deadline an evaluation may take to come back (the
@@ -29,18 +29,10 @@ def whole(value: Any) -> Any:
 
 def result_dict(value: SExp) -> dict[str, Any]:
     """An agent plist with keyword values turned into their names."""
-    result = _names_of_keywords(sexp.plist(value))
+    result = sexp.plist_named(value)
     if isinstance(result.get("error"), list):
-        result["error"] = _names_of_keywords(sexp.plist(result["error"]))
+        result["error"] = sexp.plist_named(result["error"])
     return result
-
-
-def _names_of_keywords(plist: dict[str, SExp]) -> dict[str, Any]:
-    """PLIST with each keyword value turned into its name, in place."""
-    for key, item in plist.items():
-        if isinstance(item, Keyword):
-            plist[key] = item.name
-    return plist
 
 
 def strings(value: Any) -> list[str]:

@@ -171,6 +171,7 @@ def test_a_core_build_that_never_finished_is_tried_again(tmp_path):
     finally:
         for pid in processes_naming(str(tmp_path)):  # its builder, in a session of its own
             os.kill(pid, signal.SIGKILL)
+        first.close()  # its pipes
     assert not list(cache.glob("image-*.core"))
     with cl_mcp(env=env) as second:
         assert second.eval("(+ 1 2)") == ("=> 3", False)

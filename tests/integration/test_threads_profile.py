@@ -105,6 +105,29 @@ def test_interrupt_stops_a_thread_where_the_debugger_tools_reach_it(lisp):
     assert entry["state"] != "stopped-at-error", entry
 
 
+def test_a_thread_interrupted_while_it_prints_holds_up_no_reply(lisp):
+    """A thread that prints all the time is mostly inside the lock that keeps
+    its output for the [threads] notice; interrupted there, it must not wait
+    at its stop holding that lock, which every reply to cl-mcp takes first."""
+    text, is_error = lisp.eval('(sb-thread:make-thread (lambda () (loop (princ "x"))) :name "tp-printer")')
+    assert not is_error, text
+    for _ in range(50):
+        ids = [t["id"] for t in thread_list(lisp) if t["name"] == "tp-printer"]
+        if ids and ids[0]:
+            break
+        time.sleep(0.02)
+    [thread] = ids
+    for _ in range(5):
+        stopped = lisp.call("threads", wait=20, action="interrupt", thread=thread)
+        assert not stopped["isError"], stopped
+        text, is_error = lisp.eval("(+ 1 2)")
+        assert not is_error and text.startswith("=> 3"), text
+        continued = lisp.call("invoke-restart", wait=20, evaluation=stopped["structuredContent"]["evaluation"],
+                              restart="continue")
+        assert not continued["isError"], continued
+    assert not lisp.call("threads", action="kill", thread=thread)["isError"]
+
+
 def test_kill_ends_a_user_thread_and_refuses_cl_mcps_own(lisp):
     thread = start_thread(lisp, "tp-killed")
     check_results_of(lisp, "threads")

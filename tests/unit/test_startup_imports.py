@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+from cl_mcp.contracts import tool_definitions
+
 SERVE_INITIALIZE = """
 import asyncio, json, sys
 from cl_mcp import jsonrpc
@@ -39,10 +41,6 @@ asyncio.run(main())
 """
 
 
-OTHER_TOOLS = ("browse", "code", "definitions", "forms", "inspector", "names", "output",
-               "profile", "restarts", "run_tests", "systems", "threads")
-
-
 def initialize_in_fresh_process() -> dict:
     done = subprocess.run([sys.executable, "-c", SERVE_INITIALIZE], capture_output=True, text=True,
                           timeout=60, check=True)
@@ -52,11 +50,8 @@ def initialize_in_fresh_process() -> dict:
 def test_initialize_is_answered_before_the_tools_are_loaded() -> None:
     outcome = initialize_in_fresh_process()
     assert outcome["answered"]
-    loaded = set(outcome["loaded"])
-    # Tasks follow an evaluation to its outcome (task_calls.py): those few
-    # modules come with the server; none of the other tools' does.
-    assert not loaded & {f"cl_mcp.tools.{name}" for name in OTHER_TOOLS}
-    assert outcome["tools"] == 20  # the first tools/list builds them all
+    assert not [name for name in outcome["loaded"] if name.startswith("cl_mcp.tools.")]  # the package itself holds ToolSpec
+    assert outcome["tools"] == len(tool_definitions())  # the first tools/list builds them all
 
 
 def test_initialize_is_answered_before_the_session_is_made() -> None:

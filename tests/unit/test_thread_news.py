@@ -57,6 +57,7 @@ def test_a_flood_of_notices_keeps_the_first_and_the_last():
     for number in range(1, 31):
         notices.hear(news(f'(:writers nil :stops ((:thread "t{number}" :evaluation {number} :type "E" '
                           ':message "m" :restarts nil)) :ends nil)'))
+    assert len(notices.pending) == 20  # news between two results stays bounded
     text = notices.take()
     assert text.count("stopped at an error") == 20 and "(10 more notices left out)" in text
     assert 'Thread "t1" stopped' in text and 'Thread "t30" stopped' in text
