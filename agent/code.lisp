@@ -409,10 +409,8 @@ background (see `call-within-window')."
   (or (source-file-problem path)
       (call-within-window
        (lambda ()
-         (with-running (tag sb-thread:*current-thread*)
-           (or (catch 'load-cancelled
-                 (%compile-file-of (probe-file path) load notes max-output))
-               (list :status :aborted :success nil :loaded nil :notes '() :dropped 0))))
+         (call-cancellable tag (lambda () (%compile-file-of (probe-file path) load notes max-output))
+                           (list :status :aborted :success nil :loaded nil :notes '() :dropped 0)))
        answer-within tag)))
 
 (defun call-with-failure (stdout thunk)
@@ -632,17 +630,18 @@ system creates are libraries, not the session's own definitions."
          (notes '())
          (undefined (make-hash-table :test 'equal))
          (quicklisp (ensure-quicklisp))
-         (outcome (with-running (tag sb-thread:*current-thread*)
-                    (or (catch 'load-cancelled
-                          (call-loading-libraries
-                           (lambda ()
-                             (call-recording-undefined
-                              undefined
-                              (lambda ()
-                                (%load-system name quicklisp stdout
-                                              (lambda (w) (push w warnings))
-                                              (lambda (note) (push note notes))))))))
-                        (list :aborted)))))
+         (outcome (call-cancellable
+                   tag
+                   (lambda ()
+                     (call-loading-libraries
+                      (lambda ()
+                        (call-recording-undefined
+                         undefined
+                         (lambda ()
+                           (%load-system name quicklisp stdout
+                                         (lambda (w) (push w warnings))
+                                         (lambda (note) (push note notes))))))))
+                   (list :aborted))))
     (when (eq (first outcome) :ok)
       (remember-system-sources name))
     (multiple-value-bind (notes dropped counts) (system-notes name (nreverse notes) mode undefined)

@@ -414,31 +414,38 @@ be left to the debugger and the deadline unwinds instead of signalling."
         (setf live nil)
         (when timer (sb-ext:unschedule-timer timer))))))
 
-(defun frame-eval-report (evaluation index code &optional timeout)
+(defun frame-eval-report (evaluation index code &optional timeout tag)
   "Evaluate the forms of CODE in frame INDEX of the waiting evaluation, with
-that frame's local variables in scope, for at most TIMEOUT seconds."
+that frame's local variables in scope, for at most TIMEOUT seconds,
+cancellable under TAG (`call-cancellable')."
   (let ((frame (nth index (evaluation-frames evaluation))))
     (unless frame
       (return-from frame-eval-report
         (command-error "CL-MCP:NO-SUCH-FRAME" (format nil "There is no frame ~D." index))))
     (start-stretch evaluation nil)
-    (let ((outcome (call-with-deadline-throw
-                    timeout
+    (let ((outcome (call-cancellable
+                    tag
                     (lambda ()
-                      (let ((form (handler-case (read-all-forms code)
-                                    (serious-condition (c)
-                                      (return-from frame-eval-report
-                                        (stretch-report evaluation :error
-                                                        :error (describe-error c nil :reading t)))))))
-                        ;; Each form sets the REPL's variables, as an
-                        ;; evaluation's forms do.
-                        (eval-forms-as-typed (rest form)
-                                             (lambda (each) (sb-di:eval-in-frame frame each)))))
-                    (lambda (w) (push w (evaluation-warnings evaluation))))))
+                      (call-with-deadline-throw
+                       timeout
+                       (lambda ()
+                         (let ((form (handler-case (read-all-forms code)
+                                       (serious-condition (c)
+                                         (return-from frame-eval-report
+                                           (stretch-report evaluation :error
+                                                           :error (describe-error c nil :reading t)))))))
+                           ;; Each form sets the REPL's variables, as an
+                           ;; evaluation's forms do.
+                           (eval-forms-as-typed (rest form)
+                                                (lambda (each) (sb-di:eval-in-frame frame each)))))
+                       (lambda (w) (push w (evaluation-warnings evaluation)))))
+                    (list :cancelled))))
       (ecase (first outcome)
         (:ok (stretch-report evaluation :ok
                              :values (print-values (second outcome) *value-print-limit*)))
         (:error (stretch-report evaluation :error :error (describe-error (second outcome) nil)))
+        (:cancelled (command-error "CL-MCP:CANCELLED"
+                                   "The evaluation in the frame was cancelled; the evaluation still waits."))
         (:timeout (stretch-report evaluation :error
                                   :error (list :type "SB-EXT:TIMEOUT"
                                                :message (format nil "Evaluation in the frame exceeded ~
@@ -447,13 +454,13 @@ that frame's local variables in scope, for at most TIMEOUT seconds."
                                                                 (seconds-text timeout))
                                                :backtrace nil)))))))
 
-(defun eval-in-frame-command (evaluation index code &optional timeout)
+(defun eval-in-frame-command (evaluation index code &optional timeout tag)
   "Report `frame-eval-report'.  Code that leaves the error instead (a
 restart it invokes, swank/backend:return-from-frame) lets the evaluation
 run on, with a deadline of TIMEOUT seconds, and its next report answers."
   (let ((left t))
     (unwind-protect
-         (progn (post-report evaluation (frame-eval-report evaluation index code timeout))
+         (progn (post-report evaluation (frame-eval-report evaluation index code timeout tag))
                 (setf left nil))
       (when left
         (run-on evaluation timeout)))))
@@ -770,14 +777,14 @@ kept, all strings; or an error report when no evaluation ID waits."
     (post-command evaluation (list :backtrace count))
     (list* :evaluation (evaluation-id evaluation) (await-report evaluation))))
 
-(defun eval-in-frame-of (id frame code &key (timeout 30))
+(defun eval-in-frame-of (id frame code &key (timeout 30) (tag nil))
   "Evaluate the forms of CODE (a string) in frame number FRAME (counted as
 `backtrace-of' lists them) of the waiting evaluation ID (the newest when
 nil), with that frame's local variables in scope, for at most TIMEOUT
-seconds.  Return a plist as `evaluate' returns; the evaluation keeps
-waiting whatever happens."
+seconds, cancellable under TAG.  Return a plist as `evaluate' returns; the
+evaluation keeps waiting whatever happens."
   (with-suspended (evaluation id)
-    (post-command evaluation (list :eval-in-frame frame code timeout))
+    (post-command evaluation (list :eval-in-frame frame code timeout tag))
     (await-report evaluation)))
 
 (defun interrupt-running (running)

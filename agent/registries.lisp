@@ -211,6 +211,25 @@ thread of a load) findable under TAG, for `cancel-evaluation' and
   (sb-thread:with-mutex (*registry-lock*)
     (cdr (assoc tag *running* :test #'equal))))
 
+(defun call-cancellable (tag thunk cancelled)
+  "Call THUNK in this thread, findable under TAG for `cancel-evaluation',
+whose interrupt throws to 'LOAD-CANCELLED: THUNK's value, or CANCELLED
+when it was cancelled.  Every agent call that runs the user's code and is
+no evaluation runs it so."
+  (let ((done nil) (value nil))
+    ;; Findable only inside the catch, so a cancel's throw always lands in it.
+    (catch 'load-cancelled
+      (with-running (tag sb-thread:*current-thread*)
+        (setf value (funcall thunk) done t)))
+    (if done value cancelled)))
+
+(defun cancellable (tag function &rest arguments)
+  "FUNCTION (an agent entry point's name) applied to ARGUMENTS, cancellable
+under TAG (`call-cancellable'); once cancelled, a CL-MCP:CANCELLED report.
+cl-mcp sends a tool's call that runs code wrapped so."
+  (call-cancellable tag (lambda () (apply function arguments))
+                    (command-error "CL-MCP:CANCELLED" "The call was cancelled.")))
+
 ;;;; Answering a request from inside
 ;;;
 ;;; When the evaluation's thread will not return to its Swank request in time

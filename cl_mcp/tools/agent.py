@@ -8,7 +8,7 @@ from typing import Any
 
 from cl_mcp import sexp
 from cl_mcp.errors import SessionError
-from cl_mcp.sexp import SExp
+from cl_mcp.sexp import SExp, Symbol
 from cl_mcp.session import LispSession
 
 # How long past its own deadline an evaluation may take to come back (the
@@ -50,19 +50,31 @@ def follow_package(session: LispSession, result: dict[str, Any], explicit: bool)
 
 
 
+_CANCELLABLE, _QUOTE = Symbol("cl-mcp-agent:cancellable"), Symbol("cl:quote")
+
+
+async def call_cancellable(session: LispSession, form: list[SExp], deadline: float) -> SExp:
+    """`session.call` of FORM, an agent call that runs the user's code,
+    tagged (the agent's `cancellable`): a cancelled caller, or a missed
+    deadline in a shared image, stops that code in the image."""
+    tag = session.new_tag()
+    return await session.call([_CANCELLABLE, tag, [_QUOTE, form[0]], *form[1:]], deadline, tag)
+
+
 # What went wrong with an agent call: the error's type and message.
 Failure = tuple[str, str]
 
 
-async def ask_agent(session: LispSession, form: SExp,
-                    deadline: float) -> tuple[dict[str, Any], None] | tuple[None, Failure]:
-    """Run FORM in the session's turn: (its plist as a dict, None), or
-    (None, (TYPE, MESSAGE)) when the session could not run it or the agent
-    answered :status :error.  For the tools whose every failure is one kind
-    of tool error."""
+async def ask_agent(session: LispSession, form: list[SExp], deadline: float,
+                    runs_code: bool = False) -> tuple[dict[str, Any], None] | tuple[None, Failure]:
+    """Run FORM in the session's turn (`call_cancellable` when it RUNS_CODE,
+    the user's): (its plist as a dict, None), or (None, (TYPE, MESSAGE))
+    when the session could not run it or the agent answered :status :error.
+    For the tools whose every failure is one kind of tool error."""
     try:
         async with session.turn():
-            result = result_dict(await session.call(form, deadline))
+            result = result_dict(await (call_cancellable(session, form, deadline) if runs_code
+                                        else session.call(form, deadline)))
     except SessionError as error:
         return None, (error.kind, error.message)
     if result.get("status") != "ok":

@@ -11,7 +11,7 @@ from cl_mcp.render import Rendered, condition_structure, error_text
 from cl_mcp.session import LispSession
 from cl_mcp.errors import SessionError
 from cl_mcp.sexp import Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict, strings
+from cl_mcp.tools.agent import DEADLINE_GRACE, call_cancellable, result_dict, strings
 from cl_mcp.tools.code import note_structure, note_text
 
 
@@ -60,7 +60,7 @@ async def compile_form(session: LispSession, arguments: dict[str, Any]) -> Rende
     form = [Symbol("cl-mcp-agent:compile-form-of"), arguments["path"], arguments["line"]]
     try:
         async with session.turn():
-            result = result_dict(await session.call(form, session.config.load_timeout + DEADLINE_GRACE))
+            result = result_dict(await call_cancellable(session, form, session.config.load_timeout + DEADLINE_GRACE))
     except SessionError as error:
         return compile_form_error(error.kind, error.message)
     if "success" not in result:  # no form there, or it does not read

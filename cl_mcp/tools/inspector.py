@@ -79,7 +79,7 @@ async def inspect(session: LispSession, arguments: dict[str, Any]) -> Rendered:
             form += [Keyword("part"), whole(part)]
     if arguments.get("start"):
         form += [Keyword("start"), whole(arguments["start"])]
-    result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE)
+    result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE, runs_code=code is not None)
     if failure is not None:
         return inspect_error(arguments, *failure)
     return render_inspect(result)

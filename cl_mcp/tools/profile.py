@@ -73,7 +73,7 @@ async def profile(session: LispSession, arguments: dict[str, Any]) -> Rendered:
             Keyword("functions"), quoted(arguments.get("functions")),
             Keyword("packages"), quoted(arguments.get("packages")),
             Keyword("timeout"), lisp_seconds(timeout)]
-    result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE)
+    result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE, runs_code=True)
     if failure:
         return error_result(*failure, EMPTY)
     return render_calls(result) if result["mode"] == "deterministic" else render_profile(result)

@@ -64,12 +64,14 @@ async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered
 async def eval_in_frame(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """Evaluate code in a frame of a waiting evaluation."""
     timeout = session.config.eval_timeout
-    form = [Symbol("cl-mcp-agent:eval-in-frame-of"), whole(arguments.get("evaluation")),
-            whole(arguments["frame"]), arguments["code"], Keyword("timeout"), float(timeout)]
     try:
         async with session.turn():
+            tag = session.new_tag()  # cancelling the call stops the code in the frame
+            form = [Symbol("cl-mcp-agent:eval-in-frame-of"), whole(arguments.get("evaluation")),
+                    whole(arguments["frame"]), arguments["code"], Keyword("timeout"), float(timeout),
+                    Keyword("tag"), tag]
             # Its output is its own, not the waiting evaluation's: not kept.
-            result = result_dict(await session.call(form, timeout + DEADLINE_GRACE))
+            result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
     except SessionError as error:
         return error_result(error.kind, error.message)
     return rendered_within(result, session.config.max_result_chars)

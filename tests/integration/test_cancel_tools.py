@@ -1,0 +1,73 @@
+"""Every tool that runs the user's code can be cancelled, and the cancel
+stops that code in the image: the call is not answered (a cancelled
+request gets no response), the next call is answered at once, the code's
+side effect after its sleep never happens, and the image is the same one
+(a variable defined before the cancels is still bound)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import McpProcess
+from tests.integration.devtools import MODES, cl_mcp_in
+from tests.integration.test_protocol_breadth import answers_to
+
+SLEEP = 8  # seconds the cancelled code sleeps before its side effect
+PROMPT = 4.0  # the next call's answer, at most (under load; the sleep is twice that)
+
+
+def slow(tool: str) -> str:
+    """Code that sleeps, then records that TOOL's code ran to its end."""
+    return f"(sleep {SLEEP}) (push :{tool} cl-user::*cancelled-ran*)"
+
+
+def probe_system(directory: Path) -> str:
+    """The .asd of two systems whose loading and whose tests run `slow`
+    code; its path."""
+    (directory / "slow.lisp").write_text(slow("load-system") + "\n")
+    asd = directory / "cancel-probe.asd"
+    asd.write_text(
+        '(defsystem "cancel-probe-load" :components ((:file "slow")))\n'
+        '(defsystem "cancel-probe-test" :perform (test-op (o c) '
+        f"{slow('run-tests')}))\n")
+    return str(asd)
+
+
+def calls(process: McpProcess, directory: Path) -> list[tuple[str, dict]]:
+    """Each tool that runs code, with arguments that make it run `slow`."""
+    form = directory / "form.lisp"
+    form.write_text(f"(progn {slow('compile-form')})\n")
+    return [("evaluate-lisp", {"code": slow("evaluate-lisp")}),
+            ("compile-form", {"path": str(form), "line": 1}),
+            ("profile", {"code": slow("profile")}),
+            ("run-tests", {"system": "cancel-probe-test"}),
+            ("inspect", {"code": slow("inspect")}),
+            ("eval-in-frame", {"frame": 0, "code": slow("eval-in-frame")}),
+            ("load-system", {"system": "cancel-probe-load"})]
+
+
+def cancel_each(process: McpProcess, directory: Path) -> None:
+    assert process.eval("(defvar *x* 1) (defvar *cancelled-ran* nil)") == ("=> *CANCELLED-RAN*", False)
+    assert not process.eval(f'(asdf:load-asd "{probe_system(directory)}")')[1]
+    assert process.call("evaluate-lisp", code='(error "waits here")')["isError"]  # for eval-in-frame
+    cancelled = []
+    for tool, arguments in calls(process, directory):
+        request = process.start_request("tools/call", {"name": tool, "arguments": arguments})
+        time.sleep(0.5)  # the call is in the image
+        process.notify("notifications/cancelled", {"requestId": request})
+        cancelled.append(request)
+        started = time.monotonic()
+        assert process.eval("(boundp '*x*)") == ("=> T", False), tool
+        assert time.monotonic() - started < PROMPT, f"{tool}: the next call waited behind the cancelled one"
+    time.sleep(SLEEP + 1)  # every cancelled sleep would be over
+    assert process.eval("(list (boundp '*x*) *cancelled-ran*)") == ("=> (T NIL)", False)
+    assert [answers_to(process, request) for request in cancelled] == [[]] * len(cancelled)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cancel_stops_the_code_of_every_tool(mode, tmp_path):
+    with cl_mcp_in(mode) as process:
+        cancel_each(process, tmp_path)
