@@ -283,11 +283,11 @@ error report."
 
 (defun run-on (evaluation timeout)
   "EVALUATION no longer waits at its error: it runs on, with a deadline of
-TIMEOUT seconds."
+TIMEOUT seconds; a user's thread back at its own work, with none."
   (forget-evaluation evaluation)
   (setf (evaluation-condition evaluation) nil
         (evaluation-waiting evaluation) nil)
-  (start-stretch evaluation timeout))
+  (start-stretch evaluation (and (not (thread-stop-p evaluation)) timeout)))
 
 (defun leave-error (evaluation timeout transfer)
   "Let EVALUATION leave its error through TRANSFER, a function that passes
@@ -846,9 +846,9 @@ evaluation a caller waits on under TAG; nil when there is none."
 (defun abort-all ()
   "Abort every evaluation waiting at an error and every one running in the
 background; return how many there were."
-  (let ((waiting (sb-thread:with-mutex (*registry-lock*) (shiftf *suspended* '())))
+  (let ((waiting (with-agent-lock (*registry-lock*) (shiftf *suspended* '())))
         (running (background-running)))
-    (sb-thread:with-mutex (*registry-lock*) (setf *background* '()))
+    (with-agent-lock (*registry-lock*) (setf *background* '()))
     (dolist (evaluation waiting)
       (post-command evaluation (list :abort)))
     (dolist (evaluation running)

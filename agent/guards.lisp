@@ -108,6 +108,15 @@ BREAK binds *DEBUGGER-HOOK* to nil); only this hook sees them."
          (*debugger-hook* nil))
      ,@body))
 
+(defmacro with-agent-lock ((mutex) &body body)
+  "BODY holding MUTEX, one of the agent's locks, with interrupts deferred:
+SB-THREAD:WITH-MUTEX runs its body with interrupts allowed, and a thread
+interrupted there (threads :interrupt, a deadline) would wait at its stop
+holding the lock, and every call that takes it, replies to cl-mcp among
+them, with it.  For short bodies that wait for nothing else."
+  `(sb-sys:without-interrupts
+     (sb-thread:with-mutex (,mutex) ,@body)))
+
 ;;;; Threads the agent makes
 
 (defparameter *unblock-deferrable-signals*

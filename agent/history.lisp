@@ -43,9 +43,7 @@ that it may be read without the lock).")
 (defmacro with-history-lock (() &body body)
   "Run BODY holding `*history-lock*', with interrupts deferred: a deadline
 that lands there would wait at its error holding the lock."
-  `(sb-sys:without-interrupts
-     (sb-thread:with-mutex (*history-lock*)
-       ,@body)))
+  `(with-agent-lock (*history-lock*) ,@body))
 
 (defun call-with-repl-variables (thunk)
   "Call THUNK with the REPL's variables bound to cl-mcp's history (`-' to

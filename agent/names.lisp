@@ -438,7 +438,8 @@ what it made (see `definition-witness'), or nil."
 one of the same type and name replaces the older.  `soft-reset' clears it.")
 
 (defvar *repl-definitions-lock* (sb-thread:make-mutex :name "cl-mcp REPL definitions")
-  "Guards `*repl-definitions*' and `*repl-definition-sequence*'.")
+  "Guards `*repl-definitions*' and `*repl-definition-sequence*'; taken with
+`with-agent-lock'.")
 
 (defvar *repl-definition-sequence* 0
   "The number of the last definition recorded: newer ones sort first.")
@@ -532,7 +533,7 @@ lists made by evaluation EVALUATION-ID, with what each made (see
                     for name = (definition-form-name form)
                     for witness = (definition-witness type name)
                     collect (list type name (and witness (sb-ext:make-weak-pointer witness))))))
-    (sb-thread:with-mutex (*repl-definitions-lock*)
+    (with-agent-lock (*repl-definitions-lock*)
       (loop for (type name witness) in made
             do (setf (gethash (cons type name) *repl-definitions*)
                      (make-repl-definition type name evaluation-id source
@@ -564,7 +565,7 @@ failure here is logged and never reaches the evaluation."
 (defun forget-repl-definitions ()
   "Forget the sources of every definition made through evaluate-lisp (a
 reset of the session)."
-  (sb-thread:with-mutex (*repl-definitions-lock*)
+  (with-agent-lock (*repl-definitions-lock*)
     (clrhash *repl-definitions*)))
 
 (defparameter *name-limit* 1000
@@ -611,7 +612,7 @@ made (see `definition-witness')."
   "The definitions of SYMBOL made through evaluate-lisp, newest first, as
 `repl-definition-plist's."
   (let ((found '()))
-    (sb-thread:with-mutex (*repl-definitions-lock*)
+    (with-agent-lock (*repl-definitions-lock*)
       (maphash (lambda (key definition)
                  (declare (ignore key))
                  (when (names-symbol-p (repl-definition-name definition) symbol)

@@ -38,7 +38,7 @@ nested, and its request belongs to the outer evaluation.")
 
 (defvar *registry-lock* (sb-thread:make-mutex :name "cl-mcp evaluations")
   "Guards the image-wide records: the counter, `*suspended*', `*running*'
-and the session record.")
+and the session record; taken with `with-agent-lock'.")
 
 (defvar *evaluation-counter* 0
   "The number of the last evaluation made in this image.")
@@ -79,12 +79,18 @@ and the session record.")
 (defun make-evaluation (&rest initargs)
   "A new evaluation from INITARGS, numbered by the image-wide counter."
   (apply #'%make-evaluation
-         :id (sb-thread:with-mutex (*registry-lock*) (incf *evaluation-counter*))
+         :id (with-agent-lock (*registry-lock*) (incf *evaluation-counter*))
          initargs))
+
+(defun thread-stop-p (evaluation)
+  "True when EVALUATION is a user's thread stopped, at its error or by an
+interrupt (agent/threads.lisp, agent/user-threads.lisp), not code cl-mcp
+asked to run."
+  (member (evaluation-code evaluation) '(:interrupted :thread-error)))
 
 (defun put-slot (evaluation writer value)
   "Store VALUE with WRITER under EVALUATION's lock and wake its waiters."
-  (sb-thread:with-mutex ((evaluation-lock evaluation))
+  (with-agent-lock ((evaluation-lock evaluation))
     (funcall writer value evaluation)
     (sb-thread:condition-broadcast (evaluation-ready evaluation))))
 
@@ -145,7 +151,7 @@ cannot, short of being killed), say so instead of waiting forever."
 oldest waiting evaluation is aborted when there are too many."
   (when (plusp *max-suspended*)
     (let ((evicted '()))
-      (sb-thread:with-mutex (*registry-lock*)
+      (with-agent-lock (*registry-lock*)
         (push evaluation *suspended*)
         (loop while (> (length *suspended*) *max-suspended*)
               do (push (car (last *suspended*)) evicted)
@@ -156,12 +162,12 @@ oldest waiting evaluation is aborted when there are too many."
 
 (defun forget-evaluation (evaluation)
   "EVALUATION no longer waits: take it off `*suspended*'."
-  (sb-thread:with-mutex (*registry-lock*)
+  (with-agent-lock (*registry-lock*)
     (setf *suspended* (remove evaluation *suspended*))))
 
 (defun find-suspended (id)
   "The waiting evaluation numbered ID, or the newest when ID is nil."
-  (sb-thread:with-mutex (*registry-lock*)
+  (with-agent-lock (*registry-lock*)
     (if id
         (find id *suspended* :key #'evaluation-id)
         (first *suspended*))))
@@ -189,7 +195,7 @@ when nil); without one, return `no-suspended-report' instead."
   "Forget that OBJECT runs under TAG (only OBJECT: another session attached
 to the same image may use the same tag)."
   (when tag
-    (sb-thread:with-mutex (*registry-lock*)
+    (with-agent-lock (*registry-lock*)
       (setf *running* (remove-if (lambda (entry)
                                    (and (equal (car entry) tag) (eq (cdr entry) object)))
                                  *running*)))))
@@ -201,14 +207,14 @@ thread of a load) findable under TAG, for `cancel-evaluation' and
   (let ((tag-var (gensym "TAG")) (object-var (gensym "OBJECT")))
     `(let ((,tag-var ,tag) (,object-var ,object))
        (when ,tag-var
-         (sb-thread:with-mutex (*registry-lock*)
+         (with-agent-lock (*registry-lock*)
            (push (cons ,tag-var ,object-var) *running*)))
        (unwind-protect (progn ,@body)
          (forget-running ,tag-var ,object-var)))))
 
 (defun find-running (tag)
   "The evaluation, or for a load the thread, a caller waits on under TAG."
-  (sb-thread:with-mutex (*registry-lock*)
+  (with-agent-lock (*registry-lock*)
     (cdr (assoc tag *running* :test #'equal))))
 
 (defun call-cancellable (tag thunk cancelled)
@@ -419,7 +425,7 @@ newest first.  One with a report posted has finished (or waits at an error).")
 
 (defun background-running ()
   "The background evaluations still running, newest first."
-  (sb-thread:with-mutex (*registry-lock*)
+  (with-agent-lock (*registry-lock*)
     (remove-if #'evaluation-report *background*)))
 
 (defun register-background (evaluation)
@@ -428,7 +434,7 @@ newest first.  One with a report posted has finished (or waits at an error).")
 `*max-unclaimed*'; return t and the numbers of the outcomes forgotten to
 make room (the caller tells cl-mcp, whose record mirrors this one).  Nil,
 and nothing recorded, when `*max-background*' run already."
-  (sb-thread:with-mutex (*registry-lock*)
+  (with-agent-lock (*registry-lock*)
     (when (< (count-if-not #'evaluation-report *background*) *max-background*)
       (setf (evaluation-background evaluation) t
             (sb-thread:thread-name (evaluation-thread evaluation))
@@ -445,19 +451,19 @@ and nothing recorded, when `*max-background*' run already."
 
 (defun find-background (id)
   "The background evaluation numbered ID whose outcome is not yet taken."
-  (sb-thread:with-mutex (*registry-lock*)
+  (with-agent-lock (*registry-lock*)
     (find id *background* :key #'evaluation-id)))
 
 (defun find-background-tagged (tag)
   "The background evaluation whose outcome is not yet taken that went there
 from the call tagged TAG."
-  (sb-thread:with-mutex (*registry-lock*)
+  (with-agent-lock (*registry-lock*)
     (find tag *background* :key #'evaluation-tag :test #'equal)))
 
 (defun forget-background (evaluation)
   "EVALUATION's outcome has been taken: stop keeping it.  Continued through
 a restart, it is in the foreground again until its next window closes."
-  (sb-thread:with-mutex (*registry-lock*)
+  (with-agent-lock (*registry-lock*)
     (setf (evaluation-background evaluation) nil
           *background* (remove evaluation *background*))))
 
@@ -510,7 +516,7 @@ what that created is the image's, as ASDF or `*modules*' say (see
             (packages (set-difference (list-all-packages) packages-before)))
         (unless (or (and (null symbols) (null packages))
                     (set-difference (loaded-systems) loaded-before :test #'string=))
-          (sb-thread:with-mutex (*registry-lock*)
+          (with-agent-lock (*registry-lock*)
             (dolist (symbol symbols)
               (pushnew symbol *session-symbols*))
             (dolist (package packages)

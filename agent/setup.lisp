@@ -85,7 +85,7 @@ sending the debugger of the programmer's own threads to Emacs (Swank sends
 it to the newest connection, which would otherwise be cl-mcp's).  Return t."
   (setf *track-session* t)
   ;; A new session: what earlier ones created belongs to the image now.
-  (sb-thread:with-mutex (*registry-lock*)
+  (with-agent-lock (*registry-lock*)
     (setf *session-symbols* '()
           *session-created-packages* '()))
   (let ((ours swank::*emacs-connection*))
@@ -118,8 +118,8 @@ Everything else in the image is left as it was.  Return t."
   (forget-repl-definitions)
   (forget-history)
   (let ((user (find-package "COMMON-LISP-USER"))
-        (symbols (sb-thread:with-mutex (*registry-lock*) (shiftf *session-symbols* '())))
-        (packages (sb-thread:with-mutex (*registry-lock*)
+        (symbols (with-agent-lock (*registry-lock*) (shiftf *session-symbols* '())))
+        (packages (with-agent-lock (*registry-lock*)
                     (shiftf *session-created-packages* '()))))
     (dolist (package packages)
       (when (and (package-name package) (not (defined-by-a-file-p package)))

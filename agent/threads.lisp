@@ -33,7 +33,7 @@ pselect6, ppoll, epoll_pwait, accept4 (Linux x86-64 numbers).")
 (defun evaluation-of-thread (thread)
   "The evaluation waiting at an error or running in the background in
 THREAD, or nil; the second value is true when it waits at an error."
-  (sb-thread:with-mutex (*registry-lock*)
+  (with-agent-lock (*registry-lock*)
     (let ((suspended (find thread *suspended* :key #'evaluation-thread)))
       (values (or suspended (find thread *background* :key #'evaluation-thread))
               (and suspended t)))))
@@ -54,7 +54,7 @@ Cheap and lock-free: every write of a user's thread asks it."
 evaluation is cl-mcp's, but a user's thread stopped at its error, or by
 `interrupt-user-thread', stays the user's."
   (let ((evaluation (evaluation-of-thread thread)))
-    (if (and evaluation (not (member (evaluation-code evaluation) '(:interrupted :thread-error))))
+    (if (and evaluation (not (thread-stop-p evaluation)))
         :cl-mcp
         (owner-by-name thread))))
 
@@ -135,27 +135,32 @@ THREAD does not answer within `*thread-answer-seconds*'."
 
 (defun stop-interrupted (evaluation)
   "Inside the interrupted thread: wait as an evaluation at an error, with
-a CONTINUE restart that returns the thread to its work; once it does,
-post that outcome for the invoke-restart that continued it."
+a CONTINUE restart that returns the thread to its work; once it does, or
+leaves through its own frames (RETURN-FROM-FRAME, a restart of its own
+invoked from eval-in-frame), post that outcome for the call that took it
+on.  However it leaves, no deadline stays armed to stop it again."
   (let ((stdout (make-capped-output-stream *inline-output*))
         (stderr (make-capped-output-stream *inline-output*)))
     (setf (evaluation-thread evaluation) sb-thread:*current-thread*
           (evaluation-stdout evaluation) stdout
           (evaluation-stderr evaluation) stderr)
     (start-stretch evaluation nil)
-    (when (restart-case
-              (with-standard-streams (stdout stderr)
-                (setf (evaluation-abort-restart evaluation) (find-restart 'continue))
-                (with-debugger-calling ((lambda (c) (stop-at-error evaluation c)))
-                  (stop-at-error evaluation (make-condition 'thread-interrupted
-                                                            :thread sb-thread:*current-thread*))))
-            (continue (&optional asked)
-              :report "Return the thread to its work."
-              ;; Asked for, not the wait's time running out or an abort.
-              (not asked)))
-      (stop-deadline evaluation)
-      (post-report evaluation (list :status :ok :number (evaluation-id evaluation)
-                                    :values (list "; the thread returned to its work"))))))
+    (let ((given-up nil))
+      (unwind-protect
+           (restart-case
+               (with-standard-streams (stdout stderr)
+                 (setf (evaluation-abort-restart evaluation) (find-restart 'continue))
+                 (with-debugger-calling ((lambda (c) (stop-at-error evaluation c)))
+                   (stop-at-error evaluation (make-condition 'thread-interrupted
+                                                             :thread sb-thread:*current-thread*))))
+             (continue (&optional asked)
+               :report "Return the thread to its work."
+               ;; Asked by the agent: the wait's time ran out, or an abort.
+               (setf given-up asked)))
+        (stop-deadline evaluation)
+        (unless given-up
+          (post-report evaluation (list :status :ok :number (evaluation-id evaluation)
+                                        :values (list "; the thread returned to its work"))))))))
 
 (defun interrupt-user-thread (thread)
   "Stop THREAD as at an error; return the report it waits with."

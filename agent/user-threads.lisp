@@ -55,12 +55,9 @@ rest are counted (their errors are still written to the threads' output).")
   "Guards `*news*'; taken by `with-news-lock'.")
 
 (defmacro with-news-lock (&body body)
-  "BODY holding `*news-lock*', with interrupts deferred: SB-THREAD:WITH-MUTEX
-runs its body with interrupts allowed, and a thread interrupted there
-(threads :interrupt, a deadline) would wait at its stop holding the lock,
-and every reply to cl-mcp, which takes the news first, with it."
-  `(sb-sys:without-interrupts
-     (sb-thread:with-mutex (*news-lock*) ,@body)))
+  "BODY holding `*news-lock*' (`with-agent-lock'): every reply to cl-mcp
+takes the news first."
+  `(with-agent-lock (*news-lock*) ,@body))
 
 (defvar *news* nil
   "The `news' cl-mcp has not heard yet, or nil.")
@@ -193,7 +190,7 @@ and :stderr (with :stdout-dropped, :stderr-dropped), :writers, :stops,
               (when (plusp (news-text-dropped text))
                 (add dropped-key (news-text-dropped text)))))
           (when (or (getf report :stdout) (getf report :stderr))
-            (add :number (sb-thread:with-mutex (*registry-lock*) (incf *evaluation-counter*)))))
+            (add :number (with-agent-lock (*registry-lock*) (incf *evaluation-counter*)))))
         report))))
 
 (defparameter *news-channel* 0
