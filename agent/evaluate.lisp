@@ -661,7 +661,7 @@ that is gone before it has kept it loses nothing."
           ((and abort (find-suspended id))
            (let ((waiting (find-suspended id)))
              (post-command waiting (list :abort))
-             (await-report waiting)))
+             (await-report waiting *report-grace*)))
           (t (no-background-report id)))))
 
 (defun forget-outcome (id)
@@ -741,16 +741,16 @@ function returns then, :ANSWERED, reaches nobody."
             :answered
             (take-report-now evaluation))))))
 
-(defun await-report-within (evaluation window)
-  "The next report of EVALUATION; or, when WINDOW seconds pass first, its
-`running-report' once it is sent to the background, where
-`await-evaluation-of' takes its outcome.  While `*max-background*'
-evaluations run there, the wait goes on."
+(defun await-report-within (evaluation window seconds)
+  "The next report of EVALUATION, waiting at most SECONDS (`await-report');
+or, when WINDOW seconds pass first, its `running-report' once it is sent
+to the background, where `await-evaluation-of' takes its outcome.  While
+`*max-background*' evaluations run there, the wait goes on."
   (or (and window (take-slot evaluation #'evaluation-report #'(setf evaluation-report) window))
       (and window
            (multiple-value-bind (registered forgotten) (register-background evaluation)
              (and registered (running-report evaluation forgotten))))
-      (await-report evaluation)))
+      (await-report evaluation seconds)))
 
 (defun invoke-restart-of (id restart &key values frame (timeout nil) (answer-within nil) (tag nil))
   "Invoke RESTART (an index into the listed restarts, or a name) of the
@@ -766,7 +766,8 @@ it goes on in the background and this returns `running-report'."
     (setf (evaluation-tag evaluation) tag)
     (with-running (tag evaluation)
       (post-command evaluation (list :restart restart values timeout frame))
-      (await-report-within evaluation (window-first answer-within timeout)))))
+      (await-report-within evaluation (window-first answer-within timeout)
+                           (and timeout (+ timeout *report-grace*))))))
 
 (defun backtrace-of (id &key (count *backtrace-frame-limit*))
   "The first COUNT frames of the waiting evaluation ID (the newest when
@@ -775,7 +776,7 @@ nil), as (:evaluation N :status :ok :frames ((LINE ((NAME VALUE) ...))
 kept, all strings; or an error report when no evaluation ID waits."
   (with-suspended (evaluation id)
     (post-command evaluation (list :backtrace count))
-    (list* :evaluation (evaluation-id evaluation) (await-report evaluation))))
+    (list* :evaluation (evaluation-id evaluation) (await-report evaluation *report-grace*))))
 
 (defun eval-in-frame-of (id frame code &key (timeout 30) (tag nil))
   "Evaluate the forms of CODE (a string) in frame number FRAME (counted as
@@ -785,7 +786,7 @@ seconds, cancellable under TAG.  Return a plist as `evaluate' returns; the
 evaluation keeps waiting whatever happens."
   (with-suspended (evaluation id)
     (post-command evaluation (list :eval-in-frame frame code timeout tag))
-    (await-report evaluation)))
+    (await-report evaluation (+ timeout *report-grace*))))
 
 (defun interrupt-running (running)
   "Ask the thread of RUNNING (an evaluation, or a load's thread) to abandon

@@ -64,6 +64,7 @@ and the session record; taken with `with-agent-lock'.")
   (ready (sb-thread:make-waitqueue))
   (command nil)
   (report nil)
+  (abandoned 0)  ; reports to drop: their callers gave up waiting (`await-report')
   (stdout nil) (stderr nil)
   (warnings '())
   (readings nil)
@@ -116,23 +117,47 @@ nil: a look), and return its value; nil if TIMEOUT seconds pass first."
             (sb-thread:grab-mutex (evaluation-lock evaluation))))))))
 
 (defun post-report (evaluation report)
-  "Hand REPORT to the caller waiting on EVALUATION."
-  (put-slot evaluation #'(setf evaluation-report) report))
+  "Hand REPORT to the caller waiting on EVALUATION; drop it when that
+caller gave up waiting for it (`await-report')."
+  (put-slot evaluation (lambda (report evaluation)
+                         (if (plusp (evaluation-abandoned evaluation))
+                             (decf (evaluation-abandoned evaluation))
+                             (setf (evaluation-report evaluation) report)))
+            report))
 
 (defun take-report-now (evaluation)
   "EVALUATION's report if one is posted, without waiting; else nil."
   (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0))
 
-(defun await-report (evaluation)
-  "The next report of EVALUATION.  Should its thread end without one (it
-cannot, short of being killed), say so instead of waiting forever."
-  (loop
-    (let ((report (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 1)))
-      (when report (return report))
-      (let ((thread (evaluation-thread evaluation)))
-        (when (and thread (not (sb-thread:thread-alive-p thread)))
-          (return (or (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 0)
-                      (command-error "CL-MCP:ABORTED" "The evaluation's thread ended."))))))))
+(defparameter *report-grace* 3
+  "Seconds past a command's own deadline its caller waits for its report:
+less than cl-mcp's grace (DEADLINE_GRACE), so the caller answers first.")
+
+(defun await-report (evaluation seconds)
+  "The next report of EVALUATION, waiting at most SECONDS (nil: as long as
+its thread lives).  Should its thread end without one (it cannot, short of
+being killed), or SECONDS pass (it blocks interrupts, or is inside foreign
+code), say so instead; the report that comes after all is dropped."
+  (let ((due (and seconds (+ (get-internal-real-time)
+                             (* seconds internal-time-units-per-second)))))
+    (loop
+      (let ((report (take-slot evaluation #'evaluation-report #'(setf evaluation-report) 1)))
+        (when report (return report))
+        (let ((thread (evaluation-thread evaluation)))
+          (when (and thread (not (sb-thread:thread-alive-p thread)))
+            (return (or (take-report-now evaluation)
+                        (command-error "CL-MCP:ABORTED" "The evaluation's thread ended.")))))
+        (when (and due (>= (get-internal-real-time) due))
+          (return
+            (or (with-agent-lock ((evaluation-lock evaluation))
+                  ;; Posted just now, or else dropped when it comes.
+                  (or (shiftf (evaluation-report evaluation) nil)
+                      (progn (incf (evaluation-abandoned evaluation)) nil)))
+                (command-error "CL-MCP:NO-REPORT"
+                               (format nil "Evaluation ~D did not answer within ~A: its thread ~
+                                            blocks interrupts, or is inside foreign code, and ~
+                                            finishes that on its own."
+                                       (evaluation-id evaluation) (seconds-text seconds))))))))))
 
 (defun post-command (evaluation command)
   "Hand COMMAND to EVALUATION's thread, waiting at its error."

@@ -3,7 +3,9 @@ own frames (RETURN-FROM-FRAME, or a restart of its own invoked from
 eval-in-frame), it is back at its work: the call that took it on is
 answered, and no deadline is left armed to stop it again with
 SB-EXT:TIMEOUT.  Stopped while it held one of the agent's locks, it holds
-up no call."""
+up no call.  A command to a waiting evaluation whose thread cannot be
+interrupted is answered when its deadline and a grace have passed, before
+cl-mcp gives up on the image."""
 
 from __future__ import annotations
 
@@ -108,3 +110,20 @@ def test_a_thread_stopped_holding_a_lock_holds_up_no_call(lisp, work):
                               restart="continue")
         assert not continued["isError"], continued
     assert not lisp.call("threads", action="kill", thread=thread)["isError"]
+
+
+def test_a_command_that_cannot_be_interrupted_is_answered_in_time(lisp):
+    assert not lisp.eval("(defvar *tp-kept* :kept)")[1]
+    assert lisp.call("evaluate-lisp", code='(error "waits here")')["isError"]
+    # Past its deadline (1 s) and the image's grace (3 s), before cl-mcp's (5 s).
+    blocked = lisp.call("eval-in-frame", frame=0, code="(sb-sys:without-interrupts (sleep 6))")
+    assert blocked["isError"] and "CL-MCP:NO-REPORT" in blocked["content"][0]["text"], blocked
+    assert lisp.eval("*tp-kept*") == ("=> :KEPT", False)  # the same image
+    # Its report, when it comes, answers nothing: the next command gets its own.
+    for _ in range(5):
+        frames = lisp.call("backtrace")
+        if not frames["isError"]:
+            break
+        assert "CL-MCP:NO-REPORT" in frames["content"][0]["text"], frames
+    assert frames["structuredContent"]["frames"], frames
+    assert not lisp.call("invoke-restart", restart="abort")["isError"]
