@@ -154,6 +154,15 @@
 ;;;   sb-sys:fd-stream-fd             a socket stream's file descriptor
 ;;;   asdf/find-component:missing-requires   the system a load missed (not
 ;;;                                   exported from ASDF itself)
+;;;   sb-sprof::*profiling*, sb-sprof::*samples*,
+;;;   sb-sprof::samples-trace-count   (by name) whether SB-SPROF profiles or
+;;;                                   holds samples (`sprof-taken'); checked
+;;;                                   when SB-SPROF is loaded
+;;;   SB-SPROF's flat report, SB-PROFILE's report   their text is read: the
+;;;                                   table's heading is checked first
+;;;                                   (`*sprof-heading*', `*profile-heading*')
+;;;   ALLOC-TRAMP, LIST-ALLOC-TRAMP   the allocation trampolines' names in an
+;;;                                   alloc report (`trampoline-share')
 ;;;   sb-int:encapsulate, sb-int:encapsulated-p   run-tests' hooks on FiveAM's
 ;;;                                   RUN and RT's DO-ENTRY (as TRACE wraps);
 ;;;                                   SB-THREAD:MAKE-THREAD in a shared image
