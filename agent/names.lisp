@@ -289,7 +289,8 @@ a definition's position in characters of the text it read."
 (defun compiled-text (path)
   "The text PATH (a pathname or namestring) was compiled from, as Swank's
 source cache holds it, or nil."
-  (let ((entry (gethash path swank/source-file-cache::*source-file-cache*)))
+  (let ((entry (and (not (missing-internals-message :source-cache))
+                    (gethash path swank/source-file-cache::*source-file-cache*))))
     (and entry (swank/source-file-cache::source-cache-entry.text entry))))
 
 (defun compiled-line (path characters)

@@ -175,7 +175,11 @@ post that outcome for the invoke-restart that continued it."
   "ACTION on the image's threads: :list gives :threads, a `thread-entry'
 each; with THREAD (an id), :backtrace gives its first COUNT frames,
 :interrupt stops it as at an error (a user's thread only; the report of
-the error it waits at, numbered), :kill ends it (a user's thread only)."
+the error it waits at, numbered), :kill ends it (a user's thread only).
+CL-MCP:NOT-IMPLEMENTED when this image lacks an internal it needs."
+  (let ((missing (missing-internals-error :threads)))
+    (when missing
+      (return-from threads-of missing)))
   (if (eq action :list)
       ;; A thread that ended since the list was taken has no id left.
       (list :status :ok :threads (loop for thread in (sb-thread:list-all-threads)

@@ -7,15 +7,12 @@ report leaves out is said."""
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from typing import Iterator
 
 import pytest
 
-from cl_mcp.sexp import Symbol
-from cl_mcp.swank.client import SwankConnection
 from tests.integration.attach_fixtures import SwankServer, temporary_home
 from tests.integration.conftest import McpProcess
 from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
@@ -30,36 +27,11 @@ SPIN = """
 (defun pi-counted (n) (loop for i below n sum (pi-leaf i)))
 """
 
-
 TIMEOUT = 6  # --eval-timeout of the calls at once
 
 
-class Programmer:
-    """The programmer's image, and the programmer at it: a Swank client of
-    its own (as Emacs is) beside the attached cl-mcp."""
-
-    def __init__(self, server: SwankServer) -> None:
-        self.server = server
-
-    def eval(self, form: str) -> str:
-        """FORM (a string) read and evaluated in CL-USER over a connection of
-        the programmer's own; its value printed."""
-        async def ask() -> str:
-            connection = await SwankConnection.open("127.0.0.1", self.server.port)
-            try:
-                value = await connection.rex(
-                    [Symbol("cl:prin1-to-string"),
-                     [Symbol("cl:eval"), [Symbol("cl:read-from-string"), form]]],
-                    deadline=60)
-                assert isinstance(value, str), value
-                return value
-            finally:
-                await connection.close()
-        return asyncio.run(ask())
-
-
 @pytest.fixture(scope="module")
-def shared() -> Iterator[tuple[Programmer, McpProcess]]:
+def shared() -> Iterator[tuple[SwankServer, McpProcess]]:
     home = temporary_home()
     server = SwankServer(home)
     process = McpProcess("--connect", str(server.port), "--eval-timeout", "20",
@@ -67,18 +39,17 @@ def shared() -> Iterator[tuple[Programmer, McpProcess]]:
     try:
         process.initialize()
         check_results_of(process, "profile")
-        programmer = Programmer(server)
-        assert programmer.eval(f"(progn {SPIN} (require :sb-sprof) t)") == "T"
-        yield programmer, process
+        assert server.client_eval(f"(progn {SPIN} (require :sb-sprof) t)") == "T"
+        yield server, process
     finally:
         process.close()
         server.stop()
 
 
-def programmers_report(programmer: Programmer) -> str:
+def programmers_report(programmer: SwankServer) -> str:
     """SB-SPROF's flat report, as the programmer reads it (which stops the
     profiler)."""
-    return programmer.eval("(with-output-to-string (s) (sb-sprof:report :type :flat :stream s))")
+    return programmer.client_eval("(with-output-to-string (s) (sb-sprof:report :type :flat :stream s))")
 
 
 def refused(process: McpProcess) -> str:
@@ -90,14 +61,14 @@ def refused(process: McpProcess) -> str:
 
 def test_the_programmers_running_profile_is_refused_and_left_running(shared):
     programmer, process = shared
-    assert programmer.eval("(progn (sb-sprof:start-profiling :threads :all) (pi-spin-a 0.5) t)") == "T"
+    assert programmer.client_eval("(progn (sb-sprof:start-profiling :threads :all) (pi-spin-a 0.5) t)") == "T"
     try:
         text = refused(process)
         assert "SB-SPROF is profiling already (mode cpu), started outside cl-mcp" in text, text
-        assert programmer.eval("sb-sprof::*profiling*") == ":CPU"
+        assert programmer.client_eval("sb-sprof::*profiling*") == ":CPU"
     finally:
         report = programmers_report(programmer)
-        programmer.eval("(sb-sprof:reset)")
+        programmer.client_eval("(sb-sprof:reset)")
     # Their samples (wherever the signal fell: all threads are sampled),
     # none of cl-mcp's code.
     assert samples_in(report) > 0 and "PI-SPIN-B" not in report, report
@@ -111,21 +82,21 @@ def samples_in(report: str) -> int:
 
 def test_the_programmers_samples_are_refused_and_kept(shared):
     programmer, process = shared
-    assert programmer.eval("(progn (sb-sprof:start-profiling :threads :all) (pi-spin-a 0.5)"
+    assert programmer.client_eval("(progn (sb-sprof:start-profiling :threads :all) (pi-spin-a 0.5)"
                            " (sb-sprof:stop-profiling) t)") == "T"
     try:
-        samples = int(programmer.eval("(sb-sprof::samples-trace-count sb-sprof::*samples*)"))
+        samples = int(programmer.client_eval("(sb-sprof::samples-trace-count sb-sprof::*samples*)"))
         assert samples > 0
         text = refused(process)
         assert f"SB-SPROF holds {samples} samples of a profile taken outside cl-mcp" in text, text
     finally:
         report = programmers_report(programmer)
-        programmer.eval("(sb-sprof:reset)")
+        programmer.client_eval("(sb-sprof:reset)")
     assert samples_in(report) == samples and "PI-SPIN-B" not in report, report
     # cl-mcp's own profile leaves SB-SPROF empty, so that it refuses nothing
     # of its own next time.
     assert not checked_call(process, "profile", code="(pi-spin-b 0.1)")["isError"]
-    assert programmer.eval("(list sb-sprof::*profiling* sb-sprof::*samples*)") == "(NIL NIL)"
+    assert programmer.client_eval("(list sb-sprof::*profiling* sb-sprof::*samples*)") == "(NIL NIL)"
     assert not checked_call(process, "profile", code="(pi-spin-b 0.1)")["isError"]
 
 
