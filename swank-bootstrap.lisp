@@ -243,14 +243,34 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
     (:threads :feature "KEYWORD" "LINUX")
     (:threads :feature "KEYWORD" "X86-64")
     (:compile-notes :function "SWANK/BACKEND" "ORIGINAL-CONDITION")
+    (:compile-notes :function "SWANK" "COLLECT-NOTES")
+    (:compile-notes :function "SWANK" "MAKE-COMPILER-NOTE")
+    (:compile-notes :function "SWANK" "FASL-PATHNAME")
+    (:compile-notes :function "SWANK" "COMPILATION-RESULT-NOTES")
+    (:compile-notes :function "SWANK" "COMPILATION-RESULT-FASLFILE")
+    (:compile-notes :function "SWANK" "COMPILATION-RESULT-SUCCESSP")
+    (:compile-form :special "SWANK" "*BUFFER-PACKAGE*")
+    (:compile-form :special "SWANK" "*BUFFER-READTABLE*")
+    (:compile-form :function "SWANK" "COMPILATION-RESULT-NOTES")
+    (:compile-form :function "SWANK" "COMPILATION-RESULT-SUCCESSP")
+    (:xref :function "SWANK" "XREF-DOIT")
+    (:xref :function "SWANK/SBCL" "SOURCE-LOCATION-FOR-XREF-DATA")
+    (:xref :function "SWANK/SBCL" "SANITIZE-XREFS")
+    (:apropos :function "SWANK" "APROPOS-SYMBOLS")
+    (:inspect :function "SWANK" "MAKE-ISTATE")
+    (:inspect :special "SWANK" "*ISTATE*")
+    (:inspect :variable "SWANK" "*INSPECTOR-PRINTER-BINDINGS*")
+    (:inspect :function "SWANK" "CONTENT-RANGE")
+    (:describe-symbol :function "SWANK/SBCL" "SETF-EXPANDER")
     (:frame-commands :special "SWANK/SBCL" "*SLDB-STACK-TOP*")
     (:source-cache :variable "SWANK/SOURCE-FILE-CACHE" "*SOURCE-FILE-CACHE*")
     (:source-cache :function "SWANK/SOURCE-FILE-CACHE" "SOURCE-CACHE-ENTRY.DATE")
     (:source-cache :function "SWANK/SOURCE-FILE-CACHE" "SOURCE-CACHE-ENTRY.TEXT"))
   "Internals of the table above, each (USE KIND PACKAGE NAME): USE names
-what needs it (:threads the threads tool, :compile-notes compile-file's
-and load-system's, :frame-commands invoke-restart's RESTART-FRAME and
-RETURN-FROM-FRAME, :source-cache the compiled text of a file, without
+what needs it (a tool: :threads, :xref, :compile-form, :apropos,
+:inspect, :describe-symbol; :compile-notes compile-file and
+load-system; :frame-commands invoke-restart's RESTART-FRAME and
+RETURN-FROM-FRAME; :source-cache the compiled text of a file, without
 which places are found in the file as it is now); KIND is :function
 (fbound), :variable (bound), :special (proclaimed special: the agent
 binds it, and a binding of an undeclared one would be lexical, silently)

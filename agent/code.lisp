@@ -165,6 +165,9 @@ the symbol TEXT names, read in PACKAGE: a plist :status :ok, :symbol,
 :qualifiers and :specializers for :specializes), and :dropped, the number
 of referrers past `*reference-limit*'.  An unknown symbol or package, or a
 relation this Swank does not implement, is a :status :error plist."
+  (let ((missing (missing-internals-error :xref)))
+    (when missing
+      (return-from xref-of missing)))
   (with-resolved-symbol text package
     (lambda (symbol)
       (let* ((sink (make-capped-output-stream 0))

@@ -834,6 +834,9 @@ printed on one line), :class (:superclasses :slots), :methods and
 :method-count (of a generic function), :location (see
 `primary-definition') and :description (one sentence).  An unknown symbol or
 package is a :status :error plist."
+  (let ((missing (missing-internals-error :describe-symbol)))
+    (when missing
+      (return-from describe-symbol-of missing)))
   (with-resolved-symbol text package
     (lambda (symbol)
       (let* ((*package* (or (find-named-package package) (find-package "COMMON-LISP-USER")))

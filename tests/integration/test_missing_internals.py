@@ -2,7 +2,7 @@
 found when the agent loads: the tool that needs it answers
 CL-MCP:NOT-IMPLEMENTED naming it, and the other tools work on.  The
 programmer's image (attach mode: the agent loads there when cl-mcp
-attaches) is made to lack three of them first."""
+attaches) is made to lack four of them first."""
 
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ from tests.integration.attach_fixtures import SwankServer, temporary_home
 from tests.integration.conftest import McpProcess
 
 # What a newer SBCL or Swank might lack: a thread's Linux id, the
-# condition behind a compiler note, and the special variable Swank's
-# backend counts frames from (an agent binding it would bind a lexical).
+# condition behind a compiler note, the special variable Swank's backend
+# counts frames from (an agent binding it would bind a lexical), and
+# Swank's apropos search.
 REMOVE = """(progn
   (sb-ext:unlock-package "SB-THREAD")
   (fmakunbound 'sb-thread::thread-os-tid)
   (sb-ext:lock-package "SB-THREAD")
   (fmakunbound 'swank/backend::original-condition)
   (setf (sb-int:info :variable :kind 'swank/sbcl::*sldb-stack-top*) :unknown)
+  (fmakunbound 'swank::apropos-symbols)
   t)"""
 
 
@@ -70,7 +72,14 @@ def test_restart_frame_names_the_internal_it_lacks(lacking):
     assert aborted["content"][0]["text"].startswith("The evaluation was aborted."), aborted
 
 
+def test_apropos_names_the_internal_it_lacks(lacking):
+    text = not_implemented(lacking.call("apropos", pattern="mi-inner"))
+    assert "This image lacks SWANK::APROPOS-SYMBOLS," in text, text
+
+
 def test_the_other_tools_work_on(lacking):
     assert lacking.eval("(+ 1 2)") == ("=> 3", False)
-    profile = lacking.call("profile", code="(+ 1 2)")
-    assert not profile["isError"], profile
+    for tool, arguments in (("profile", {"code": "(+ 1 2)"}), ("describe-symbol", {"symbol": "car"}),
+                            ("inspect", {"code": "(list 1 2)"})):
+        result = lacking.call(tool, **arguments)
+        assert not result["isError"], result
