@@ -137,7 +137,7 @@ def test_two_cpu_profiles_at_once_each_report_their_own_code(two_sessions):
         profile = result["structuredContent"]
         functions = [row["function"] for row in profile["rows"]]
         assert mine in functions and theirs not in functions, profile
-        assert profile["samples"] >= 10, profile  # 150 on an idle CPU; the machine may be shared
+        assert profile["samples"] >= 5, profile  # 150 on an idle CPU; the machine may be shared
 
 
 def test_two_deterministic_profiles_at_once_each_count_their_own_calls(two_sessions):
