@@ -72,6 +72,8 @@
 ;;;                                   `xref-references': the locations of
 ;;;                                   `referrers', as the backend's who-calls
 ;;;                                   makes them
+;;;   swank/backend::original-condition   the condition behind a compiler
+;;;                                   note (`undefined-reference')
 ;;;   swank::collect-notes            `compile-file-of': compiler notes, as
 ;;;                                   C-c C-k gathers them
 ;;;   swank::make-compiler-note       `load-system': a note, as
@@ -100,7 +102,7 @@
 ;;;   swank/sbcl::*mailboxes*, *mailbox-lock*, mailbox.thread   (by name)
 ;;;                                   Swank's per-thread mailboxes, pruned
 ;;;   swank/source-file-cache::*source-file-cache*,
-;;;   swank/source-file-cache::source-cache-entry.text
+;;;   swank/source-file-cache::source-cache-entry.text, .date
 ;;;                                   a file's text as it was compiled, kept
 ;;;                                   under its pathname and namestring
 ;;;                                   (`remember-source'), for the line a
@@ -154,6 +156,9 @@
 ;;;   sb-sys:fd-stream-fd             a socket stream's file descriptor
 ;;;   asdf/find-component:missing-requires   the system a load missed (not
 ;;;                                   exported from ASDF itself)
+;;;   sb-thread:thread-os-tid         a thread's Linux id (`thread-id'; exported,
+;;;                                   not documented)
+;;;   sb-thread::thread-waiting-for   the lock a thread waits for
 ;;;   sb-sprof::*profiling*, sb-sprof::*samples*,
 ;;;   sb-sprof::samples-trace-count   (by name) whether SB-SPROF profiles or
 ;;;                                   holds samples (`sprof-taken'); checked
@@ -239,7 +244,6 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
 (defparameter *checked-internals*
   '((:threads :function "SB-THREAD" "THREAD-OS-TID")
     (:threads :function "SB-THREAD" "THREAD-WAITING-FOR")
-    (:threads :variable "SB-THREAD" "*INITIAL-THREAD*")
     (:threads :feature "KEYWORD" "LINUX")
     (:threads :feature "KEYWORD" "X86-64")
     (:compile-notes :function "SWANK/BACKEND" "ORIGINAL-CONDITION")

@@ -46,7 +46,7 @@ Cheap and lock-free: every write of a user's thread asks it."
           ((or (member name *swank-thread-names* :test #'string=)
                (eql 0 (search "Swank " name)))  ; a listener: "Swank 4005"
            :swank)
-          ((or (eq thread sb-thread::*initial-thread*) (string= name "finalizer")) :sbcl)
+          ((or (eq thread (sb-thread:main-thread)) (string= name "finalizer")) :sbcl)
           (t :user))))
 
 (defun thread-owner (thread)
