@@ -72,6 +72,8 @@
 ;;;                                   `xref-references': the locations of
 ;;;                                   `referrers', as the backend's who-calls
 ;;;                                   makes them
+;;;   swank/backend::original-condition   the condition behind a compiler
+;;;                                   note (`undefined-reference')
 ;;;   swank::collect-notes            `compile-file-of': compiler notes, as
 ;;;                                   C-c C-k gathers them
 ;;;   swank::make-compiler-note       `load-system': a note, as
@@ -100,7 +102,7 @@
 ;;;   swank/sbcl::*mailboxes*, *mailbox-lock*, mailbox.thread   (by name)
 ;;;                                   Swank's per-thread mailboxes, pruned
 ;;;   swank/source-file-cache::*source-file-cache*,
-;;;   swank/source-file-cache::source-cache-entry.text
+;;;   swank/source-file-cache::source-cache-entry.text, .date
 ;;;                                   a file's text as it was compiled, kept
 ;;;                                   under its pathname and namestring
 ;;;                                   (`remember-source'), for the line a
@@ -154,6 +156,18 @@
 ;;;   sb-sys:fd-stream-fd             a socket stream's file descriptor
 ;;;   asdf/find-component:missing-requires   the system a load missed (not
 ;;;                                   exported from ASDF itself)
+;;;   sb-thread:thread-os-tid         a thread's Linux id (`thread-id'; exported,
+;;;                                   not documented)
+;;;   sb-thread::thread-waiting-for   the lock a thread waits for
+;;;   sb-sprof::*profiling*, sb-sprof::*samples*,
+;;;   sb-sprof::samples-trace-count   (by name) whether SB-SPROF profiles or
+;;;                                   holds samples (`sprof-taken'); checked
+;;;                                   when SB-SPROF is loaded
+;;;   SB-SPROF's flat report, SB-PROFILE's report   their text is read: the
+;;;                                   table's heading is checked first
+;;;                                   (`*sprof-heading*', `*profile-heading*')
+;;;   ALLOC-TRAMP, LIST-ALLOC-TRAMP   the allocation trampolines' names in an
+;;;                                   alloc report (`trampoline-share')
 ;;;   sb-int:encapsulate, sb-int:encapsulated-p   run-tests' hooks on FiveAM's
 ;;;                                   RUN and RT's DO-ENTRY (as TRACE wraps);
 ;;;                                   SB-THREAD:MAKE-THREAD in a shared image
@@ -169,6 +183,12 @@
 ;;;                                   address in fields 2 and 3, uid in
 ;;;                                   field 8 (counting from 1)
 ;;;   abstract Unix-domain sockets    the lane (Linux's abstract namespace)
+;;;   syscall numbers of Linux x86-64 `kernel-state': a thread's state from
+;;;                                   /proc/self/task/TID/syscall
+;;;
+;;; Those `*checked-internals*' names are looked up when the agent loads
+;;; (`check-internals'): a missing one makes the tool that needs it answer
+;;; CL-MCP:NOT-IMPLEMENTED naming it, and the others work on.
 
 (defpackage #:cl-mcp-agent
   (:use #:common-lisp)
@@ -220,6 +240,88 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
 
 (in-package #:cl-mcp-agent)
 
+;;;; Checking the internals when the agent loads
+
+(defparameter *checked-internals*
+  '((:threads :function "SB-THREAD" "THREAD-OS-TID")
+    (:threads :function "SB-THREAD" "THREAD-WAITING-FOR")
+    (:threads :feature "KEYWORD" "LINUX")
+    (:threads :feature "KEYWORD" "X86-64")
+    (:compile-notes :function "SWANK/BACKEND" "ORIGINAL-CONDITION")
+    (:compile-notes :function "SWANK" "COLLECT-NOTES")
+    (:compile-notes :function "SWANK" "MAKE-COMPILER-NOTE")
+    (:compile-notes :function "SWANK" "FASL-PATHNAME")
+    (:compile-notes :function "SWANK" "COMPILATION-RESULT-NOTES")
+    (:compile-notes :function "SWANK" "COMPILATION-RESULT-FASLFILE")
+    (:compile-notes :function "SWANK" "COMPILATION-RESULT-SUCCESSP")
+    (:compile-form :special "SWANK" "*BUFFER-PACKAGE*")
+    (:compile-form :special "SWANK" "*BUFFER-READTABLE*")
+    (:compile-form :function "SWANK" "COMPILATION-RESULT-NOTES")
+    (:compile-form :function "SWANK" "COMPILATION-RESULT-SUCCESSP")
+    (:xref :function "SWANK" "XREF-DOIT")
+    (:xref :function "SWANK/SBCL" "SOURCE-LOCATION-FOR-XREF-DATA")
+    (:xref :function "SWANK/SBCL" "SANITIZE-XREFS")
+    (:apropos :function "SWANK" "APROPOS-SYMBOLS")
+    (:inspect :function "SWANK" "MAKE-ISTATE")
+    (:inspect :special "SWANK" "*ISTATE*")
+    (:inspect :variable "SWANK" "*INSPECTOR-PRINTER-BINDINGS*")
+    (:inspect :function "SWANK" "CONTENT-RANGE")
+    (:describe-symbol :function "SWANK/SBCL" "SETF-EXPANDER")
+    (:frame-commands :special "SWANK/SBCL" "*SLDB-STACK-TOP*")
+    (:source-cache :variable "SWANK/SOURCE-FILE-CACHE" "*SOURCE-FILE-CACHE*")
+    (:source-cache :function "SWANK/SOURCE-FILE-CACHE" "SOURCE-CACHE-ENTRY.DATE")
+    (:source-cache :function "SWANK/SOURCE-FILE-CACHE" "SOURCE-CACHE-ENTRY.TEXT"))
+  "Internals of the table above, each (USE KIND PACKAGE NAME): USE names
+what needs it (a tool: :threads, :xref, :compile-form, :apropos,
+:inspect, :describe-symbol; :compile-notes compile-file and
+load-system; :frame-commands invoke-restart's RESTART-FRAME and
+RETURN-FROM-FRAME; :source-cache the compiled text of a file, without
+which places are found in the file as it is now); KIND is :function
+(fbound), :variable (bound), :special (proclaimed special: the agent
+binds it, and a binding of an undeclared one would be lexical, silently)
+or :feature (NAME in *FEATURES*).")
+
+(defvar *missing-internals* '()
+  "The entries of `*checked-internals*' this image lacks, as
+`check-internals' found them when the agent loaded.")
+
+(defun internal-present-p (kind package-name name)
+  "Whether the internal NAME of PACKAGE-NAME is there as KIND needs it."
+  (let ((symbol (and (find-package package-name) (find-symbol name package-name))))
+    (and symbol
+         (ecase kind
+           (:function (fboundp symbol))
+           (:variable (boundp symbol))
+           (:special (eq (sb-int:info :variable :kind symbol) :special))
+           (:feature (member symbol *features*))))))
+
+(defun check-internals ()
+  "Look up each of `*checked-internals*', keeping the missing ones in
+`*missing-internals*'."
+  (setf *missing-internals*
+        (remove-if (lambda (entry) (apply #'internal-present-p (rest entry)))
+                   *checked-internals*)))
+
+(defun missing-internals-message (use)
+  "Why USE (a use in `*checked-internals*') cannot work in this image, a
+sentence naming what it lacks; nil when nothing is missing."
+  (let ((missing (remove use *missing-internals* :key #'first :test-not #'eq)))
+    (when missing
+      (format nil "This image lacks ~{~A~^, ~}, which cl-mcp relies on here (it was checked ~
+                   with SBCL 2.2.9 and Swank 2.27 on Linux x86-64): not implemented in this image."
+              (loop for (nil kind package name) in missing
+                    collect (if (eq kind :feature)
+                                (format nil ":~A in *FEATURES*" name)
+                                (format nil "~A::~A" package name)))))))
+
+(defun missing-internals-error (use)
+  "The CL-MCP:NOT-IMPLEMENTED :status :error plist of USE when this image
+lacks one of its internals (`missing-internals-message'), or nil."
+  (let ((message (missing-internals-message use)))
+    (and message
+         (list :status :error
+               :error (list :type "CL-MCP:NOT-IMPLEMENTED" :message message :backtrace nil)))))
+
 ;;;; Loading the parts
 
 (defvar *loaded-digest* nil
@@ -270,6 +372,7 @@ go back and forth between parts are not warned about."
       (load (compiled-part (merge-pathnames (make-pathname :name part :type "lisp")
                                             directory)
                            (format nil "~A-~A" fasl-stem part)))))
+  (check-internals)
   t)
 
 (defun load-part-texts (texts)
@@ -281,5 +384,6 @@ holding every part, in `*agent-parts*' order whatever the order of TEXTS."
         (unless text
           (error "cl-mcp sent no text for the agent's part ~A" part))
         (load (make-string-input-stream text)))))
+  (check-internals)
   t)
 

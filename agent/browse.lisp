@@ -116,6 +116,9 @@ package but KEYWORD), and only external ones when EXTERNAL-ONLY.  Return
 symbols (CL-USER's and those of the packages it created) first, then
 external ones, then by name and package.  An unknown PACKAGE is a :status
 :error plist."
+  (let ((missing (missing-internals-error :apropos)))
+    (when missing
+      (return-from apropos-of missing)))
   (let ((target (and package (find-named-package package))))
     (when (and package (null target))
       (return-from apropos-of
@@ -402,6 +405,9 @@ nil), or the object inspected earlier under HANDLE, or its PART-th part
 `*inspect-page*', each :label, :value and, when it has an object, :handle),
 :start, :total and :cut (Swank's content was cut at
 `*inspect-content-limit*'); or a :status :error plist."
+  (let ((missing (missing-internals-error :inspect)))
+    (when missing
+      (return-from inspect-of missing)))
   (let ((object nil) (own-handle nil))
     (cond (code
            (let ((target (if package (find-named-package package) (find-package "COMMON-LISP-USER"))))

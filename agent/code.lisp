@@ -165,6 +165,9 @@ the symbol TEXT names, read in PACKAGE: a plist :status :ok, :symbol,
 :qualifiers and :specializers for :specializes), and :dropped, the number
 of referrers past `*reference-limit*'.  An unknown symbol or package, or a
 relation this Swank does not implement, is a :status :error plist."
+  (let ((missing (missing-internals-error :xref)))
+    (when missing
+      (return-from xref-of missing)))
   (with-resolved-symbol text package
     (lambda (symbol)
       (let* ((sink (make-capped-output-stream 0))
@@ -405,8 +408,10 @@ its mode: :warnings or :all), :note-counts with NOTES :warnings, and
 :error (the load's error, or why PATH cannot be compiled).  The
 compiler's output goes to a capped stream (MAX-OUTPUT characters) and is
 dropped.  Still running after ANSWER-WITHIN seconds, it goes on in the
-background (see `call-within-window')."
-  (or (source-file-problem path)
+background (see `call-within-window').  CL-MCP:NOT-IMPLEMENTED when this
+image lacks an internal its notes need."
+  (or (missing-internals-error :compile-notes)
+      (source-file-problem path)
       (call-within-window
        (lambda ()
          (call-cancellable tag (lambda () (%compile-file-of (probe-file path) load notes max-output))
@@ -580,21 +585,24 @@ when the load fails."
 (defun load-system (name &key (notes :warnings) (max-output 20000) (tag nil) (answer-within nil))
   "Load the ASDF system NAME as `load-system-report' does; still running
 after ANSWER-WITHIN seconds, the load goes on in the background (see
-`call-within-window')."
-  (call-within-window (lambda () (load-system-report name notes max-output tag)) answer-within tag))
+`call-within-window'); CL-MCP:NOT-IMPLEMENTED when this image lacks an
+internal its notes need."
+  (or (missing-internals-error :compile-notes)
+      (call-within-window (lambda () (load-system-report name notes max-output tag)) answer-within tag)))
 
 (defun remember-source (truename)
   "Keep the text of the file at TRUENAME in Swank's source cache as it is
 now.  Swank looks the cache up by the pathname SBCL recorded when it finds
 a definition's position, and by its namestring when it reads the snippet:
 the one entry goes under both keys, or the two would disagree once the
-file is edited."
-  (let ((cache swank/source-file-cache::*source-file-cache*)
-        (namestring (namestring truename)))
-    (swank/source-file-cache:source-cache-get truename (file-write-date truename))
-    (let ((entry (gethash truename cache)))
-      (when entry
-        (setf (gethash namestring cache) entry)))))
+file is edited.  Nothing without the cache's internals."
+  (unless (missing-internals-message :source-cache)
+    (let ((cache swank/source-file-cache::*source-file-cache*)
+          (namestring (namestring truename)))
+      (swank/source-file-cache:source-cache-get truename (file-write-date truename))
+      (let ((entry (gethash truename cache)))
+        (when entry
+          (setf (gethash namestring cache) entry))))))
 
 (defun system-source-files (system &key other-systems)
   "The truenames of the Lisp source files of ASDF SYSTEM that exist, and of

@@ -265,8 +265,9 @@ that text under the file's pathname: file the entry under the namestring
 too when it holds the compiled version."
   (let* ((source (sb-di:code-location-debug-source (sb-di:frame-code-location frame)))
          (namestring (sb-int:debug-source-namestring source))
-         (cache swank/source-file-cache::*source-file-cache*))
-    (when (and namestring (not (gethash namestring cache)))
+         (cache (and (not (missing-internals-message :source-cache))
+                     swank/source-file-cache::*source-file-cache*)))
+    (when (and namestring cache (not (gethash namestring cache)))
       (let* ((truename (probe-file namestring))
              (entry (and truename (gethash truename cache))))
         (when (and entry (equal (swank/source-file-cache::source-cache-entry.date entry)

@@ -361,6 +361,9 @@ debug catch tag (debug 1 or more, SBCL's default)."
                  the evaluation still waits."))
       (unless frame
         (refuse "CL-MCP:NO-SUCH-FRAME" "There is no frame ~D; the evaluation still waits." index))
+      (when (missing-internals-message :frame-commands)
+        (refuse "CL-MCP:NOT-IMPLEMENTED" "~A The evaluation still waits."
+                (missing-internals-message :frame-commands)))
       (unless (swank/backend:frame-restartable-p frame)
         (refuse "CL-MCP:RESTART-FAILED"
                 "Frame ~D cannot be restarted or returned from: its function was compiled ~

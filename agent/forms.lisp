@@ -148,6 +148,9 @@ plist: :status (:ok, or :error when it did not compile), :success, :line
 and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
 :notes (see `note-plist', placed in the file) and :dropped; or a :status
 :error plist when the form cannot be found or read."
+  (let ((missing (missing-internals-error :compile-form)))
+    (when missing
+      (return-from compile-form-of missing)))
   (let ((problem (source-file-problem path)))
     (when problem (return-from compile-form-of problem)))
   (let* ((file (namestring (truename path)))

@@ -289,7 +289,8 @@ a definition's position in characters of the text it read."
 (defun compiled-text (path)
   "The text PATH (a pathname or namestring) was compiled from, as Swank's
 source cache holds it, or nil."
-  (let ((entry (gethash path swank/source-file-cache::*source-file-cache*)))
+  (let ((entry (and (not (missing-internals-message :source-cache))
+                    (gethash path swank/source-file-cache::*source-file-cache*))))
     (and entry (swank/source-file-cache::source-cache-entry.text entry))))
 
 (defun compiled-line (path characters)
@@ -834,6 +835,9 @@ printed on one line), :class (:superclasses :slots), :methods and
 :method-count (of a generic function), :location (see
 `primary-definition') and :description (one sentence).  An unknown symbol or
 package is a :status :error plist."
+  (let ((missing (missing-internals-error :describe-symbol)))
+    (when missing
+      (return-from describe-symbol-of missing)))
   (with-resolved-symbol text package
     (lambda (symbol)
       (let* ((*package* (or (find-named-package package) (find-package "COMMON-LISP-USER")))

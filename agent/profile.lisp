@@ -17,11 +17,78 @@
 (defparameter *profile-max-samples* 200000
   "Samples kept per profile: 2,000 s of CPU at the default 0.01 s interval.")
 
+(defvar *profile-lock* (sb-thread:make-mutex :name "cl-mcp profile")
+  "Held by a profile call while it profiles.  SB-SPROF keeps one profile
+for the whole image, and SB-PROFILE one set of profiled functions, so a
+second call waits for the first: two at once would stop, reset or
+unprofile what the other started.")
+
+(defparameter *sprof-internals*
+  '(("START-PROFILING" . :function) ("STOP-PROFILING" . :function)
+    ("REPORT" . :function) ("RESET" . :function)
+    ("*PROFILING*" . :variable) ("*SAMPLES*" . :variable)
+    ("SAMPLES-TRACE-COUNT" . :function))
+  "The names of SB-SPROF profile uses, with what each must be; the
+internal ones are in swank-bootstrap.lisp's table.")
+
 (defun sprof (name)
   "The function NAME of SB-SPROF, which is loaded on the first call."
   (unless (find-package "SB-SPROF")
     (require :sb-sprof))
   (fdefinition (find-symbol name "SB-SPROF")))
+
+(defun sprof-value (name)
+  "The value of SB-SPROF's variable NAME."
+  (symbol-value (find-symbol name "SB-SPROF")))
+
+(defun missing-sprof-internals ()
+  "The names in `*sprof-internals*' this SB-SPROF lacks (it is loaded
+first): profile's modes cpu and alloc need them all."
+  (unless (find-package "SB-SPROF")
+    (require :sb-sprof))
+  (loop for (name . kind) in *sprof-internals*
+        for symbol = (find-symbol name "SB-SPROF")
+        unless (and symbol (if (eq kind :function) (fboundp symbol) (boundp symbol)))
+          collect (format nil "SB-SPROF::~A" name)))
+
+(defun sprof-taken ()
+  "Why SB-SPROF is not free for cl-mcp, a sentence, or nil when it is
+free.  cl-mcp resets it after each of its profiles, under `*profile-lock*',
+so a profile running or samples kept are someone else's (the programmer's,
+in a shared image): a profile of cl-mcp's would stop theirs and mix its
+samples into their report, or discard their samples."
+  (let ((mode (sprof-value "*PROFILING*"))
+        (samples (sprof-value "*SAMPLES*")))
+    (cond (mode
+           (format nil "SB-SPROF is profiling already (mode ~(~A~)), started outside cl-mcp: ~
+                        profiling now would stop that profile and put cl-mcp's samples in its report. ~
+                        Stop it and read its report first ((sb-sprof:stop-profiling), (sb-sprof:report)), ~
+                        then (sb-sprof:reset); mode deterministic does not use SB-SPROF."
+                   mode))
+          ((and samples (plusp (funcall (sprof "SAMPLES-TRACE-COUNT") samples)))
+           (format nil "SB-SPROF holds ~D samples of a profile taken outside cl-mcp, not reported yet: ~
+                        profiling now would discard them (SB-SPROF keeps one profile). ~
+                        Read them with (sb-sprof:report), then clear them with (sb-sprof:reset); ~
+                        mode deterministic does not use SB-SPROF."
+                   (funcall (sprof "SAMPLES-TRACE-COUNT") samples))))))
+
+(defun call-with-profile-lock (timeout function)
+  "Call FUNCTION with the seconds left of TIMEOUT once no other profile call
+holds `*profile-lock*' (the wait counts against TIMEOUT, so the whole call
+keeps to it); or a CL-MCP:PROFILER-BUSY error when the other call holds
+it for all of TIMEOUT.  FUNCTION returns a plist, never nil."
+  (let ((start (get-internal-real-time)))
+    (or (sb-thread:with-mutex (*profile-lock* :timeout timeout)
+          (let ((waited (/ (- (get-internal-real-time) start) internal-time-units-per-second)))
+            ;; TIMEOUT as it was when nothing was waited for: the code's
+            ;; deadline is named in a timeout's message.
+            (funcall function (if (< waited 1/100)
+                                  timeout
+                                  (max 1/100 (/ (round (* 100 (- timeout waited))) 100.0))))))
+        (error-report "CL-MCP:PROFILER-BUSY"
+                      "Another profile call held the profilers for all of this call's ~A seconds: ~
+                       profile calls run one at a time, each waiting for the one before."
+                      timeout))))
 
 (defun call-with-profiling-signal (thunk)
   "Call THUNK with SIGPROF unblocked in this thread.  A thread that waits
@@ -33,23 +100,44 @@ blocked, and SB-SPROF would take no sample of it."
 
 (defun table-lines (text)
   "The lines of a profiler's report TEXT between its first two dashed
-lines: the rows of its table (SB-SPROF's and SB-PROFILE's alike)."
+lines: the rows of its table (SB-SPROF's and SB-PROFILE's alike); and,
+as a second value, the line before the first, the table's heading."
   (with-input-from-string (in text)
-    (loop for line = (read-line in nil)
-          until (or (null line) (search "-----" line)))
-    (loop for line = (read-line in nil)
-          until (or (null line) (search "-----" line))
-          collect line)))
+    (let ((heading (loop with previous = nil
+                         for line = (read-line in nil)
+                         until (or (null line) (search "-----" line))
+                         do (setf previous line)
+                         finally (return previous))))
+      (values (loop for line = (read-line in nil)
+                    until (or (null line) (search "-----" line))
+                    collect line)
+              heading))))
+
+(defun unreadable-report (profiler heading)
+  "The CL-MCP:NOT-IMPLEMENTED error of a report whose table's HEADING is
+not the one this agent reads (SBCL 2.2.9's): its rows would be misread."
+  (error-report "CL-MCP:NOT-IMPLEMENTED"
+                "~A's report in this SBCL (~A) has the table heading ~S, not the one cl-mcp reads ~
+                 (SBCL 2.2.9's): its rows would be misread."
+                profiler (lisp-implementation-version) (string-trim " " (or heading ""))))
+
+(defparameter *sprof-heading* '("Nr" "Count" "%" "Count" "%" "Count" "%" "Calls" "Function")
+  "The fields of the heading of SB-SPROF's flat report that `report-rows' reads.")
 
 (defun report-rows (text)
   "The rows of SB-SPROF's flat report TEXT: (SELF-PERCENT TOTAL-PERCENT
-FUNCTION) each, in its order.  A row is Nr, then count and percentage for
-self, total (with the callees) and the running sum, calls, and the
-function's name."
-  (loop for line in (table-lines text)
-        collect (let ((fields (split-fields line)))
-                  (list (parse-percent (third fields)) (parse-percent (fifth fields))
-                        (format nil "~{~A~^ ~}" (nthcdr 8 fields))))))
+FUNCTION) each, in its order, as (values ROWS nil); or (values nil
+ERROR-PLIST) when its heading is not `*sprof-heading*'.  A row is Nr,
+then count and percentage for self, total (with the callees) and the
+running sum, calls, and the function's name."
+  (multiple-value-bind (lines heading) (table-lines text)
+    (if (equal (split-fields (or heading "")) *sprof-heading*)
+        (values (loop for line in lines
+                      collect (let ((fields (split-fields line)))
+                                (list (parse-percent (third fields)) (parse-percent (fifth fields))
+                                      (format nil "~{~A~^ ~}" (nthcdr 8 fields)))))
+                nil)
+        (values nil (unreadable-report "SB-SPROF" heading)))))
 
 (defun parse-percent (text)
   "TEXT (such as \"57.1\") in tenths of a percent, an integer."
@@ -62,25 +150,54 @@ function's name."
   (let ((at (search "Number of samples:" text)))
     (if at (parse-integer text :start (+ at 18) :junk-allowed t) 0)))
 
+(defun trampoline-share (rows)
+  "The samples of their own of SBCL's allocation trampolines (ALLOC-TRAMP,
+LIST-ALLOC-TRAMP) among ROWS, in tenths of a percent: an alloc profile's
+samples are taken there, and the code that allocates shows only in the
+total column."
+  (loop for (self nil function) in rows
+        when (search "ALLOC-TRAMP" function) sum self))
+
+(defun sampling-report (mode value max-rows)
+  "The result of a profile in MODE that left VALUE, from SB-SPROF's flat
+report of it: its first MAX-ROWS rows, and how many it has (:sampled)."
+  (let ((text (with-output-to-string (out)
+                (funcall (sprof "REPORT") :type :flat :stream out))))
+    (multiple-value-bind (rows failure) (report-rows text)
+      (or failure
+          (list :status :ok :mode mode :samples (report-samples text)
+                :value (one-line (safe-print value #'prin1-to-string) 200)
+                :sampled (length rows)
+                :in-trampolines (if (eq mode :alloc) (trampoline-share rows) 0)
+                :rows (loop for (self total function) in rows
+                            repeat max-rows
+                            collect (list :self self :total total :function function)))))))
+
 (defun sample-code (code package mode max-rows timeout)
   "Run CODE in PACKAGE under SB-SPROF in MODE, sampling this thread only;
-the result `profile-of' describes."
-  (funcall (sprof "RESET"))
-  (multiple-value-bind (value failure)
-      (call-with-profiling-signal
-       (lambda ()
-         (funcall (sprof "START-PROFILING") :mode mode :max-samples *profile-max-samples*
-                                            :threads (list sb-thread:*current-thread*))
-         (unwind-protect (evaluate-for-inspection code package timeout)
-           (funcall (sprof "STOP-PROFILING")))))
-    (when failure
-      (return-from sample-code failure))
-    (let ((text (with-output-to-string (out)
-                  (funcall (sprof "REPORT") :type :flat :max max-rows :stream out))))
-      (list :status :ok :mode mode :samples (report-samples text)
-            :value (one-line (safe-print value #'prin1-to-string) 200)
-            :rows (loop for (self total function) in (report-rows text)
-                        collect (list :self self :total total :function function))))))
+the result `profile-of' describes.  SB-SPROF is refused when someone
+else's profile is in it (`sprof-taken'), and reset afterwards, so that
+the next profile finds it free."
+  (let ((missing (missing-sprof-internals))
+        (taken nil))
+    (cond (missing
+           (error-report "CL-MCP:NOT-IMPLEMENTED"
+                         "This SBCL's SB-SPROF lacks ~{~A~^, ~}, which profile's modes cpu and alloc ~
+                          use; mode deterministic does not."
+                         missing))
+          ((setf taken (sprof-taken))
+           (name-error "CL-MCP:PROFILER-IN-USE" taken))
+          (t
+           (unwind-protect
+                (multiple-value-bind (value failure)
+                    (call-with-profiling-signal
+                     (lambda ()
+                       (funcall (sprof "START-PROFILING") :mode mode :max-samples *profile-max-samples*
+                                                          :threads (list sb-thread:*current-thread*))
+                       (unwind-protect (evaluate-for-inspection code package timeout)
+                         (funcall (sprof "STOP-PROFILING")))))
+                  (or failure (sampling-report mode value max-rows)))
+             (funcall (sprof "RESET")))))))
 
 ;;;; Deterministic profiling: SB-PROFILE
 
@@ -118,11 +235,25 @@ as SB-PROFILE:PROFILE picks them for a package name."
           (push (list 'setf symbol) names))))
     (remove-duplicates names :test #'equal)))
 
+(defun refused-package (package)
+  "Why profile refuses PACKAGE in packages, a phrase, or nil: SBCL's own
+packages (COMMON-LISP and SB-*, which SBCL, the profiler and cl-mcp run
+on) and cl-mcp's agent, which runs this very call.  A package its own
+library locked (esrap locks ESRAP) is not refused: SB-PROFILE wraps
+functions of a locked package all the same."
+  (let ((name (package-name package)))
+    (cond ((eq package (find-package "CL-MCP-AGENT"))
+           "cl-mcp's own, whose functions run this very call")
+          ((or (string= name "COMMON-LISP") (eql 0 (search "SB-" name)))
+           (format nil "SBCL's own (COMMON-LISP and the SB- packages are refused): SBCL, the ~
+                        profiler and cl-mcp call its functions all the time, and wrapping them ~
+                        all would slow or break the image")))))
+
 (defun requested-functions (functions packages package-name)
   "The function names FUNCTIONS (texts read in PACKAGE-NAME) and PACKAGES
 (package names) give, as (values NAMES nil), or (values nil ERROR-PLIST)
-at the first that gives none.  A locked package (SBCL's own, CL) and the
-agent's are refused: wrapping them all would slow or break the image."
+at the first that gives none.  A package `refused-package' names is
+refused whole: wrapping all its functions would slow or break the image."
   (let ((names '()))
     (dolist (text functions)
       (multiple-value-bind (name failure) (named-function text package-name)
@@ -135,12 +266,11 @@ agent's are refused: wrapping them all would slow or break the image."
                (return-from requested-functions
                  (values nil (name-error "PACKAGE-ERROR"
                                          (format nil "The package ~S does not exist." package-name)))))
-              ((or (sb-ext:package-locked-p package) (eq package (find-package "CL-MCP-AGENT")))
+              ((refused-package package)
                (return-from requested-functions
                  (values nil (error-report "CL-MCP:INVALID-ARGUMENTS"
-                                           "The package ~A is ~:[cl-mcp's own~;locked (SBCL's)~]: ~
-                                            name its functions in functions instead."
-                                           (package-name package) (sb-ext:package-locked-p package)))))
+                                           "The package ~A is ~A: name its functions in functions instead."
+                                           (package-name package) (refused-package package)))))
               (t (setf names (append (package-functions package) names))))))
     (values (remove-duplicates (nreverse names) :test #'equal) nil)))
 
@@ -179,30 +309,44 @@ Its first call measures the profiler's overhead and says so on *DEBUG-IO*."
   "TEXT, an integer printed with commas (SB-PROFILE's ~:D)."
   (parse-integer (remove #\, text)))
 
+(defparameter *profile-heading* '("seconds" "gc" "consed" "calls" "sec/call" "name")
+  "The fields of the heading of SB-PROFILE's report that `call-rows' reads.")
+
+(defun bar-fields (line)
+  "The six fields of a line of SB-PROFILE's report, trimmed: the text
+before each of its first five bars, and the rest (a name may hold bars
+itself); nil for a line with fewer bars."
+  (let ((bars (loop with at = -1 repeat 5
+                    do (setf at (position #\| line :start (1+ at)))
+                    while at collect at)))
+    (and (= (length bars) 5)
+         (loop for start in (cons -1 bars) for end in (append bars (list nil))
+               collect (string-trim " " (subseq line (1+ start) end))))))
+
 (defun call-rows (text names package)
   "The rows of SB-PROFILE's report TEXT for the functions NAMES, in its
-order (most seconds first): (:function :calls :seconds :consed :per-call),
-seconds in millionths, the name printed as read in PACKAGE.  A row's
-fields are seconds, GC seconds, bytes consed, calls, seconds per call,
-and the name after the fifth bar (a name may hold bars itself)."
+order (most seconds first), as (values ROWS nil): each (:function :calls
+:seconds :consed :per-call), seconds in millionths, the name printed as
+read in PACKAGE.  Or (values nil ERROR-PLIST) when its heading is not
+`*profile-heading*'.  A row's fields are seconds, GC seconds, bytes
+consed, calls, seconds per call, and the name."
   (let ((mine (make-hash-table :test #'equal)))
     (with-keyword-printing
       (dolist (name names)
         (setf (gethash (prin1-to-string name) mine) name)))
-    (loop for line in (table-lines text)
-          for bars = (loop with at = -1 repeat 5
-                           do (setf at (position #\| line :start (1+ at)))
-                           while at collect at)
-          for fields = (and (= (length bars) 5)
-                            (loop for start in (cons -1 bars) for end in (append bars (list nil))
-                                  collect (string-trim " " (subseq line (1+ start) end))))
-          for name = (and fields (gethash (sixth fields) mine))
-          when name
-            collect (list :function (let ((*package* package)) (prin1-to-string name))
-                          :calls (report-integer (fourth fields))
-                          :seconds (micro-units (first fields))
-                          :consed (report-integer (third fields))
-                          :per-call (micro-units (fifth fields))))))
+    (multiple-value-bind (lines heading) (table-lines text)
+      (unless (equal (bar-fields (or heading "")) *profile-heading*)
+        (return-from call-rows (values nil (unreadable-report "SB-PROFILE" heading))))
+      (values (loop for line in lines
+                    for fields = (bar-fields line)
+                    for name = (and fields (gethash (sixth fields) mine))
+                    when name
+                      collect (list :function (let ((*package* package)) (prin1-to-string name))
+                                    :calls (report-integer (fourth fields))
+                                    :seconds (micro-units (first fields))
+                                    :consed (report-integer (third fields))
+                                    :per-call (micro-units (fifth fields))))
+              nil))))
 
 (defun count-calls (code package functions packages max-rows timeout)
   "Run CODE in PACKAGE with the FUNCTIONS (names read in PACKAGE) and the
@@ -226,13 +370,14 @@ and are unprofiled when the code ends, however it ends."
              (multiple-value-bind (value failure) (evaluate-for-inspection code package timeout)
                (when failure
                  (return-from count-calls failure))
-               (let ((rows (call-rows (call-report-text) ours package)))
-                 (list :status :ok :mode :deterministic
-                       :value (one-line (safe-print value #'prin1-to-string) 200)
-                       :profiled (length ours) :called (length rows)
-                       :already-profiled (let ((*package* package))
-                                           (mapcar #'prin1-to-string theirs))
-                       :rows (subseq rows 0 (min max-rows (length rows)))))))
+               (multiple-value-bind (rows failure) (call-rows (call-report-text) ours package)
+                 (or failure
+                     (list :status :ok :mode :deterministic
+                           :value (one-line (safe-print value #'prin1-to-string) 200)
+                           :profiled (length ours) :called (length rows)
+                           :already-profiled (let ((*package* package))
+                                               (mapcar #'prin1-to-string theirs))
+                           :rows (subseq rows 0 (min max-rows (length rows))))))))
         (set-profiling 'sb-profile:unprofile
                        (intersection ours (sb-profile:profile) :test #'equal))))))
 
@@ -253,10 +398,13 @@ called ones by seconds, each (:function :calls :seconds :consed
   (let ((target (if package (find-named-package package) (find-package "COMMON-LISP-USER"))))
     (cond ((null target)
            (name-error "PACKAGE-ERROR" (format nil "The package ~S does not exist." package)))
-          ((eq mode :deterministic)
-           (count-calls code target functions packages max-rows timeout))
-          ((or functions packages)
+          ((and (not (eq mode :deterministic)) (or functions packages))
            (error-report "CL-MCP:INVALID-ARGUMENTS"
                          "functions and packages are for mode deterministic; mode ~(~A~) samples the whole thread."
                          mode))
-          (t (sample-code code target mode max-rows timeout)))))
+          (t (call-with-profile-lock
+              timeout
+              (lambda (left)
+                (if (eq mode :deterministic)
+                    (count-calls code target functions packages max-rows left)
+                    (sample-code code target mode max-rows left))))))))

@@ -46,7 +46,7 @@ Cheap and lock-free: every write of a user's thread asks it."
           ((or (member name *swank-thread-names* :test #'string=)
                (eql 0 (search "Swank " name)))  ; a listener: "Swank 4005"
            :swank)
-          ((or (eq thread sb-thread::*initial-thread*) (string= name "finalizer")) :sbcl)
+          ((or (eq thread (sb-thread:main-thread)) (string= name "finalizer")) :sbcl)
           (t :user))))
 
 (defun thread-owner (thread)
@@ -180,7 +180,11 @@ on.  However it leaves, no deadline stays armed to stop it again."
   "ACTION on the image's threads: :list gives :threads, a `thread-entry'
 each; with THREAD (an id), :backtrace gives its first COUNT frames,
 :interrupt stops it as at an error (a user's thread only; the report of
-the error it waits at, numbered), :kill ends it (a user's thread only)."
+the error it waits at, numbered), :kill ends it (a user's thread only).
+CL-MCP:NOT-IMPLEMENTED when this image lacks an internal it needs."
+  (let ((missing (missing-internals-error :threads)))
+    (when missing
+      (return-from threads-of missing)))
   (if (eq action :list)
       ;; A thread that ended since the list was taken has no id left.
       (list :status :ok :threads (loop for thread in (sb-thread:list-all-threads)

@@ -48,7 +48,9 @@ def render_calls(result: dict[str, Any]) -> Rendered:
 
 
 def render_profile(result: dict[str, Any]) -> Rendered:
-    """``N samples (cpu)``, then one row a function: self %, cumulative %."""
+    """``N samples (cpu)``, then one row a function: self %, cumulative %;
+    a line when the rows are the first of more, and one when an alloc
+    profile's samples fell in SBCL's allocation trampolines."""
     rows = [{"function": row["function"], "selfPercent": percent(row["self"]),
              "cumulativePercent": percent(row["total"])}
             for row in map(result_dict, result["rows"] or [])]
@@ -56,11 +58,18 @@ def render_profile(result: dict[str, Any]) -> Rendered:
     if not rows:
         head += "\nNo samples: the code ran for less than one sample interval (0.01 s)" \
                 if result["mode"] == "cpu" else "\nNo samples: the code allocated too little"
+    if result["in-trampolines"]:
+        head += (f'\n{percent(result["in-trampolines"])}% of the samples fell in SBCL\'s allocation '
+                 "trampolines (ALLOC-TRAMP, LIST-ALLOC-TRAMP), where alloc samples are taken: "
+                 "the code that allocates shows in the cum column")
+    if result["sampled"] > len(rows):
+        head += f'\nThe {len(rows)} of {result["sampled"]} functions with the most samples of their own:'
     table = "\n".join(f'{row["selfPercent"]:5.1f}% {row["cumulativePercent"]:5.1f}%  {row["function"]}'
                       for row in rows)
     text = head + ("\n\n  self    cum  function\n" + table if rows else "")
     return Rendered(text, False, {"mode": result["mode"], "samples": result["samples"],
-                                  "value": result["value"], "rows": rows})
+                                  "value": result["value"], "sampledFunctions": result["sampled"],
+                                  "rows": rows})
 
 
 async def profile(session: LispSession, arguments: dict[str, Any]) -> Rendered:

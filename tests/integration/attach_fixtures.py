@@ -3,6 +3,7 @@ Emacs with SLIME connected to it, for the attach-mode tests."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from cl_mcp.image import find_slime_dir
+from cl_mcp.sexp import Symbol
+from cl_mcp.swank.client import SwankConnection
 
 SLIME_ELISP = Path("/usr/share/emacs/site-lisp/elpa-src")
 
@@ -51,6 +54,21 @@ class SwankServer:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def client_eval(self, form: str) -> str:
+        """FORM (text) read and evaluated in CL-USER by a Swank client of the
+        programmer's own, as Emacs would: its value printed."""
+        async def ask() -> str:
+            connection = await SwankConnection.open("127.0.0.1", self.port)
+            try:
+                value = await connection.rex(
+                    [Symbol("cl:prin1-to-string"),
+                     [Symbol("cl:eval"), [Symbol("cl:read-from-string"), form]]], deadline=60)
+                assert isinstance(value, str), value
+                return value
+            finally:
+                await connection.close()
+        return asyncio.run(ask())
 
     def stop(self) -> None:
         self.proc.kill()

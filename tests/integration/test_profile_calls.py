@@ -2,7 +2,8 @@
 image cl-mcp owns and in a programmer's image it attaches to: exact call
 counts of named functions and of a package's functions, nothing of
 cl-mcp's left profiled however the code ends, a function the programmer
-profiled before left profiled with its counts, and the argument errors."""
+profiled before left profiled with its counts, a package its library
+locked profiled as any other, and the argument errors."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ WORK = """
 (defun pc-counted (n) (loop for i below n sum (pc-leaf i)))
 (defun pc-mine () :mine)
 (defmacro pc-macro () 1)
+(defpackage #:pc-locked (:use #:cl))
+(defun pc-locked::locked-f () :locked)
+(sb-ext:lock-package "PC-LOCKED")
 """
 
 TIMEOUT = 3  # --eval-timeout: the looping code below ends there
@@ -78,6 +82,13 @@ def test_every_function_of_a_package(lisp):
     assert profiled_now(lisp) == "=> NIL"
 
 
+def test_a_package_its_library_locked_is_profiled(lisp):
+    """A library may lock its own package (esrap does): that is not SBCL's."""
+    profile = calls(lisp, code="(pc-locked::locked-f)", packages=["PC-LOCKED"])["structuredContent"]
+    assert [(row["function"], row["calls"]) for row in profile["rows"]] == [("PC-LOCKED::LOCKED-F", 1)], profile
+    assert profiled_now(lisp) == "=> NIL"
+
+
 def test_the_programmers_own_profiling_is_left_alone(lisp):
     text, is_error = lisp.eval("(sb-profile:profile pc-mine) (dotimes (i 5) (pc-mine))")
     assert not is_error, text
@@ -117,7 +128,12 @@ def test_nothing_stays_profiled_when_the_code_errs_or_times_out(lisp):
      "CL-MCP:UNKNOWN-SYMBOL", "pc-no-such-function"),
     ({"mode": "deterministic", "functions": ["pc-macro"]}, "CL-MCP:UNDEFINED-FUNCTION", "pc-macro"),
     ({"mode": "deterministic", "packages": ["PC-NO-SUCH-PACKAGE"]}, "PACKAGE-ERROR", "PC-NO-SUCH-PACKAGE"),
-    ({"mode": "deterministic", "packages": ["CL"]}, "CL-MCP:INVALID-ARGUMENTS", "COMMON-LISP"),
+    ({"mode": "deterministic", "packages": ["CL"]}, "CL-MCP:INVALID-ARGUMENTS",
+     "The package COMMON-LISP is SBCL's own (COMMON-LISP and the SB- packages are refused)"),
+    ({"mode": "deterministic", "packages": ["SB-IMPL"]}, "CL-MCP:INVALID-ARGUMENTS",
+     "The package SB-IMPL is SBCL's own"),
+    ({"mode": "deterministic", "packages": ["CL-MCP-AGENT"]}, "CL-MCP:INVALID-ARGUMENTS",
+     "The package CL-MCP-AGENT is cl-mcp's own"),
 ])
 def test_argument_errors(lisp, arguments, kind, named):
     result = checked_call(lisp, "profile", code="(pc-leaf 1)", **arguments)
