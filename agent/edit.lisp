@@ -20,6 +20,11 @@
 (in-package #:cl-mcp-agent)
 
 ;;;; Scanning a text's forms
+;;;
+;;; The scan runs over every character of a file at each edit: its text is
+;;; a (simple-array character), and the scanner says so to the compiler.
+
+(deftype text () '(simple-array character (*)))
 
 (define-condition unbalanced-text (error)
   ((index :initarg :index :reader unbalanced-index)
@@ -37,6 +42,8 @@ began, FIX the smallest change that makes it read; MISSING counts the
 lists left open at the end of the text, TOP is where the top-level form
 holding the problem starts."))
 
+(declaim (inline blank-char-p terminating-char-p))
+
 (defun blank-char-p (char)
   "True for whitespace between forms."
   (member char '(#\Space #\Tab #\Newline #\Return #\Page #\Linefeed)))
@@ -48,20 +55,22 @@ holding the problem starts."))
 (defun block-comment-end (text index)
   "The index after the `|#' that closes the `#|' at INDEX of TEXT (they
 nest); signals `unbalanced-text' when none does."
+  (declare (type text text) (type fixnum index))
   (let ((depth 0) (length (length text)) (i index))
     (loop
       (when (>= (1+ i) length)
         (error 'unbalanced-text :index length :opened index :what "a #| comment is not closed"
                                 :closer "|#" :fix "add |# where the comment ends, or delete the #|"))
-      (let ((pair (subseq text i (+ i 2))))
-        (cond ((string= pair "#|") (incf depth) (incf i 2))
-              ((string= pair "|#") (decf depth) (incf i 2)
+      (let ((this (char text i)) (next (char text (1+ i))))
+        (cond ((and (char= this #\#) (char= next #\|)) (incf depth) (incf i 2))
+              ((and (char= this #\|) (char= next #\#)) (decf depth) (incf i 2)
                (when (zerop depth) (return i)))
               (t (incf i)))))))
 
 (defun skip-blanks (text index)
   "The index of the first character at or after INDEX of TEXT that is not
 blank or in a comment (see `block-comment-end')."
+  (declare (type text text) (type fixnum index))
   (let ((length (length text)))
     (loop
       (cond ((>= index length) (return length))
@@ -76,6 +85,7 @@ blank or in a comment (see `block-comment-end')."
 (defun delimited-end (text index closer what)
   "The index after the CLOSER that ends the string or |symbol| opened at
 INDEX of TEXT (a backslash escapes the next character)."
+  (declare (type text text) (type fixnum index))
   (let ((length (length text)))
     (loop for i from (1+ index)
           do (cond ((>= i length)
@@ -86,6 +96,7 @@ INDEX of TEXT (a backslash escapes the next character)."
 
 (defun token-end (text index)
   "The index after the token that starts at INDEX of TEXT."
+  (declare (type text text) (type fixnum index))
   (let ((length (length text)) (i index))
     (loop
       (cond ((>= i length) (return length))
@@ -98,6 +109,7 @@ INDEX of TEXT (a backslash escapes the next character)."
 (defun next-form-start (text index after)
   "The start of the form that must follow the prefix AFTER (an index) at
 INDEX of TEXT."
+  (declare (type text text) (type fixnum index))
   (let ((start (skip-blanks text index)))
     (when (or (>= start (length text)) (char= (char text start) #\)))
       (error 'unbalanced-text :index start :opened after :what "a prefix has no form after it"
@@ -106,6 +118,7 @@ INDEX of TEXT."
 
 (defun list-end (text index)
   "The index after the `)' that closes the list opened at INDEX of TEXT."
+  (declare (type text text) (type fixnum index))
   (let ((i (1+ index)))
     ;; Each list left open at the end counts itself, to say how many ) are missing.
     (handler-bind ((unbalanced-text (lambda (condition)
@@ -122,6 +135,7 @@ INDEX of TEXT."
 
 (defun dispatch-end (text index)
   "The index after the form that starts with the `#' at INDEX of TEXT."
+  (declare (type text text) (type fixnum index))
   (let ((i (1+ index)) (length (length text)))
     (loop while (and (< i length) (digit-char-p (char text i))) do (incf i))
     (if (>= i length)
@@ -137,6 +151,7 @@ INDEX of TEXT."
 (defun form-end (text index)
   "The index after the form that starts at INDEX of TEXT; signals
 `unbalanced-text' when it does not end."
+  (declare (type text text) (type fixnum index))
   (let ((char (char text index)))
     (case char
       (#\( (list-end text index))
@@ -154,6 +169,8 @@ INDEX of TEXT."
 (defun form-extents (text)
   "The (START . END) character offsets of the top-level forms of TEXT, in
 order; signals `unbalanced-text' at the first that does not end."
+  (unless (typep text 'text)
+    (setf text (coerce text 'text)))
   (loop for start = (skip-blanks text 0) then (skip-blanks text end)
         while (< start (length text))
         for end = (handler-bind ((unbalanced-text (lambda (condition)
@@ -274,28 +291,37 @@ method's qualifiers and specializers) of a form whose HEAD is as
 
 ;;;; Finding a form
 
+(defun signature-matches-p (arguments signature)
+  "True when a method whose ARGUMENTS (after its name: qualifiers, then the
+lambda list) are as `form-head' gives them is the one SIGNATURE (its
+qualifiers, then at most one list) names: the list is its specializers
+(trailing T may be left out), its parameters' names, or its lambda list."
+  (multiple-value-bind (qualifiers specializers) (method-form-signature arguments)
+    (let ((wanted-qualifiers (loop for item in signature until (listp item) collect item))
+          (wanted (find-if #'listp signature))
+          (lambda-list (find-if #'listp arguments)))
+      (and (equal qualifiers wanted-qualifiers)
+           (or (null wanted)
+               (equal wanted (let ((end (position t specializers :test-not #'eq :from-end t)))
+                               (subseq specializers 0 (if end (1+ end) 0))))
+               (equal wanted specializers)
+               (equal wanted (mapcar (lambda (p) (if (consp p) (first p) p))
+                                     (subseq lambda-list 0 (length specializers))))
+               (equal (nth-value 1 (method-form-signature (list wanted))) specializers))))))
+
 (defun target-matches-p (head target)
   "True when the form whose HEAD `form-head' gives is the one TARGET names:
 TARGET, read in the form's package, is (DEFINER NAME [QUALIFIER...]
-[SPECIALIZERS]); the definer matches by its name in any package, the name
-by EQUAL (or the first of a name with options), and a method, when TARGET
-gives them, by its qualifiers and specializers (or parameter names)."
+[LIST]); the definer matches by its name in any package, the name by
+EQUAL (or the first of a name with options), and a method, when TARGET
+gives them, by its qualifiers and LIST (see `signature-matches-p')."
   (destructuring-bind (definer &optional (name nil named) &rest signature) target
     (let ((operator (first head)))
       (and named operator (symbolp operator) (symbolp definer) (rest head)
            (string-equal (symbol-name operator) (symbol-name definer))
            (or (equal (second head) name)
                (and (consp (second head)) (equal (first (second head)) name)))
-           (or (null signature)
-               (multiple-value-bind (qualifiers specializers) (method-form-signature (cddr head))
-                 (multiple-value-bind (wanted-qualifiers wanted) (method-form-signature signature)
-                   (let ((lambda-list (find-if #'listp (cddr head))))
-                     (and (equal qualifiers wanted-qualifiers)
-                          (or (not (find-if #'listp signature))
-                              (equal specializers wanted)
-                              (equal (mapcar (lambda (p) (if (consp p) (first p) p))
-                                             (subseq lambda-list 0 (length specializers)))
-                                     (first (remove-if-not #'listp signature)))))))))))))
+           (or (null signature) (signature-matches-p (cddr head) signature))))))
 
 (defun read-target (text form target)
   "TARGET (a string such as \"defmethod (setf bar) :after (x y)\") read as a
@@ -416,10 +442,9 @@ FORM (a `file-form'), else the :status :error plist saying where not."
 (defun file-text (octets)
   "The characters of OCTETS as UTF-8, or nil when they are not UTF-8
 (the edit splices bytes and must count them exactly)."
-  (let ((text (handler-case (sb-ext:octets-to-string octets :external-format :utf-8)
-                (error () nil))))
-    (and text (= (length (sb-ext:string-to-octets text :external-format :utf-8)) (length octets))
-         text)))
+  (handler-case (coerce (sb-ext:octets-to-string octets :external-format :utf-8) 'text)
+    ;; SBCL's decoder signals on a byte that is not UTF-8.
+    (sb-int:character-decoding-error () nil)))
 
 (defun octet-offset (text index)
   "The byte offset in UTF-8 of character INDEX of TEXT."
@@ -545,7 +570,7 @@ read and :candidates for an ambiguous TARGET."
                     (format nil "The package of the in-package above line ~D does not exist: load its system first."
                             (file-form-line form)))))
     (unless (eq action :delete)
-      (let ((problem (new-text-problem new form)))
+      (let ((problem (new-text-problem text form)))
         (when problem (return-from edit-form-of problem))))
     (multiple-value-bind (edited start end span insertion) (edited-text old form action new)
       (let* ((from (octet-offset old (car span)))

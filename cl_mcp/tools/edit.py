@@ -122,18 +122,21 @@ async def read_lisp_file(session: LispSession, arguments: dict[str, Any]) -> Ren
 
 def render_outline(result: dict[str, Any]) -> Rendered:
     """One line per form, ``LINES kind name``, with a line whenever the
-    package or readtable it is read in changes."""
+    package or readtable it is read in changes (its structure's contexts:
+    a 3,000-line file's outline fits the result budget)."""
     forms = [result_dict(entry) for entry in result.get("forms") or []]
     lines = [f"{result['file']}: {result['lines']} lines, {len(forms)} top-level forms"]
-    context = None
+    contexts: list[dict[str, Any]] = []
     for entry in forms:
-        now = (entry["package"], entry.get("readtable"))
-        if now != context:
-            context = now
-            lines.append(f"[package {entry['package']}" + (f", readtable {now[1]}" if now[1] else "") + "]")
+        now = {"package": entry.pop("package"), **({"readtable": entry.pop("readtable")}
+                                                   if "readtable" in entry else {})}
+        if not contexts or {k: v for k, v in contexts[-1].items() if k != "line"} != now:
+            contexts.append({"line": entry["line"], **now})
+            lines.append(f"[package {now['package']}"
+                         + (f", readtable {now['readtable']}" if "readtable" in now else "") + "]")
         lines.append(place(entry))
     structure = {"file": result["file"], "mode": "outline", "lines": result["lines"],
-                 "forms": [camel(entry) for entry in forms]}
+                 "forms": [camel(entry) for entry in forms], "contexts": contexts}
     return Rendered("\n".join(lines), False, structure)
 
 
