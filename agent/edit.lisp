@@ -323,10 +323,9 @@ gives them, by its qualifiers and LIST (see `signature-matches-p')."
                (and (consp (second head)) (equal (first (second head)) name)))
            (or (null signature) (signature-matches-p (cddr head) signature))))))
 
-(defun read-target (text form target)
+(defun read-target (form target)
   "TARGET (a string such as \"defmethod (setf bar) :after (x y)\") read as a
 list in the package and readtable of FORM, or nil when it does not read."
-  (declare (ignore text))
   (handler-case (with-form-reading (form)
                   (let ((*read-eval* nil))
                     (read-from-string (format nil "(~A)" target))))
@@ -355,7 +354,7 @@ list) the :status :error plist saying why there is none or more than one."
   (let ((found
           (if target
               (remove-if-not (lambda (form)
-                               (let ((wanted (read-target text form target)))
+                               (let ((wanted (read-target form target)))
                                  (and wanted (target-matches-p (form-head text form) wanted))))
                              forms)
               (remove-if-not (lambda (form)
@@ -378,10 +377,10 @@ list) the :status :error plist saying why there is none or more than one."
 
 ;;;; Checking a text
 
-(defun unbalanced-plist (condition text &optional (base-line 0))
+(defun unbalanced-plist (condition text)
   "The :status :error plist for CONDITION, an `unbalanced-text' in TEXT:
 where the scan stopped, where the unclosed form opened, the top-level form
-it sits in, and the fix; lines counted from BASE-LINE + 1."
+it sits in, and the fix."
   (when (> (unbalanced-missing condition) 1)
     (setf (slot-value condition 'fix)
           (format nil "add ~D ) where the lists end (the innermost is the one opened here)"
@@ -392,14 +391,14 @@ it sits in, and the fix; lines counted from BASE-LINE + 1."
         (list :status :error
               :error (list :type "CL-MCP:UNBALANCED"
                            :message (format nil "~A at line ~D, column ~D~@[ (opened at line ~D~]~@[, column ~D)~]; ~A."
-                                            (unbalanced-what condition) (+ base-line line) column
-                                            (and opened (+ base-line opened-line)) opened-column
+                                            (unbalanced-what condition) line column
+                                            (and opened opened-line) opened-column
                                             (unbalanced-fix condition)))
-              :problem (append (list :line (+ base-line line) :column column
+              :problem (append (list :line line :column column
                                      :what (unbalanced-what condition) :fix (unbalanced-fix condition))
                                (and (unbalanced-top condition)
                                     (list :form-line (line-at text (unbalanced-top condition))))
-                               (and opened (list :opened-line (+ base-line opened-line)
+                               (and opened (list :opened-line opened-line
                                                  :opened-column opened-column))
                                (and (unbalanced-closer condition)
                                     (list :closer (unbalanced-closer condition)))))))))

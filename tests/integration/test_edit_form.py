@@ -331,3 +331,17 @@ def test_the_write_keeps_the_mode_and_is_refused_when_the_file_changed_meanwhile
     assert not is_error and "CL-MCP:FILE-CHANGED" in text, text
     assert path.read_text() == EMACS_SOURCE.replace("2)", "4)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["changing.lisp"]
+
+
+def test_a_compile_that_fails_leaves_the_edit_written_and_gives_its_notes(lisp, tmp_path):
+    path = tmp_path / "failing.lisp"
+    path.write_text(EMACS_SOURCE)
+    broken = "(defun edited-from-cl-mcp (x)\n  (let ((1 x))\n    x))"
+    result = edit(lisp, path, form="defun edited-from-cl-mcp", text=broken)
+    assert result["isError"], result
+    structure = result["structuredContent"]
+    assert structure["written"] is True and structure["compiled"]["success"] is False, structure
+    assert "(the edit is written, and stays written)" in result["content"][0]["text"]
+    assert path.read_text() == EMACS_SOURCE.replace("(defun edited-from-cl-mcp (x)\n  (* x 2))", broken)
+    errors = [note for note in structure["compiled"]["notes"] if note["severity"] == "error"]
+    assert errors and all(3 <= note["line"] <= 5 for note in errors), structure
