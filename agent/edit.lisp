@@ -379,27 +379,30 @@ list) the :status :error plist saying why there is none or more than one."
 
 (defun unbalanced-plist (condition text)
   "The :status :error plist for CONDITION, an `unbalanced-text' in TEXT:
-where the scan stopped, where the unclosed form opened, the top-level form
-it sits in, and the fix."
+where the scan stopped, where the unclosed form opened (and its text to
+the end of that line), the top-level form it sits in, and the fix."
   (when (> (unbalanced-missing condition) 1)
     (setf (slot-value condition 'fix)
           (format nil "add ~D ) where the lists end (the innermost is the one opened here)"
                   (unbalanced-missing condition))))
   (multiple-value-bind (line column) (text-line-column text (unbalanced-index condition))
-    (let ((opened (unbalanced-opened condition)))
+    (let* ((opened (unbalanced-opened condition))
+           (opening (and opened (subseq text opened (min (length text) (+ opened 40)
+                                                         (or (position #\Newline text :start opened)
+                                                             (length text)))))))
       (multiple-value-bind (opened-line opened-column) (and opened (text-line-column text opened))
         (list :status :error
               :error (list :type "CL-MCP:UNBALANCED"
-                           :message (format nil "~A at line ~D, column ~D~@[ (opened at line ~D~]~@[, column ~D)~]; ~A."
+                           :message (format nil "~A at line ~D, column ~D~@[ (opened at line ~D~]~@[, column ~D~]~@[: ~A)~]; ~A."
                                             (unbalanced-what condition) line column
-                                            (and opened opened-line) opened-column
+                                            (and opened opened-line) opened-column opening
                                             (unbalanced-fix condition)))
               :problem (append (list :line line :column column
                                      :what (unbalanced-what condition) :fix (unbalanced-fix condition))
                                (and (unbalanced-top condition)
                                     (list :form-line (line-at text (unbalanced-top condition))))
                                (and opened (list :opened-line opened-line
-                                                 :opened-column opened-column))
+                                                 :opened-column opened-column :opening opening))
                                (and (unbalanced-closer condition)
                                     (list :closer (unbalanced-closer condition)))))))))
 

@@ -187,6 +187,8 @@ def test_broken_texts_are_refused_and_the_file_is_unchanged(lisp, tmp_path, labe
     assert (problem["line"], problem["column"]) == stop, problem
     if opened:
         assert (problem["openedLine"], problem["openedColumn"]) == opened, problem
+        opening = text.splitlines()[opened[0] - 1][opened[1] - 1:][:40]
+        assert problem["opening"] == opening and f": {opening})" in structure["error"]["message"]
     assert problem["fix"]
     assert api.read_bytes() == original
     assert not list(directory.glob("api.lisp.*")), "a temporary file was left"
