@@ -244,8 +244,8 @@ cl-mcp after loading them, so that attaching again does not reload them.")
     "names"        ; names and places; find-definition, describe-symbol
     "code"         ; xref, compile-file, load-system
     "forms"        ; compile-form: one top-level form, as C-c C-c
-    "edit"         ; edit-form, read-lisp-file: a file's top-level forms
     "browse"       ; apropos, macroexpand, inspect
+    "edit"         ; edit-form, read-lisp-file: a file's top-level forms
     "tests"        ; run-tests: FiveAM's and RT's results, as an evaluation
     "threads"      ; the image's threads: list, backtrace, interrupt, kill
     "user-threads" ; user threads' output kept, their errors stopped at

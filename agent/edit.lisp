@@ -15,7 +15,8 @@
 ;;;;
 ;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
 ;;;; in swank-bootstrap.lisp; it uses only what the parts before it
-;;;; define (forms.lisp's `%compile-form' compiles an edited form).
+;;;; define (forms.lisp's `%compile-form' compiles an edited form,
+;;;; browse.lisp's `call-guarded' keeps the debugger out).
 
 (in-package #:cl-mcp-agent)
 
@@ -458,11 +459,13 @@ temporary file in the same directory, synced, given PATH's mode, renamed
 over it.  Nil when written; the :status :error plist when the file's bytes
 are no longer ORIGINAL (another editor wrote it)."
   (let* ((stat (sb-posix:stat path))
-         (temporary (format nil "~A.cl-mcp-~D" path (sb-posix:getpid))))
+         (temporary (format nil "~A.cl-mcp-~D" path (sb-posix:getpid)))
+         (created nil))
     (unwind-protect
          (progn
            (with-open-file (out temporary :direction :output :element-type '(unsigned-byte 8)
                                           :if-exists :supersede)
+             (setf created t)
              (write-sequence octets out)
              (finish-output out)
              (sb-posix:fsync (sb-sys:fd-stream-fd out)))
@@ -471,7 +474,7 @@ are no longer ORIGINAL (another editor wrote it)."
                (progn (sb-posix:rename temporary path) nil)
                (name-error "CL-MCP:FILE-CHANGED"
                            (format nil "~A changed on disk since the form was located; nothing was written: read it again." path))))
-      (when (probe-file temporary)
+      (when (and created (probe-file temporary))
         (delete-file temporary)))))
 
 (defun refresh-source (truename)
@@ -533,7 +536,22 @@ for :delete), SPAN the (FROM . TO) of TEXT replaced by INSERTION."
                    (values (concatenate 'string (subseq text 0 from) (subseq text to))
                            nil nil (cons from to) "")))))))
 
-(defun edit-form-of (path &key target line (action :replace) (text "") (compile t) (max-output 20000))
+(defparameter *file-call-timeout* 600
+  "Seconds an edit or a read of a file may take, at most (a compile that
+macroexpands for long, say).")
+
+(defun guarded-plist (thunk)
+  "THUNK's plist, or a :status :error plist for any condition that ended
+it (a file the image may not write, say): nothing reaches the debugger."
+  (destructuring-bind (outcome value) (call-guarded thunk *file-call-timeout*)
+    (if (eq outcome :ok) value (list :status :error :error value))))
+
+(defun edit-form-of (path &rest arguments &key target line action text compile max-output)
+  "`%edit-form-of' with every condition that ends it an error plist."
+  (declare (ignore target line action text compile max-output))
+  (guarded-plist (lambda () (apply #'%edit-form-of path arguments))))
+
+(defun %edit-form-of (path &key target line (action :replace) (text "") (compile t) (max-output 20000))
   "Do ACTION (:replace, :insert-before, :insert-after or :delete) with the
 top-level form of the file at PATH that TARGET names (see
 `target-matches-p') or that holds LINE, the new forms being TEXT: read
@@ -548,15 +566,15 @@ COMPILE.  Return a plist: :status :ok, :file, :action, :old-line and
 plist, with :problem (line, column, what, fix) for a text that does not
 read and :candidates for an ambiguous TARGET."
   (let ((problem (source-file-problem path)))
-    (when problem (return-from edit-form-of problem)))
+    (when problem (return-from %edit-form-of problem)))
   (let* ((file (namestring (truename path)))
          (octets (file-octets file))
          (old (or (file-text octets)
-                  (return-from edit-form-of
+                  (return-from %edit-form-of
                     (name-error "CL-MCP:NOT-UTF-8" (format nil "~A is not UTF-8 text." file)))))
          (forms (handler-case (file-forms old)
                   (unbalanced-text (condition)
-                    (return-from edit-form-of
+                    (return-from %edit-form-of
                       (let ((plist (unbalanced-plist condition old)))
                         (setf (getf (getf plist :error) :message)
                               (format nil "~A does not read as it is: ~A" file
@@ -565,15 +583,15 @@ read and :candidates for an ambiguous TARGET."
          (form (located-form old forms target line))
          (new (string-trim '(#\Space #\Tab #\Newline #\Return) text)))
     (when (listp form)
-      (return-from edit-form-of form))
+      (return-from %edit-form-of form))
     (unless (file-form-package form)
-      (return-from edit-form-of
+      (return-from %edit-form-of
         (name-error "PACKAGE-ERROR"
                     (format nil "The package of the in-package above line ~D does not exist: load its system first."
                             (file-form-line form)))))
     (unless (eq action :delete)
       (let ((problem (new-text-problem text form)))
-        (when problem (return-from edit-form-of problem))))
+        (when problem (return-from %edit-form-of problem))))
     (multiple-value-bind (edited start end span insertion) (edited-text old form action new)
       (let* ((from (octet-offset old (car span)))
              (to (+ from (length (sb-ext:string-to-octets old :external-format :utf-8
@@ -583,7 +601,7 @@ read and :candidates for an ambiguous TARGET."
                                    (sb-ext:string-to-octets insertion :external-format :utf-8)
                                    (subseq octets to)))
              (refused (write-atomically file octets written)))
-        (when refused (return-from edit-form-of refused))
+        (when refused (return-from %edit-form-of refused))
         (refresh-source (truename file))
         (append (list :status :ok :file file :action action
                       :old-line (file-form-line form)
@@ -625,7 +643,12 @@ one too."
                              :form-line (getf summary :line) :kind (getf summary :kind)
                              (and (getf summary :name) (list :name (getf summary :name))))))))
 
-(defun read-lisp-file-of (path &key (mode :outline) target line)
+(defun read-lisp-file-of (path &rest arguments &key mode target line)
+  "`%read-lisp-file-of' with every condition that ends it an error plist."
+  (declare (ignore mode target line))
+  (guarded-plist (lambda () (apply #'%read-lisp-file-of path arguments))))
+
+(defun %read-lisp-file-of (path &key (mode :outline) target line)
   "Read the file at PATH without evaluating its forms (a #. is evaluated,
 as the compiler's reader would).  MODE :outline: :forms, each form's
 :line, :end-line, :kind, :name, :package and :readtable.  :check: :forms,
@@ -634,14 +657,14 @@ one problem where the scan stopped).  :form: the form TARGET names or that
 holds LINE, with its :text.  A :status :error plist when PATH cannot be
 read."
   (let ((problem (source-file-problem path)))
-    (when problem (return-from read-lisp-file-of problem)))
+    (when problem (return-from %read-lisp-file-of problem)))
   (let* ((file (namestring (truename path)))
          (text (or (file-text (file-octets file))
-                   (return-from read-lisp-file-of
+                   (return-from %read-lisp-file-of
                      (name-error "CL-MCP:NOT-UTF-8" (format nil "~A is not UTF-8 text." file)))))
          (forms (handler-case (file-forms text)
                   (unbalanced-text (condition)
-                    (return-from read-lisp-file-of
+                    (return-from %read-lisp-file-of
                       (if (eq mode :check)
                           (let ((plist (unbalanced-plist condition text)))
                             (list :status :ok :file file :mode mode :forms 0

@@ -347,3 +347,18 @@ def test_a_compile_that_fails_leaves_the_edit_written_and_gives_its_notes(lisp, 
     assert path.read_text() == EMACS_SOURCE.replace("(defun edited-from-cl-mcp (x)\n  (* x 2))", broken)
     errors = [note for note in structure["compiled"]["notes"] if note["severity"] == "error"]
     assert errors and all(3 <= note["line"] <= 5 for note in errors), structure
+
+
+def test_a_write_that_fails_is_an_error_and_nothing_is_written(lisp, tmp_path):
+    path = tmp_path / "unwritable.lisp"
+    path.write_text(EMACS_SOURCE)
+    pid, is_error = lisp.eval("(sb-posix:getpid)")
+    assert not is_error, pid
+    (tmp_path / f"unwritable.lisp.cl-mcp-{pid.removeprefix('=> ')}").mkdir()  # where the write goes
+    result = edit(lisp, path, line=3, text="(defun edited-from-cl-mcp (x)\n  (* x 5))")
+    assert result["isError"] and result["structuredContent"]["written"] is False, result
+    # The open that failed is the error, not the clean-up after it.
+    assert "Error opening" in result["content"][0]["text"] and "delete" not in result["content"][0]["text"]
+    assert path.read_text() == EMACS_SOURCE
+    text, is_error = lisp.eval("(+ 1 2)")  # no debugger took the call's thread
+    assert (text, is_error) == ("=> 3", False)
