@@ -310,18 +310,30 @@ qualifiers, then at most one list) names: the list is its specializers
                                      (subseq lambda-list 0 (length specializers))))
                (equal (nth-value 1 (method-form-signature (list wanted))) specializers))))))
 
+(defun names-match-p (name wanted)
+  "True when NAME, a form's, is WANTED: EQUAL, or the same string when one
+of them is a string, a keyword or an uninterned symbol (a package's or a
+system's name: `defpackage #:foo' is `defpackage foo')."
+  (or (equal name wanted)
+      (and (typep name '(or string symbol)) (typep wanted '(or string symbol))
+           (some (lambda (designator)
+                   (or (stringp designator) (keywordp designator)
+                       (and (symbolp designator) (null (symbol-package designator)))))
+                 (list name wanted))
+           (string= name wanted))))
+
 (defun target-matches-p (head target)
   "True when the form whose HEAD `form-head' gives is the one TARGET names:
 TARGET, read in the form's package, is (DEFINER NAME [QUALIFIER...]
-[LIST]); the definer matches by its name in any package, the name by
-EQUAL (or the first of a name with options), and a method, when TARGET
+[LIST]); the definer matches by its name in any package, the name as
+`names-match-p' says (or the first of a name with options), and a method, when TARGET
 gives them, by its qualifiers and LIST (see `signature-matches-p')."
   (destructuring-bind (definer &optional (name nil named) &rest signature) target
     (let ((operator (first head)))
       (and named operator (symbolp operator) (symbolp definer) (rest head)
            (string-equal (symbol-name operator) (symbol-name definer))
-           (or (equal (second head) name)
-               (and (consp (second head)) (equal (first (second head)) name)))
+           (or (names-match-p (second head) name)
+               (and (consp (second head)) (names-match-p (first (second head)) name)))
            (or (null signature) (signature-matches-p (cddr head) signature))))))
 
 (defun read-target (form target)

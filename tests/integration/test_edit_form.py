@@ -278,6 +278,8 @@ def test_outline_check_and_one_form_of_a_large_file(lisp, tmp_path):
     assert text == "\n".join(lines[walk["line"] - 1:walk["endLine"]])
     clean = checked_call(lisp, "read-lisp-file", path=str(directory / "package.lisp"), mode="check")
     assert not clean["isError"] and clean["structuredContent"]["problems"] == []
+    assert checked_call(lisp, "read-lisp-file", path=str(directory / "package.lisp"), mode="form",
+                        form="defpackage iterate")["structuredContent"]["forms"][0]["kind"] == "defpackage"
     assert clean["content"][0]["text"].endswith(f"reads: {clean['structuredContent']['count']} top-level forms")
     path.write_text(path.read_text().replace("(defun walk-arglist (args)", "(defun walk-arglist ((args)"))
     broken = checked_call(lisp, "read-lisp-file", path=str(path), mode="check")
