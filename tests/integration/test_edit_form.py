@@ -364,3 +364,19 @@ def test_a_write_that_fails_is_an_error_and_nothing_is_written(lisp, tmp_path):
     assert path.read_text() == EMACS_SOURCE
     text, is_error = lisp.eval("(+ 1 2)")  # no debugger took the call's thread
     assert (text, is_error) == ("=> 3", False)
+
+
+def test_crlf_line_endings_and_utf_8_are_kept_byte_for_byte(lisp, tmp_path):
+    path = tmp_path / "crlf.lisp"
+    original = ("(in-package :cl-user)\r\n\r\n;; c\r\n(defun crlf-a () 1)\r\n\r\n"
+                "(defun crlf-b () \"été\")\r\n").encode()
+    path.write_bytes(original)
+    assert not edit(lisp, path, form="defun crlf-a", action="insert-after", text="(defun crlf-c () 3)")["isError"]
+    assert path.read_bytes() == original.replace(b"1)\r\n", b"1)\r\n\r\n(defun crlf-c () 3)\r\n")
+    assert not edit(lisp, path, form="defun crlf-c", action="delete")["isError"]
+    assert path.read_bytes() == original
+    result = edit(lisp, path, form="defun crlf-b", text="(defun crlf-b () \"ça\")")
+    assert not result["isError"] and result["structuredContent"]["line"] == 6, result
+    assert path.read_bytes() == original.replace("été".encode(), "ça".encode())
+    place = definition_line(lisp, "cl-user::crlf-b")
+    assert (place["line"], place["place"]) == (6, "unchanged"), place
