@@ -31,13 +31,13 @@ def place(summary: dict[str, Any]) -> str:
     return f"{lines} {summary['kind']}" + (f" {summary['name']}" if "name" in summary else "")
 
 
-def target_form(arguments: dict[str, Any]) -> list[SExp] | Rendered:
+def target_form(arguments: dict[str, Any], answer: dict[str, Any]) -> list[SExp] | Rendered:
     """The agent's :target or :line keywords from FORM or LINE (exactly one),
-    or the tool error when both or neither are given."""
+    or the tool error when both or neither are given, its structured
+    content ANSWER with the error."""
     if ("form" in arguments) == ("line" in arguments):
-        return Rendered(error_text("CL-MCP:INVALID-ARGUMENTS", "Give exactly one of form and line."), True,
-                        {"error": condition_structure("CL-MCP:INVALID-ARGUMENTS",
-                                                      "Give exactly one of form and line.")})
+        return agent_error({"error": {"type": "CL-MCP:INVALID-ARGUMENTS",
+                                      "message": "Give exactly one of form and line."}}, answer)
     if "form" in arguments:
         return [Keyword("target"), arguments["form"]]
     return [Keyword("line"), arguments["line"]]
@@ -68,7 +68,7 @@ def agent_error(result: dict[str, Any], answer: dict[str, Any]) -> Rendered:
 async def edit_form(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """Replace, insert before or after, or delete one top-level form of a
     file, then compile what was written."""
-    located = target_form(arguments)
+    located = target_form(arguments, {"written": False})
     if isinstance(located, Rendered):
         return located
     form = [Symbol("cl-mcp-agent:edit-form-of"), arguments["path"], *located,
@@ -78,10 +78,10 @@ async def edit_form(session: LispSession, arguments: dict[str, Any]) -> Rendered
     result = await call_agent(session, form, session.config.load_timeout + DEADLINE_GRACE)
     if result.get("status") != "ok":
         return agent_error(result, {"written": False})
-    return render_edit(arguments, result)
+    return render_edit(result)
 
 
-def render_edit(arguments: dict[str, Any], result: dict[str, Any]) -> Rendered:
+def render_edit(result: dict[str, Any]) -> Rendered:
     """``Replaced the form at FILE:OLD (now LINES)``, then compile-form's
     result for what was written."""
     action = result["action"]
@@ -109,7 +109,7 @@ async def read_lisp_file(session: LispSession, arguments: dict[str, Any]) -> Ren
     mode = arguments.get("mode", "outline")
     located: list[SExp] | Rendered = []
     if mode == "form":
-        located = target_form(arguments)
+        located = target_form(arguments, {"mode": mode})
         if isinstance(located, Rendered):
             return located
     form = [Symbol("cl-mcp-agent:read-lisp-file-of"), arguments["path"], Keyword("mode"), Keyword(mode),

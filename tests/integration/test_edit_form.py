@@ -224,6 +224,12 @@ def test_methods_are_told_apart_and_an_ambiguous_name_lists_them(lisp, tmp_path)
     assert text == "=> 3", text
     result = edit(lisp, path, form="defmethod area (shape)", action="delete")  # by parameter names
     assert result["isError"] and len(result["structuredContent"]["candidates"]) == 2
+    for arguments in ({}, {"form": "defgeneric area", "line": 3}):
+        result = edit(lisp, path, action="delete", **arguments)
+        assert result["structuredContent"]["error"]["type"] == "CL-MCP:INVALID-ARGUMENTS", result
+        check_results_of(lisp, "read-lisp-file")
+        result = checked_call(lisp, "read-lisp-file", path=str(path), mode="form", **arguments)
+        assert result["structuredContent"]["error"]["type"] == "CL-MCP:INVALID-ARGUMENTS", result
 
 
 READTABLE = """(defpackage :cl-mcp-brackets (:use :cl :named-readtables))
