@@ -167,17 +167,39 @@ INDEX of TEXT."
       (#\# (dispatch-end text index))
       (t (token-end text index)))))
 
-(defun form-extents (text)
+(defun stray-paren-p (condition text)
+  "True when CONDITION, an `unbalanced-text' in TEXT, is a ) between
+top-level forms: the scan can go on after it."
+  (let ((index (unbalanced-index condition)))
+    (and (null (unbalanced-opened condition)) (< index (length text))
+         (char= (char text index) #\)) (eql index (unbalanced-top condition)))))
+
+(defun form-extents (text &optional on-problem)
   "The (START . END) character offsets of the top-level forms of TEXT, in
-order; signals `unbalanced-text' at the first that does not end."
+order; signals `unbalanced-text' at the first that does not end, or with
+ON-PROBLEM, calls it with the condition instead and goes on after a stray
+) (see `stray-paren-p'), or stops with the forms found."
   (unless (typep text 'text)
     (setf text (coerce text 'text)))
-  (loop for start = (skip-blanks text 0) then (skip-blanks text end)
-        while (< start (length text))
-        for end = (handler-bind ((unbalanced-text (lambda (condition)
-                                                    (setf (unbalanced-top condition) start))))
-                    (form-end text start))
-        collect (cons start end)))
+  (let ((forms '()) (start (skip-blanks text 0)))
+    (loop while (< start (length text))
+          do (handler-case
+                 (let ((end (handler-bind ((unbalanced-text (lambda (condition)
+                                                              (setf (unbalanced-top condition) start))))
+                              (form-end text start))))
+                   (push (cons start end) forms)
+                   (setf start (skip-blanks text end)))
+               (unbalanced-text (condition)
+                 (unless on-problem
+                   (error condition))
+                 (let ((stray (stray-paren-p condition text)))
+                   ;; A stray ) sits after the form it was likely meant to close.
+                   (setf (unbalanced-top condition) (if stray (car (first forms)) start))
+                   (funcall on-problem condition)
+                   (if stray
+                       (setf start (skip-blanks text (1+ start)))
+                       (return))))))
+    (nreverse forms)))
 
 ;;;; Reading a file's forms in their package and readtable
 
@@ -217,10 +239,11 @@ lines, and the package and readtable it is read in (nil: the package
 does not exist)."
   start end line end-line package readtable readtable-name)
 
-(defun file-forms (text)
+(defun file-forms (text &optional on-problem)
   "The top-level forms of TEXT as `file-form's, each with the package of
 the nearest `in-package' above it and the readtable of the nearest
-`in-readtable' (else Swank's for that package, as C-c C-c reads)."
+`in-readtable' (else Swank's for that package, as C-c C-c reads); ON-PROBLEM
+as `form-extents' takes it."
   (let ((package (find-package "COMMON-LISP-USER")) (named nil) (readtable nil)
         (line 1) (counted 0))
     (flet ((line-of (index)
@@ -228,7 +251,7 @@ the nearest `in-package' above it and the readtable of the nearest
              (incf line (count #\Newline text :start counted :end index))
              (setf counted index)
              line))
-    (loop for (start . end) in (form-extents text)
+    (loop for (start . end) in (form-extents text on-problem)
           collect (make-file-form start end (line-of start) (line-of end) package
                                   (or readtable (swank::guess-buffer-readtable
                                                  (and package (package-name package))))
@@ -664,8 +687,9 @@ one too."
   "Read the file at PATH without evaluating its forms (a #. is evaluated,
 as the compiler's reader would).  MODE :outline: :forms, each form's
 :line, :end-line, :kind, :name, :package and :readtable.  :check: :forms,
-their count, and :problems (see `checked-forms'; an unbalanced text is
-one problem where the scan stopped).  :form: the form TARGET names or that
+their count, and :problems in line order (see `checked-forms'; a ) between
+forms is one, and the scan goes on; a form left open is one, where the
+scan stopped, and the forms before it are read).  :form: the form TARGET names or that
 holds LINE, with its :text.  A :status :error plist when PATH cannot be
 read."
   (let ((problem (source-file-problem path)))
@@ -674,20 +698,22 @@ read."
          (text (or (file-text (file-octets file))
                    (return-from %read-lisp-file-of
                      (name-error "CL-MCP:NOT-UTF-8" (format nil "~A is not UTF-8 text." file)))))
-         (forms (handler-case (file-forms text)
+         (unbalanced '())
+         (forms (handler-case (file-forms text (and (eq mode :check)
+                                                     (lambda (condition) (push condition unbalanced))))
                   (unbalanced-text (condition)
-                    (return-from %read-lisp-file-of
-                      (if (eq mode :check)
-                          (let ((plist (unbalanced-plist condition text)))
-                            (list :status :ok :file file :mode mode :forms 0
-                                  :problems (list (append (getf plist :problem)
-                                                          (list :message (getf (getf plist :error) :message))))))
-                          (unbalanced-plist condition text)))))))
+                    (return-from %read-lisp-file-of (unbalanced-plist condition text))))))
     (ecase mode
       (:outline (list :status :ok :file file :mode mode :lines (line-at text (length text))
                       :forms (mapcar (lambda (form) (outline-entry text form)) forms)))
       (:check (list :status :ok :file file :mode mode :forms (length forms)
-                    :problems (checked-forms text forms)))
+                    :problems (sort (append (mapcar (lambda (condition)
+                                                      (let ((plist (unbalanced-plist condition text)))
+                                                        (append (getf plist :problem)
+                                                                (list :message (getf (getf plist :error) :message)))))
+                                                    unbalanced)
+                                            (checked-forms text forms))
+                                    #'< :key (lambda (problem) (getf problem :line)))))
       (:form (let ((form (located-form text forms target line)))
                (if (listp form)
                    form

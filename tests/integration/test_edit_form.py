@@ -287,11 +287,20 @@ def test_outline_check_and_one_form_of_a_large_file(lisp, tmp_path):
     assert checked_call(lisp, "read-lisp-file", path=str(directory / "package.lisp"), mode="form",
                         form="defpackage iterate")["structuredContent"]["forms"][0]["kind"] == "defpackage"
     assert clean["content"][0]["text"].endswith(f"reads: {clean['structuredContent']['count']} top-level forms")
+    package = directory / "package.lisp"
+    package.write_text(package.read_text() + ")\n(in-package #:iterate))\n(defvar *after* 1)\n")
+    strays = checked_call(lisp, "read-lisp-file", path=str(package), mode="check")
+    end = len(package.read_text().splitlines())
+    assert [(p["line"], p["column"], p["what"], p.get("formLine")) for p in strays["structuredContent"]["problems"]] \
+        == [(end - 2, 1, "a ) closes nothing", 28), (end - 1, 23, "a ) closes nothing", end - 1)], strays
+    assert strays["structuredContent"]["count"] == clean["structuredContent"]["count"] + 2
     path.write_text(path.read_text().replace("(defun walk-arglist (args)", "(defun walk-arglist ((args)"))
     broken = checked_call(lisp, "read-lisp-file", path=str(path), mode="check")
-    problem = broken["structuredContent"]["problems"][0]
+    *before, problem = broken["structuredContent"]["problems"]  # before: iterate's #L, not in the readtable
+    assert all(p["line"] < walk["line"] and "#\\L" in p["message"] for p in before), before
     assert broken["isError"] and problem["formLine"] == walk["line"], broken
     assert (problem["openedLine"], problem["openedColumn"]) == (walk["line"], 1)
+    assert broken["structuredContent"]["count"] == forms.index(walk)  # the forms before it are read
 
 
 EMACS_SOURCE = """\
