@@ -540,7 +540,9 @@ lines, when it has them to itself, with one blank line after (or, with
 none there, before) it."
   (let* ((line-start (1+ (or (position #\Newline text :end start :from-end t) -1)))
          (own-line (every #'blank-char-p (subseq text line-start start)))
-         (after (blank-line-end text end)))
+         (after (or (blank-line-end text end)
+                    ;; The last form, with no newline after it.
+                    (and (every #'blank-char-p (subseq text end)) (length text)))))
     (if (not (and own-line after))
         (cons start end)
         (let ((blank-after (blank-line-end text after))

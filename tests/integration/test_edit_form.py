@@ -395,3 +395,6 @@ def test_crlf_line_endings_and_utf_8_are_kept_byte_for_byte(lisp, tmp_path):
     assert path.read_bytes() == original.replace("été".encode(), "ça".encode())
     place = definition_line(lisp, "cl-user::crlf-b")
     assert (place["line"], place["place"]) == (6, "unchanged"), place
+    path.write_bytes(path.read_bytes().removesuffix(b"\r\n"))  # the last form, no newline after it
+    assert not edit(lisp, path, form="defun crlf-b", action="delete")["isError"]
+    assert path.read_bytes() == b"(in-package :cl-user)\r\n\r\n;; c\r\n(defun crlf-a () 1)\r\n"
