@@ -130,7 +130,7 @@ INDEX of TEXT."
         (setf i (skip-blanks text i))
         (cond ((>= i (length text))
                (error 'unbalanced-text :index i :opened index :what "a list is not closed"
-                                       :closer ")" :fix "add ) where the list ends"))
+                                       :closer ")" :fix "add ) where the list ends (at the end of the text, at the latest)"))
               ((char= (char text i) #\)) (return (1+ i)))
               (t (setf i (form-end text i))))))))
 
@@ -419,7 +419,7 @@ where the scan stopped, where the unclosed form opened (and its text to
 the end of that line), the top-level form it sits in, and the fix."
   (when (> (unbalanced-missing condition) 1)
     (setf (slot-value condition 'fix)
-          (format nil "add ~D ) where the lists end (the innermost is the one opened here)"
+          (format nil "add ~D ) where the lists end (at the end of the text, at the latest; the innermost is the one opened here)"
                   (unbalanced-missing condition))))
   (multiple-value-bind (line column) (text-line-column text (unbalanced-index condition))
     (let* ((opened (unbalanced-opened condition))
