@@ -1,6 +1,7 @@
 # The two commands of README.md: `make run` and `make test`.  Each installs
 # what is missing first: SBCL and Swank from Debian (plus, for the tests,
-# Alexandria, cl-ppcre, split-sequence, FiveAM, RT, Fiasco, Emacs and SLIME; for
+# Alexandria, cl-ppcre, split-sequence, FiveAM, RT, Fiasco, iterate,
+# named-readtables, Emacs and SLIME; for
 # `make bench`, yason), and a venv with cl-mcp.
 
 VENV := .venv
@@ -52,7 +53,7 @@ lisp:
 	$(call debian,sbcl cl-swank,! command -v sbcl >/dev/null || [ ! -f $(SWANK_LOADER) ])
 
 test-lisp: lisp
-	$(call debian,cl-alexandria cl-ppcre cl-split-sequence cl-fiveam cl-rt cl-fiasco emacs-nox slime,[ ! -f $(ALEXANDRIA) ] || [ ! -f $(FIVEAM) ] || [ ! -f $(RT) ] || [ ! -f $(FIASCO) ] || [ ! -f $(CL_PPCRE) ] || [ ! -f $(SPLIT_SEQUENCE) ] || ! command -v emacs >/dev/null || ! ls $(SLIME_EL) >/dev/null 2>&1)
+	$(call debian,cl-alexandria cl-ppcre cl-split-sequence cl-fiveam cl-rt cl-fiasco cl-iterate cl-named-readtables emacs-nox slime,[ ! -f /usr/share/common-lisp/source/iterate/iterate.asd ] || [ ! -f /usr/share/common-lisp/source/named-readtables/named-readtables.asd ] || [ ! -f $(ALEXANDRIA) ] || [ ! -f $(FIVEAM) ] || [ ! -f $(RT) ] || [ ! -f $(FIASCO) ] || [ ! -f $(CL_PPCRE) ] || [ ! -f $(SPLIT_SEQUENCE) ] || ! command -v emacs >/dev/null || ! ls $(SLIME_EL) >/dev/null 2>&1)
 
 # yason, for bench/lisp_server.lisp (the Lisp-native baseline)
 bench-lisp: lisp

@@ -84,6 +84,8 @@
 ;;;                                   `compile-form-of': the package and
 ;;;                                   readtable compile-string-for-emacs reads
 ;;;                                   in, as a buffer's for C-c C-c
+;;;   swank::guess-buffer-readtable   `file-forms': the readtable of a
+;;;                                   package, as C-c C-c reads a buffer's
 ;;;   swank::fasl-pathname            where SLIME puts a file's fasl
 ;;;   swank::apropos-symbols          `apropos-of': the symbols a pattern
 ;;;                                   matches, as M-x slime-apropos finds them
@@ -106,7 +108,9 @@
 ;;;                                   a file's text as it was compiled, kept
 ;;;                                   under its pathname and namestring
 ;;;                                   (`remember-source'), for the line a
-;;;                                   moved definition had
+;;;                                   moved definition had; an edit's
+;;;                                   entries removed (`refresh-source')
+;;;   named-readtables:find-readtable (by name) `in-readtable''s readtable
 ;;;
 ;;; SBCL
 ;;;   sb-debug::map-backtrace         walks the frames of an error
@@ -221,6 +225,9 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
   (:export #:xref-of
            #:compile-file-of
            #:compile-form-of)
+  ;; Development tools: editing and reading a file's top-level forms.
+  (:export #:edit-form-of
+           #:read-lisp-file-of)
   ;; Development tools: finding and describing a name's definitions.
   (:export #:find-definition-of
            #:describe-symbol-of)
@@ -341,6 +348,7 @@ cl-mcp after loading them, so that attaching again does not reload them.")
     "code"         ; xref, compile-file, load-system
     "forms"        ; compile-form: one top-level form, as C-c C-c
     "browse"       ; apropos, macroexpand, inspect
+    "edit"         ; edit-form, read-lisp-file: a file's top-level forms
     "tests"        ; run-tests: FiveAM's and RT's results, as an evaluation
     "threads"      ; the image's threads: list, backtrace, interrupt, kill
     "user-threads" ; user threads' output kept, their errors stopped at

@@ -17,7 +17,8 @@ compile-form and compile-file come last: they redefine what they compile
 (compile-file the fixture's classes and methods) under the other tools.
 They compile a copy of the fixture's shapes.lisp in a temporary directory,
 because compile-file writes the fasl beside the source; compile-form
-compiles its one defun, TWICE.
+compiles its one defun, TWICE.  edit-form replaces a defun of a copy of
+iterate.lisp (3,650 lines) with its own text and compiles it (issue 38).
 
     .venv/bin/python bench/devtools.py [--quick]   (bench/run.py adds its rows to docs/performance.md)
 """
@@ -191,8 +192,28 @@ def rows(client: Client, quick: bool = False) -> Iterator[Row]:
                        f"({len(r['notes'])} notes, loaded: {'yes' if r['loaded'] else 'no'})"),
             "compile-file", {"path": str(source), "load": True},
             [Symbol(agent + "compile-file-of"), str(source), Keyword("load"), True]), batches, batch)
+        yield edit_row(client, directory, batches, batch)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+ITERATE = Path("/usr/share/common-lisp/source/iterate/iterate.lisp")
+
+
+def edit_row(client: Client, directory: Path, batches: int, batch: int) -> Row:
+    """edit-form replacing GENVAR in a copy of iterate.lisp with its own
+    text, and compiling it."""
+    assert tool(client, "load-system", system="iterate")["loaded"] is True
+    source = directory / "iterate.lisp"
+    shutil.copy(ITERATE, source)
+    lines = len(source.read_text().splitlines())
+    genvar = tool(client, "read-lisp-file", path=str(source), mode="form", form="defun genvar")["forms"][0]["text"]
+    return measure(client, Query(
+        lambda r: (f"edit-form replacing one defun (iterate's GENVAR) in iterate.lisp ({lines} lines), "
+                   f"compiled ({len(r['compiled']['notes'])} notes)"),
+        "edit-form", {"path": str(source), "form": "defun genvar", "text": genvar},
+        [Symbol("cl-mcp-agent:edit-form-of"), str(source), Keyword("target"), "defun genvar",
+         Keyword("text"), genvar]), batches, batch)
 
 
 def main() -> None:

@@ -70,7 +70,7 @@ def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
     """Every tool, by name, with its argument validator compiled once; with
     MAX_RESULT_CHARS, each definition's `_meta` gives hosts that size hint."""
     from cl_mcp.tools import definitions, evaluate, restarts, systems
-    from cl_mcp.tools import code, forms
+    from cl_mcp.tools import code, edit, forms
     from cl_mcp.tools import browse, inspector
     from cl_mcp.tools import names
     from cl_mcp.tools import output
@@ -89,6 +89,8 @@ def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
         "xref": code.xref,
         "compile-file": code.compile_file,
         "compile-form": forms.compile_form,
+        "edit-form": edit.edit_form,
+        "read-lisp-file": edit.read_lisp_file,
         "apropos": browse.apropos,
         "macroexpand": browse.macroexpand,
         "inspect": inspector.inspect,

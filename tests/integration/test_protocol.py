@@ -13,7 +13,7 @@ from tests.integration.conftest import McpProcess, cl_mcp
 CONTRACT_TOOLS = {"evaluate-lisp", "list-definitions", "reset-session", "load-system"}
 RESTART_TOOLS = {"invoke-restart", "backtrace", "eval-in-frame"}
 DEVELOPMENT_TOOLS = {"xref", "compile-file", "compile-form", "apropos", "macroexpand", "inspect",
-                     "find-definition", "describe-symbol", "threads", "profile"}
+                     "find-definition", "describe-symbol", "threads", "profile", "edit-form", "read-lisp-file"}
 OUTPUT_TOOLS = {"read-output", "await-evaluation"}
 TEST_TOOLS = {"run-tests"}
 

@@ -125,6 +125,7 @@ EVERY_TOOL = {
     "backtrace": {}, "eval-in-frame": {"frame": 0, "code": "1"},
     "xref": {"symbol": "car"}, "compile-file": {"path": "/tmp/none.lisp"},
     "compile-form": {"path": "/tmp/none.lisp", "line": 1},
+    "edit-form": {"path": "/tmp/none.lisp", "line": 1, "text": "(x)"}, "read-lisp-file": {"path": "/tmp/none.lisp"},
     "apropos": {"pattern": "car"}, "macroexpand": {"form": "(when a b)"},
     "inspect": {"code": "1"}, "find-definition": {"symbol": "car"},
     "describe-symbol": {"symbol": "car"},

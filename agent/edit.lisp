@@ -1,0 +1,722 @@
+;;;; agent/edit.lisp --- edit-form and read-lisp-file: a file's top-level forms
+;;;;
+;;;; A model edits a Lisp file one top-level form at a time, found by what
+;;;; it defines or by a line, and the new text is read before anything is
+;;;; written: a closing parenthesis it forgot is reported at its place, not
+;;;; found by the next load somewhere else.  The rest of the file keeps its
+;;;; bytes: the edit splices the file's octets, it never prints forms.
+;;;;
+;;;; Extents come from a scan of the text (`form-end'): standard syntax,
+;;;; strings, `|...|', `#\x', comments and reader conditionals; a reader
+;;;; macro whose text is balanced in parentheses reads as a token.  Whether
+;;;; a text reads is the real reader's answer, in the package of the nearest
+;;;; `in-package' above the form and the readtable of the nearest
+;;;; `in-readtable' (named-readtables), else Swank's for that package.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define (forms.lisp's `%compile-form' compiles an edited form,
+;;;; browse.lisp's `call-guarded' keeps the debugger out).
+
+(in-package #:cl-mcp-agent)
+
+;;;; Scanning a text's forms
+;;;
+;;; The scan runs over every character of a file at each edit: its text is
+;;; a (simple-array character), and the scanner says so to the compiler.
+
+(deftype text () '(simple-array character (*)))
+
+(define-condition unbalanced-text (error)
+  ((index :initarg :index :reader unbalanced-index)
+   (opened :initarg :opened :initform nil :reader unbalanced-opened)
+   (what :initarg :what :reader unbalanced-what)
+   (closer :initarg :closer :initform nil :reader unbalanced-closer)
+   (fix :initarg :fix :reader unbalanced-fix)
+   (missing :initform 0 :accessor unbalanced-missing)
+   (top :initform nil :accessor unbalanced-top))
+  (:report (lambda (condition stream)
+             (format stream "~A; ~A" (unbalanced-what condition) (unbalanced-fix condition))))
+  (:documentation "A text whose forms do not balance: INDEX is where the
+scan stopped, OPENED where the unclosed form (WHAT, closed by CLOSER)
+began, FIX the smallest change that makes it read; MISSING counts the
+lists left open at the end of the text, TOP is where the top-level form
+holding the problem starts."))
+
+(declaim (inline blank-char-p terminating-char-p))
+
+(defun blank-char-p (char)
+  "True for whitespace between forms."
+  (member char '(#\Space #\Tab #\Newline #\Return #\Page #\Linefeed)))
+
+(defun terminating-char-p (char)
+  "True for a character that ends a token in standard syntax."
+  (or (blank-char-p char) (find char "()\";'`,")))
+
+(defun block-comment-end (text index)
+  "The index after the `|#' that closes the `#|' at INDEX of TEXT (they
+nest); signals `unbalanced-text' when none does."
+  (declare (type text text) (type fixnum index))
+  (let ((depth 0) (length (length text)) (i index))
+    (loop
+      (when (>= (1+ i) length)
+        (error 'unbalanced-text :index length :opened index :what "a #| comment is not closed"
+                                :closer "|#" :fix "add |# where the comment ends, or delete the #|"))
+      (let ((this (char text i)) (next (char text (1+ i))))
+        (cond ((and (char= this #\#) (char= next #\|)) (incf depth) (incf i 2))
+              ((and (char= this #\|) (char= next #\#)) (decf depth) (incf i 2)
+               (when (zerop depth) (return i)))
+              (t (incf i)))))))
+
+(defun skip-blanks (text index)
+  "The index of the first character at or after INDEX of TEXT that is not
+blank or in a comment (see `block-comment-end')."
+  (declare (type text text) (type fixnum index))
+  (let ((length (length text)))
+    (loop
+      (cond ((>= index length) (return length))
+            ((blank-char-p (char text index)) (incf index))
+            ((char= (char text index) #\;)
+             (setf index (or (position #\Newline text :start index) length)))
+            ((and (char= (char text index) #\#) (< (1+ index) length)
+                  (char= (char text (1+ index)) #\|))
+             (setf index (block-comment-end text index)))
+            (t (return index))))))
+
+(defun delimited-end (text index closer what)
+  "The index after the CLOSER that ends the string or |symbol| opened at
+INDEX of TEXT (a backslash escapes the next character)."
+  (declare (type text text) (type fixnum index))
+  (let ((length (length text)))
+    (loop for i from (1+ index)
+          do (cond ((>= i length)
+                    (error 'unbalanced-text :index length :opened index :what what :closer (string closer)
+                                            :fix (format nil "add ~A where it ends" closer)))
+                   ((char= (char text i) #\\) (incf i))
+                   ((char= (char text i) closer) (return (1+ i)))))))
+
+(defun token-end (text index)
+  "The index after the token that starts at INDEX of TEXT."
+  (declare (type text text) (type fixnum index))
+  (let ((length (length text)) (i index))
+    (loop
+      (cond ((>= i length) (return length))
+            ((char= (char text i) #\\) (incf i 2))
+            ((char= (char text i) #\|)
+             (setf i (delimited-end text i #\| "a |symbol| is not closed")))
+            ((terminating-char-p (char text i)) (return (min i length)))
+            (t (incf i))))))
+
+(defun next-form-start (text index after)
+  "The start of the form that must follow the prefix AFTER (an index) at
+INDEX of TEXT."
+  (declare (type text text) (type fixnum index))
+  (let ((start (skip-blanks text index)))
+    (when (or (>= start (length text)) (char= (char text start) #\)))
+      (error 'unbalanced-text :index start :opened after :what "a prefix has no form after it"
+                              :fix "add the form it applies to, or delete the prefix"))
+    start))
+
+(defun list-end (text index)
+  "The index after the `)' that closes the list opened at INDEX of TEXT."
+  (declare (type text text) (type fixnum index))
+  (let ((i (1+ index)))
+    ;; Each list left open at the end counts itself, to say how many ) are missing.
+    (handler-bind ((unbalanced-text (lambda (condition)
+                                      (when (and (equal (unbalanced-closer condition) ")")
+                                                 (>= (unbalanced-index condition) (length text)))
+                                        (incf (unbalanced-missing condition))))))
+      (loop
+        (setf i (skip-blanks text i))
+        (cond ((>= i (length text))
+               (error 'unbalanced-text :index i :opened index :what "a list is not closed"
+                                       :closer ")" :fix "add ) where the list ends (at the end of the text, at the latest)"))
+              ((char= (char text i) #\)) (return (1+ i)))
+              (t (setf i (form-end text i))))))))
+
+(defun dispatch-end (text index)
+  "The index after the form that starts with the `#' at INDEX of TEXT."
+  (declare (type text text) (type fixnum index))
+  (let ((i (1+ index)) (length (length text)))
+    (loop while (and (< i length) (digit-char-p (char text i))) do (incf i))
+    (if (>= i length)
+        length
+        (case (char-downcase (char text i))
+          (#\\ (token-end text (min length (+ i 2))))
+          (#\( (list-end text i))
+          ((#\+ #\-)
+           (form-end text (next-form-start text (form-end text (next-form-start text (1+ i) index)) index)))
+          ((#\' #\. #\p #\a #\s #\c #\=) (form-end text (next-form-start text (1+ i) index)))
+          (t (token-end text (1+ i)))))))
+
+(defun form-end (text index)
+  "The index after the form that starts at INDEX of TEXT; signals
+`unbalanced-text' when it does not end."
+  (declare (type text text) (type fixnum index))
+  (let ((char (char text index)))
+    (case char
+      (#\( (list-end text index))
+      (#\) (error 'unbalanced-text :index index :what "a ) closes nothing"
+                                   :fix "delete this )"))
+      (#\" (delimited-end text index #\" "a string is not closed"))
+      ((#\' #\`) (form-end text (next-form-start text (1+ index) index)))
+      (#\, (form-end text (next-form-start text (+ index (if (and (< (1+ index) (length text))
+                                                                 (find (char text (1+ index)) "@."))
+                                                            2 1))
+                                           index)))
+      (#\# (dispatch-end text index))
+      (t (token-end text index)))))
+
+(defun stray-paren-p (condition text)
+  "True when CONDITION, an `unbalanced-text' in TEXT, is a ) between
+top-level forms: the scan can go on after it."
+  (let ((index (unbalanced-index condition)))
+    (and (null (unbalanced-opened condition)) (< index (length text))
+         (char= (char text index) #\)) (eql index (unbalanced-top condition)))))
+
+(defun form-extents (text &optional on-problem)
+  "The (START . END) character offsets of the top-level forms of TEXT, in
+order; signals `unbalanced-text' at the first that does not end, or with
+ON-PROBLEM, calls it with the condition instead and goes on after a stray
+) (see `stray-paren-p'), or stops with the forms found."
+  (unless (typep text 'text)
+    (setf text (coerce text 'text)))
+  (let ((forms '()) (start (skip-blanks text 0)))
+    (loop while (< start (length text))
+          do (handler-case
+                 (let ((end (handler-bind ((unbalanced-text (lambda (condition)
+                                                              (setf (unbalanced-top condition) start))))
+                              (form-end text start))))
+                   (push (cons start end) forms)
+                   (setf start (skip-blanks text end)))
+               (unbalanced-text (condition)
+                 (unless on-problem
+                   (error condition))
+                 (let ((stray (stray-paren-p condition text)))
+                   ;; A stray ) sits after the form it was likely meant to close.
+                   (setf (unbalanced-top condition) (if stray (car (first forms)) start))
+                   (funcall on-problem condition)
+                   (if stray
+                       (setf start (skip-blanks text (1+ start)))
+                       (return))))))
+    (nreverse forms)))
+
+;;;; Reading a file's forms in their package and readtable
+
+(defun text-line-column (text index)
+  "The 1-based line and column (in characters) of INDEX of TEXT."
+  (let ((start (1+ (or (position #\Newline text :end (min index (length text)) :from-end t) -1))))
+    (values (line-at text index) (1+ (- index start)))))
+
+(defun in-readtable-name (text start)
+  "The readtable name an `in-readtable' form at START of TEXT gives, as a
+string, or nil."
+  (let* ((opening (string-downcase (subseq text start (min (length text) (+ start 40)))))
+         (after (search "in-readtable " opening)))
+    (when (and after (<= after 19)
+               (every (lambda (c) (or (alpha-char-p c) (find c "(:-"))) (subseq opening 0 after)))
+      (handler-case
+          (let ((*read-eval* nil) (*package* (find-package "COMMON-LISP-USER")))
+            (let ((form (read-from-string text t nil :start start)))
+              (and (consp form) (consp (rest form)) (symbolp (second form))
+                   (symbol-name (second form)))))
+        (serious-condition () nil)))))
+
+(defun named-readtable (name)
+  "The readtable named-readtables registers under NAME (a symbol's name;
+:standard and :common-lisp are the standard one), or nil."
+  (let ((finder (find-symbol "FIND-READTABLE" "NAMED-READTABLES")))
+    (and finder (fboundp finder)
+         (or (funcall finder (intern name "KEYWORD"))
+             (loop for package in (list-all-packages)
+                   for symbol = (find-symbol name package)
+                   thereis (and symbol (funcall finder symbol)))))))
+
+(defstruct (file-form (:constructor make-file-form
+                          (start end line end-line package readtable readtable-name)))
+  "One top-level form of a file: its character offsets and first and last
+lines, and the package and readtable it is read in (nil: the package
+does not exist)."
+  start end line end-line package readtable readtable-name)
+
+(defun file-forms (text &optional on-problem)
+  "The top-level forms of TEXT as `file-form's, each with the package of
+the nearest `in-package' above it and the readtable of the nearest
+`in-readtable' (else Swank's for that package, as C-c C-c reads); ON-PROBLEM
+as `form-extents' takes it."
+  (let ((package (find-package "COMMON-LISP-USER")) (named nil) (readtable nil)
+        (line 1) (counted 0))
+    (flet ((line-of (index)
+             ;; Lines counted once through the text, from one form to the next.
+             (incf line (count #\Newline text :start counted :end index))
+             (setf counted index)
+             line))
+    (loop for (start . end) in (form-extents text on-problem)
+          collect (make-file-form start end (line-of start) (line-of end) package
+                                  (or readtable (swank::guess-buffer-readtable
+                                                 (and package (package-name package))))
+                                  named)
+          do (let ((name (in-package-name text start)))
+               (when name (setf package (find-package name))))
+             (let ((name (in-readtable-name text start)))
+               (when name (setf named name readtable (named-readtable name))))))))
+
+(defmacro with-form-reading ((form) &body body)
+  "BODY with the reader set as for FORM (a `file-form'): its package and
+readtable."
+  `(let ((*package* (or (file-form-package ,form) *package*))
+         (*readtable* (file-form-readtable ,form)))
+     ,@body))
+
+(defun form-head (text form)
+  "The first elements of FORM (a `file-form' of TEXT) as the reader reads
+them: the operator, the name, and for a method its qualifiers and lambda
+list; a form that is not a list is read whole.  Nil when they do not read."
+  (handler-case
+      (with-form-reading (form)
+        (if (char= (char text (file-form-start form)) #\()
+            (with-input-from-string (in text :start (1+ (file-form-start form)) :end (file-form-end form))
+              (let ((operator (read-preserving-whitespace in nil in)))
+                (if (or (eq operator in) (not (symbolp operator)))
+                    (list operator)
+                    (let ((name (read-preserving-whitespace in nil in)))
+                      (cond ((eq name in) (list operator))
+                            ((string-equal (symbol-name operator) "DEFMETHOD")
+                             (list* operator name
+                                    (loop for item = (read-preserving-whitespace in nil in)
+                                          until (eq item in)
+                                          collect item
+                                          until (listp item))))
+                            (t (list operator name)))))))
+            (let ((whole (read-from-string text t nil :start (file-form-start form)
+                                                      :end (file-form-end form))))
+              (if (consp whole) whole (list whole)))))
+    (serious-condition () nil)))
+
+(defun printed-readably (object)
+  "OBJECT printed as the model would write it in the form's package."
+  (let ((*print-pretty* nil) (*print-case* :downcase))
+    (safe-print object #'prin1-to-string)))
+
+(defun head-kind-name (head)
+  "The kind (the operator's name, downcased) and the name (printed, with a
+method's qualifiers and specializers) of a form whose HEAD is as
+`form-head' gives it."
+  (let ((operator (first head)))
+    (if (and (symbolp operator) operator (rest head))
+        (values (string-downcase (symbol-name operator))
+                (if (and (string-equal (symbol-name operator) "DEFMETHOD") (cddr head))
+                    (multiple-value-bind (qualifiers specializers) (method-form-signature (cddr head))
+                      (format nil "~A~{ ~A~} ~A" (printed-readably (second head))
+                              (mapcar #'printed-readably qualifiers) (printed-readably specializers)))
+                    (printed-readably (second head))))
+        (values (if (and operator (symbolp operator)) (string-downcase (symbol-name operator)) "form")
+                nil))))
+
+;;;; Finding a form
+
+(defun signature-matches-p (arguments signature)
+  "True when a method whose ARGUMENTS (after its name: qualifiers, then the
+lambda list) are as `form-head' gives them is the one SIGNATURE (its
+qualifiers, then at most one list) names: the list is its specializers
+(trailing T may be left out), its parameters' names, or its lambda list."
+  (multiple-value-bind (qualifiers specializers) (method-form-signature arguments)
+    (let ((wanted-qualifiers (loop for item in signature until (listp item) collect item))
+          (wanted (find-if #'listp signature))
+          (lambda-list (find-if #'listp arguments)))
+      (and (equal qualifiers wanted-qualifiers)
+           (or (null wanted)
+               (equal wanted (let ((end (position t specializers :test-not #'eq :from-end t)))
+                               (subseq specializers 0 (if end (1+ end) 0))))
+               (equal wanted specializers)
+               (equal wanted (mapcar (lambda (p) (if (consp p) (first p) p))
+                                     (subseq lambda-list 0 (length specializers))))
+               (equal (nth-value 1 (method-form-signature (list wanted))) specializers))))))
+
+(defun names-match-p (name wanted)
+  "True when NAME, a form's, is WANTED: EQUAL, or the same string when one
+of them is a string, a keyword or an uninterned symbol (a package's or a
+system's name: `defpackage #:foo' is `defpackage foo')."
+  (or (equal name wanted)
+      (and (typep name '(or string symbol)) (typep wanted '(or string symbol))
+           (some (lambda (designator)
+                   (or (stringp designator) (keywordp designator)
+                       (and (symbolp designator) (null (symbol-package designator)))))
+                 (list name wanted))
+           (string= name wanted))))
+
+(defun target-matches-p (head target)
+  "True when the form whose HEAD `form-head' gives is the one TARGET names:
+TARGET, read in the form's package, is (DEFINER NAME [QUALIFIER...]
+[LIST]); the definer matches by its name in any package, the name as
+`names-match-p' says (or the first of a name with options), and a method, when TARGET
+gives them, by its qualifiers and LIST (see `signature-matches-p')."
+  (destructuring-bind (definer &optional (name nil named) &rest signature) target
+    (let ((operator (first head)))
+      (and named operator (symbolp operator) (symbolp definer) (rest head)
+           (string-equal (symbol-name operator) (symbol-name definer))
+           (or (names-match-p (second head) name)
+               (and (consp (second head)) (names-match-p (first (second head)) name)))
+           (or (null signature) (signature-matches-p (cddr head) signature))))))
+
+(defun read-target (form target)
+  "TARGET (a string such as \"defmethod (setf bar) :after (x y)\") read as a
+list in the package and readtable of FORM, or nil when it does not read."
+  (handler-case (with-form-reading (form)
+                  (let ((*read-eval* nil))
+                    (read-from-string (format nil "(~A)" target))))
+    (serious-condition () nil)))
+
+(defun form-summary (text form)
+  "(:line L :end-line E :kind K [:name N]) of FORM, a `file-form' of TEXT,
+the name printed in the form's package; a form that reads as nothing (#+nil
+before it, say) is named by its first line."
+  (multiple-value-bind (kind name)
+      (let ((head (form-head text form)))
+        (if head
+            (with-form-reading (form) (head-kind-name head))
+            (let ((start (file-form-start form)))
+              (values "form" (subseq text start (min (file-form-end form) (+ start 60)
+                                                     (or (position #\Newline text :start start)
+                                                         (length text))))))))
+    (list* :line (file-form-line form)
+           :end-line (file-form-end-line form)
+           :kind kind
+           (and name (list :name name)))))
+
+(defun located-form (text forms target line)
+  "The one of FORMS (of TEXT) that TARGET names or that holds LINE, or (a
+list) the :status :error plist saying why there is none or more than one."
+  (let ((found
+          (if target
+              (remove-if-not (lambda (form)
+                               (let ((wanted (read-target form target)))
+                                 (and wanted (target-matches-p (form-head text form) wanted))))
+                             forms)
+              (remove-if-not (lambda (form)
+                               (<= (file-form-line form) line (file-form-end-line form)))
+                             forms))))
+    (cond ((= (length found) 1) (first found))
+          ((null found)
+           (name-error "CL-MCP:NO-FORM"
+                       (if target
+                           (format nil "No top-level form defines ~A." target)
+                           (format nil "Line ~D is not inside a top-level form." line))))
+          (t (append (name-error "CL-MCP:AMBIGUOUS-FORM"
+                                 (format nil "~D top-level forms match ~A: give the qualifiers and specializers, or a line.~{~%  line ~D: ~A~@[ ~A~]~}"
+                                         (length found) target
+                                         (loop for form in found
+                                               for summary = (form-summary text form)
+                                               append (list (getf summary :line) (getf summary :kind)
+                                                            (getf summary :name)))))
+                     (list :candidates (mapcar (lambda (form) (form-summary text form)) found)))))))
+
+;;;; Checking a text
+
+(defun unbalanced-plist (condition text)
+  "The :status :error plist for CONDITION, an `unbalanced-text' in TEXT:
+where the scan stopped, where the unclosed form opened (and its text to
+the end of that line), the top-level form it sits in, and the fix."
+  (when (> (unbalanced-missing condition) 1)
+    (setf (slot-value condition 'fix)
+          (format nil "add ~D ) where the lists end (at the end of the text, at the latest; the innermost is the one opened here)"
+                  (unbalanced-missing condition))))
+  (multiple-value-bind (line column) (text-line-column text (unbalanced-index condition))
+    (let* ((opened (unbalanced-opened condition))
+           (opening (and opened (subseq text opened (min (length text) (+ opened 40)
+                                                         (or (position #\Newline text :start opened)
+                                                             (length text)))))))
+      (multiple-value-bind (opened-line opened-column) (and opened (text-line-column text opened))
+        (list :status :error
+              :error (list :type "CL-MCP:UNBALANCED"
+                           :message (format nil "~A at line ~D, column ~D~@[ (opened at line ~D~]~@[, column ~D~]~@[: ~A)~]; ~A."
+                                            (unbalanced-what condition) line column
+                                            (and opened opened-line) opened-column opening
+                                            (unbalanced-fix condition)))
+              :problem (append (list :line line :column column
+                                     :what (unbalanced-what condition) :fix (unbalanced-fix condition))
+                               (and (unbalanced-top condition)
+                                    (list :form-line (line-at text (unbalanced-top condition))))
+                               (and opened (list :opened-line opened-line
+                                                 :opened-column opened-column :opening opening))
+                               (and (unbalanced-closer condition)
+                                    (list :closer (unbalanced-closer condition)))))))))
+
+(defun read-problem (text start end)
+  "Nil when the text from START to END of TEXT reads as complete forms with
+the reader as it is bound, else (values MESSAGE INDEX), INDEX where the
+reader stopped."
+  (with-input-from-string (in text :start start :end end)
+    (handler-case
+        (loop for form = (read in nil in)
+              until (eq form in)
+              finally (return nil))
+      (error (condition)
+        (let ((message (condition-message condition)))
+          ;; SBCL's reader errors end with the stream, which says nothing here.
+          (values (string-right-trim '(#\Space #\Newline)
+                                     (subseq message 0 (search (format nil "~%  Stream: ") message)))
+                  (+ start (or (ignore-errors (file-position in)) 0))))))))
+
+(defun new-text-problem (text form)
+  "Nil when TEXT reads as complete forms in the package and readtable of
+FORM (a `file-form'), else the :status :error plist saying where not."
+  (handler-case (when (null (form-extents text))
+                  (return-from new-text-problem
+                    (name-error "CL-MCP:NO-FORM" "The new text holds no form.")))
+    (unbalanced-text (condition) (return-from new-text-problem (unbalanced-plist condition text))))
+  (multiple-value-bind (message index) (with-form-reading (form) (read-problem text 0 (length text)))
+    (when message
+      (multiple-value-bind (line column) (text-line-column text index)
+        (list :status :error
+              :error (list :type "CL-MCP:READ-ERROR"
+                           :message (format nil "The new text does not read at line ~D, column ~D: ~A"
+                                            line column message))
+              :problem (list :line line :column column :what message
+                             :fix "change the text there so that the reader accepts it"))))))
+
+;;;; Writing a file
+
+(defun file-text (octets)
+  "The characters of OCTETS as UTF-8, or nil when they are not UTF-8
+(the edit splices bytes and must count them exactly)."
+  (handler-case (coerce (sb-ext:octets-to-string octets :external-format :utf-8) 'text)
+    ;; SBCL's decoder signals on a byte that is not UTF-8.
+    (sb-int:character-decoding-error () nil)))
+
+(defun octet-offset (text index)
+  "The byte offset in UTF-8 of character INDEX of TEXT."
+  (length (sb-ext:string-to-octets text :external-format :utf-8 :end index)))
+
+(defun write-atomically (path original octets)
+  "Replace the file at PATH, whose bytes were ORIGINAL, with OCTETS: a
+temporary file in the same directory, synced, given PATH's mode, renamed
+over it.  Nil when written; the :status :error plist when the file's bytes
+are no longer ORIGINAL (another editor wrote it)."
+  (let* ((stat (sb-posix:stat path))
+         (temporary (format nil "~A.cl-mcp-~D" path (sb-posix:getpid)))
+         (created nil))
+    (unwind-protect
+         (progn
+           (with-open-file (out temporary :direction :output :element-type '(unsigned-byte 8)
+                                          :if-exists :supersede)
+             (setf created t)
+             (write-sequence octets out)
+             (finish-output out)
+             (sb-posix:fsync (sb-sys:fd-stream-fd out)))
+           (sb-posix:chmod temporary (logand (sb-posix:stat-mode stat) #o7777))
+           (if (equalp (file-octets path) original)
+               (progn (sb-posix:rename temporary path) nil)
+               (name-error "CL-MCP:FILE-CHANGED"
+                           (format nil "~A changed on disk since the form was located; nothing was written: read it again." path))))
+      (when (and created (probe-file temporary))
+        (delete-file temporary)))))
+
+(defun refresh-source (truename)
+  "Swank's source cache for TRUENAME made the text just written: it keeps
+a text by the file's date in whole seconds, so a second write within one
+second would keep the first text."
+  (let ((cache swank/source-file-cache::*source-file-cache*))
+    (remhash truename cache)
+    (remhash (namestring truename) cache)
+    (remember-source truename)))
+
+(defun line-ending (text index)
+  "The line ending of the line holding INDEX of TEXT: CRLF or LF."
+  (let ((newline (position #\Newline text :start index)))
+    (if (and newline (plusp newline) (char= (char text (1- newline)) #\Return))
+        (coerce '(#\Return #\Newline) 'string)
+        (string #\Newline))))
+
+(defun blank-line-end (text index)
+  "The index after the newline that ends the line from INDEX of TEXT, when
+only blanks come before it; else nil."
+  (let ((newline (position #\Newline text :start index)))
+    (and newline (every #'blank-char-p (subseq text index newline)) (1+ newline))))
+
+(defun deleted-span (text start end)
+  "The (START . END) of TEXT to delete with the form from START to END: its
+lines, when it has them to itself, with one blank line after (or, with
+none there, before) it."
+  (let* ((line-start (1+ (or (position #\Newline text :end start :from-end t) -1)))
+         (own-line (every #'blank-char-p (subseq text line-start start)))
+         (after (or (blank-line-end text end)
+                    ;; The last form, with no newline after it.
+                    (and (every #'blank-char-p (subseq text end)) (length text)))))
+    (if (not (and own-line after))
+        (cons start end)
+        (let ((blank-after (blank-line-end text after))
+              (blank-before (and (> line-start 0)
+                                 (let ((previous (1+ (or (position #\Newline text :end (1- line-start)
+                                                                                   :from-end t)
+                                                         -1))))
+                                   (and (blank-line-end text previous) previous)))))
+          (cond (blank-after (cons line-start blank-after))
+                (blank-before (cons blank-before after))
+                (t (cons line-start after)))))))
+
+(defun edited-text (text form action new)
+  "TEXT with ACTION done at FORM with the text NEW: (values EDITED START
+END SPAN INSERTION), START and END the new forms' offsets in EDITED (nil
+for :delete), SPAN the (FROM . TO) of TEXT replaced by INSERTION."
+  (let* ((start (file-form-start form)) (end (file-form-end form))
+         (newline (line-ending text start))
+         (blank (concatenate 'string newline newline)))
+    (flet ((spliced (from to insertion offset)
+             (values (concatenate 'string (subseq text 0 from) insertion (subseq text to))
+                     (+ from offset) (+ from offset (length new)) (cons from to) insertion)))
+      (ecase action
+        (:replace (spliced start end new 0))
+        (:insert-before (spliced start start (concatenate 'string new blank) 0))
+        (:insert-after (spliced end end (concatenate 'string blank new) (length blank)))
+        (:delete (destructuring-bind (from . to) (deleted-span text start end)
+                   (values (concatenate 'string (subseq text 0 from) (subseq text to))
+                           nil nil (cons from to) "")))))))
+
+(defparameter *file-call-timeout* 600
+  "Seconds an edit or a read of a file may take, at most (a compile that
+macroexpands for long, say).")
+
+(defun guarded-plist (thunk)
+  "THUNK's plist, or a :status :error plist for any condition that ended
+it (a file the image may not write, say): nothing reaches the debugger."
+  (destructuring-bind (outcome value) (call-guarded thunk *file-call-timeout*)
+    (if (eq outcome :ok) value (list :status :error :error value))))
+
+(defun edit-form-of (path &rest arguments &key target line action text compile max-output)
+  "`%edit-form-of' with every condition that ends it an error plist."
+  (declare (ignore target line action text compile max-output))
+  (guarded-plist (lambda () (apply #'%edit-form-of path arguments))))
+
+(defun %edit-form-of (path &key target line (action :replace) (text "") (compile t) (max-output 20000))
+  "Do ACTION (:replace, :insert-before, :insert-after or :delete) with the
+top-level form of the file at PATH that TARGET names (see
+`target-matches-p') or that holds LINE, the new forms being TEXT: read
+first in the form's package and readtable (nothing is written unless it
+reads as complete forms), spliced into the file's bytes (every other byte
+kept; an inserted form has one blank line either side; a deleted one
+takes one blank line with it), written atomically unless the file changed
+meanwhile, then compiled as `compile-form-of' compiles a form when
+COMPILE.  Return a plist: :status :ok, :file, :action, :old-line and
+:old-end-line (the form located), :line and :end-line (the new forms'),
+:compiled (`compile-form-of''s plist) when compiled; or a :status :error
+plist, with :problem (line, column, what, fix) for a text that does not
+read and :candidates for an ambiguous TARGET."
+  (let ((problem (source-file-problem path)))
+    (when problem (return-from %edit-form-of problem)))
+  (let* ((file (namestring (truename path)))
+         (octets (file-octets file))
+         (old (or (file-text octets)
+                  (return-from %edit-form-of
+                    (name-error "CL-MCP:NOT-UTF-8" (format nil "~A is not UTF-8 text." file)))))
+         (forms (handler-case (file-forms old)
+                  (unbalanced-text (condition)
+                    (return-from %edit-form-of
+                      (let ((plist (unbalanced-plist condition old)))
+                        (setf (getf (getf plist :error) :message)
+                              (format nil "~A does not read as it is: ~A" file
+                                      (getf (getf plist :error) :message)))
+                        plist)))))
+         (form (located-form old forms target line))
+         (new (string-trim '(#\Space #\Tab #\Newline #\Return) text)))
+    (when (listp form)
+      (return-from %edit-form-of form))
+    (unless (file-form-package form)
+      (return-from %edit-form-of
+        (name-error "PACKAGE-ERROR"
+                    (format nil "The package of the in-package above line ~D does not exist: load its system first."
+                            (file-form-line form)))))
+    (unless (eq action :delete)
+      (let ((problem (new-text-problem text form)))
+        (when problem (return-from %edit-form-of problem))))
+    (multiple-value-bind (edited start end span insertion) (edited-text old form action new)
+      (let* ((from (octet-offset old (car span)))
+             (to (+ from (length (sb-ext:string-to-octets old :external-format :utf-8
+                                                              :start (car span) :end (cdr span)))))
+             (written (concatenate '(vector (unsigned-byte 8))
+                                   (subseq octets 0 from)
+                                   (sb-ext:string-to-octets insertion :external-format :utf-8)
+                                   (subseq octets to)))
+             (refused (write-atomically file octets written)))
+        (when refused (return-from %edit-form-of refused))
+        (refresh-source (truename file))
+        (append (list :status :ok :file file :action action
+                      :old-line (file-form-line form)
+                      :old-end-line (file-form-end-line form))
+                (and start (list :line (line-at edited start) :end-line (line-at edited end)))
+                (and start compile (file-form-package form)
+                     (list :compiled (let ((*readtable* (file-form-readtable form)))
+                                       (%compile-form file edited start end (file-form-package form)
+                                                      max-output)))))))))
+
+;;;; Reading a file
+
+(defun form-text-plist (text form)
+  "FORM's summary (see `form-summary') with its :text."
+  (append (form-summary text form)
+          (list :text (subseq text (file-form-start form) (file-form-end form)))))
+
+(defun outline-entry (text form)
+  "FORM's summary with the package and readtable it is read in."
+  (append (form-summary text form)
+          (list :package (if (file-form-package form) (package-name (file-form-package form)) :missing))
+          (and (file-form-readtable-name form) (list :readtable (file-form-readtable-name form)))))
+
+(defun checked-forms (text forms)
+  "The read errors of FORMS (of TEXT), each (:line L :column C :message M
+:form-line FL :kind K [:name N]); a form whose package does not exist is
+one too."
+  (loop for form in forms
+        for (message index) = (if (file-form-package form)
+                                  (multiple-value-list
+                                   (with-form-reading (form)
+                                     (read-problem text (file-form-start form) (file-form-end form))))
+                                  (list "its package (from the in-package above it) does not exist"
+                                        (file-form-start form)))
+        when message
+          collect (multiple-value-bind (line column) (text-line-column text index)
+                    (let ((summary (form-summary text form)))
+                      (list* :line line :column column :message message
+                             :form-line (getf summary :line) :kind (getf summary :kind)
+                             (and (getf summary :name) (list :name (getf summary :name))))))))
+
+(defun read-lisp-file-of (path &rest arguments &key mode target line)
+  "`%read-lisp-file-of' with every condition that ends it an error plist."
+  (declare (ignore mode target line))
+  (guarded-plist (lambda () (apply #'%read-lisp-file-of path arguments))))
+
+(defun %read-lisp-file-of (path &key (mode :outline) target line)
+  "Read the file at PATH without evaluating its forms (a #. is evaluated,
+as the compiler's reader would).  MODE :outline: :forms, each form's
+:line, :end-line, :kind, :name, :package and :readtable.  :check: :forms,
+their count, and :problems in line order (see `checked-forms'; a ) between
+forms is one, and the scan goes on; a form left open is one, where the
+scan stopped, and the forms before it are read).  :form: the form TARGET names or that
+holds LINE, with its :text.  A :status :error plist when PATH cannot be
+read."
+  (let ((problem (source-file-problem path)))
+    (when problem (return-from %read-lisp-file-of problem)))
+  (let* ((file (namestring (truename path)))
+         (text (or (file-text (file-octets file))
+                   (return-from %read-lisp-file-of
+                     (name-error "CL-MCP:NOT-UTF-8" (format nil "~A is not UTF-8 text." file)))))
+         (unbalanced '())
+         (forms (handler-case (file-forms text (and (eq mode :check)
+                                                     (lambda (condition) (push condition unbalanced))))
+                  (unbalanced-text (condition)
+                    (return-from %read-lisp-file-of (unbalanced-plist condition text))))))
+    (ecase mode
+      (:outline (list :status :ok :file file :mode mode :lines (line-at text (length text))
+                      :forms (mapcar (lambda (form) (outline-entry text form)) forms)))
+      (:check (list :status :ok :file file :mode mode :forms (length forms)
+                    :problems (sort (append (mapcar (lambda (condition)
+                                                      (let ((plist (unbalanced-plist condition text)))
+                                                        (append (getf plist :problem)
+                                                                (list :message (getf (getf plist :error) :message)))))
+                                                    unbalanced)
+                                            (checked-forms text forms))
+                                    #'< :key (lambda (problem) (getf problem :line)))))
+      (:form (let ((form (located-form text forms target line)))
+               (if (listp form)
+                   form
+                   (list* :status :ok :file file :mode mode (form-text-plist text form))))))))

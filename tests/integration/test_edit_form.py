@@ -1,0 +1,400 @@
+"""edit-form and read-lisp-file on real code: Debian's split-sequence,
+cl-ppcre and iterate, copied to a temporary directory.  Seeded random edits,
+one per top-level form: every byte outside the edit is compared, the file
+reads to the same forms but the edited one, the system still loads and
+find-definition gives each edited definition's current line.  Broken texts
+are refused with the file unchanged; a named-readtables file is edited and
+compiled in its readtable.  In an image cl-mcp owns and in a programmer's
+image it attaches to."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.integration.devtools import (MODES, check_results_of, checked_call, cl_mcp_in, registered_copy,
+                                        shared_with_emacs)
+
+DEBIAN = Path("/usr/share/common-lisp/source")
+_copies = itertools.count(1)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def lisp(request):
+    with cl_mcp_in(request.param) as process:
+        yield process
+
+
+def copy_of(process, library: str, system: str, tmp_path: Path) -> Path:
+    """A fresh copy of a Debian library, loaded from its directory."""
+    directory = registered_copy(process, DEBIAN / library, tmp_path / f"{library}-{next(_copies)}")
+    loaded = process.call("load-system", system=system)
+    assert not loaded["isError"], loaded
+    return directory
+
+
+def outline(process, path: Path) -> list[dict]:
+    check_results_of(process, "read-lisp-file")
+    result = checked_call(process, "read-lisp-file", path=str(path))
+    assert not result["isError"], result
+    return result["structuredContent"]["forms"]
+
+
+def edit(process, path: Path, **arguments) -> dict:
+    check_results_of(process, "edit-form")
+    return checked_call(process, "edit-form", path=str(path), **arguments)
+
+
+def form_bytes(path: Path, form: dict) -> tuple[int, int]:
+    """The byte offsets of FORM (an outline entry with its text) in PATH."""
+    data = path.read_bytes()
+    line_start = sum(len(line) for line in data.splitlines(keepends=True)[:form["line"] - 1])
+    start = data.index(form["text"].encode(), line_start)
+    return start, start + len(form["text"].encode())
+
+
+def form_text(process, path: Path, line: int) -> dict:
+    check_results_of(process, "read-lisp-file")
+    result = checked_call(process, "read-lisp-file", path=str(path), mode="form", line=line)
+    assert not result["isError"], result
+    return result["structuredContent"]["forms"][0]
+
+
+def reformatted(text: str) -> str:
+    """TEXT with the blank after its operator made a line break: the same forms."""
+    return re.sub(r"^\((\S+) ", r"(\1\n    ", text, count=1)
+
+
+def changed_body(text: str) -> str | None:
+    """A defun's TEXT with a declaration after its lambda list (a changed
+    body that loads the same), or None for any other form."""
+    match = re.match(r"\(defun \S+ \(", text)
+    if not match:
+        return None
+    depth, index = 0, match.end() - 1
+    for index in range(match.end() - 1, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[index], 0)
+        if depth == 0:
+            break
+    return text[:index + 1] + "\n  (declare (optimize (debug 2)))" + text[index + 1:]
+
+
+def qualified(name: str, package: str) -> str:
+    return name if ":" in name else f"{package}::{name}"
+
+
+def definition_line(process, symbol: str) -> dict:
+    check_results_of(process, "find-definition")
+    result = checked_call(process, "find-definition", symbol=symbol)
+    found = [d for d in result["structuredContent"]["definitions"] if d["type"] == "function"]
+    assert len(found) == 1, result
+    return found[0]
+
+
+def random_edits(process, path: Path, rng: random.Random) -> None:
+    """One edit per top-level form of PATH, each checked byte for byte."""
+    forms = outline(process, path)
+    for index in range(len(forms)):
+        before = outline(process, path)
+        entry = form_text(process, path, before[index]["line"])
+        start, end = form_bytes(path, entry)
+        original = path.read_bytes()
+        action = rng.choice(["reformat", "body", "insert", "insert-delete"])
+        new = changed_body(entry["text"]) if action == "body" else None
+        if action == "reformat" or (action == "body" and new is None):
+            new, action = reformatted(entry["text"]), "reformat"
+        if action in ("reformat", "body"):
+            result = edit(process, path, line=entry["line"], text=new)
+            expected = original[:start] + new.encode() + original[end:]
+        else:
+            new = f"(defun cl-mcp-inserted-{index} () {index})"
+            where = rng.choice(["insert-before", "insert-after"])
+            result = edit(process, path, line=entry["line"], action=where, text=new)
+            blank = b"\n\n"
+            expected = (original[:start] + new.encode() + blank + original[start:] if where == "insert-before"
+                        else original[:end] + blank + new.encode() + original[end:])
+        assert not result["isError"], result
+        assert path.read_bytes() == expected, (path, entry["line"], action)
+        structure = result["structuredContent"]
+        compiled = structure["compiled"]
+        assert compiled["success"], result
+        after = outline(process, path)
+        kinds = [(f["kind"], f.get("name")) for f in after]
+        old = [(f["kind"], f.get("name")) for f in before]
+        if action in ("reformat", "body"):
+            assert kinds == old
+        else:
+            inserted = index if where == "insert-before" else index + 1
+            assert kinds[:inserted] + kinds[inserted + 1:] == old
+            assert (after[inserted]["kind"], after[inserted]["line"]) == ("defun", structure["line"])
+            place = definition_line(process, qualified(f"cl-mcp-inserted-{index}", compiled["package"]))
+            assert (place["line"], place["place"]) == (structure["line"], "unchanged"), place
+            if action == "insert-delete":
+                deleted = edit(process, path, form=f"defun cl-mcp-inserted-{index}", action="delete")
+                assert not deleted["isError"], deleted
+                assert path.read_bytes() == original
+        if action == "body" or (action == "reformat" and entry["kind"] == "defun"):
+            place = definition_line(process, qualified(entry["name"], compiled["package"]))
+            assert (place["line"], place["place"]) == (structure["line"], "unchanged"), place
+        for note in compiled["notes"]:
+            if "line" in note:
+                assert structure["line"] <= note["line"] <= structure["endLine"], note
+
+
+@pytest.mark.parametrize("library, system, files", [
+    ("cl-split-sequence", "split-sequence", ["api.lisp", "list.lisp", "vector.lisp"]),
+    ("cl-ppcre", "cl-ppcre", ["util.lisp", "specials.lisp"]),
+])
+def test_seeded_random_edits_keep_every_other_byte(lisp, tmp_path, library, system, files):
+    directory = copy_of(lisp, library, system, tmp_path)
+    rng = random.Random(f"{library}-38")
+    for name in files:
+        random_edits(lisp, directory / name, rng)
+    loaded = lisp.call("load-system", system=system)
+    assert not loaded["isError"], loaded
+
+
+BROKEN = [
+    ("a missing paren", "(defun check-bounds (sequence start end)\n  (list sequence start end)",
+     "a list is not closed", (2, 28), (1, 1)),
+    ("an extra paren", "(defun check-bounds (sequence start end)\n  (list sequence start end)))",
+     "a ) closes nothing", (2, 29), None),
+    ("a stray #|", "(defun check-bounds (sequence start end)\n  #| (list sequence start end))",
+     "a #| comment is not closed", (2, 32), (2, 3)),
+    ("an unterminated string", "(defun check-bounds (sequence start end)\n  \"oops (list sequence start end))",
+     "a string is not closed", (2, 35), (2, 3)),
+    ("a symbol in no package", "(defun check-bounds (sequence start end)\n  (no-such-package::list sequence))",
+     "no-such-package", (2, 25), None),
+]
+
+
+@pytest.mark.parametrize("label, text, what, stop, opened", BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_texts_are_refused_and_the_file_is_unchanged(lisp, tmp_path, label, text, what, stop, opened):
+    directory = copy_of(lisp, "cl-split-sequence", "split-sequence", tmp_path)
+    api = directory / "api.lisp"
+    original = api.read_bytes()
+    result = edit(lisp, api, form="defun check-bounds", text=text)
+    assert result["isError"], result
+    structure = result["structuredContent"]
+    assert structure["written"] is False
+    problem = structure["problem"]
+    assert what.lower() in problem["what"].lower(), problem
+    assert (problem["line"], problem["column"]) == stop, problem
+    if opened:
+        assert (problem["openedLine"], problem["openedColumn"]) == opened, problem
+        opening = text.splitlines()[opened[0] - 1][opened[1] - 1:][:40]
+        assert problem["opening"] == opening and f": {opening})" in structure["error"]["message"]
+    assert problem["fix"]
+    assert api.read_bytes() == original
+    assert not list(directory.glob("api.lisp.*")), "a temporary file was left"
+
+
+AMBIGUOUS = """(in-package :cl-user)
+
+(defgeneric area (shape))
+
+(defmethod area ((shape list)) (length shape))
+
+(defmethod area :around ((shape list)) (call-next-method))
+
+(defmethod area ((shape string)) 0)
+"""
+
+
+def test_methods_are_told_apart_and_an_ambiguous_name_lists_them(lisp, tmp_path):
+    path = tmp_path / "shapes.lisp"
+    path.write_text(AMBIGUOUS)
+    loaded, is_error = lisp.eval(f'(load "{path}")')
+    assert not is_error, loaded
+    result = edit(lisp, path, form="defmethod area", text="(defmethod area ((shape list)) 1)")
+    assert result["isError"] and result["structuredContent"]["error"]["type"] == "CL-MCP:AMBIGUOUS-FORM"
+    assert [c["line"] for c in result["structuredContent"]["candidates"]] == [5, 7, 9]
+    assert "line 7: defmethod area :around (list)" in result["content"][0]["text"]
+    assert path.read_text() == AMBIGUOUS
+    result = edit(lisp, path, form="defmethod area :around (list)",
+                  text="(defmethod area :around ((shape list)) (1+ (call-next-method)))")
+    assert not result["isError"], result
+    assert path.read_text() == AMBIGUOUS.replace("(call-next-method))", "(1+ (call-next-method)))")
+    text, _ = lisp.eval("(area '(a b))")
+    assert text == "=> 3", text
+    result = edit(lisp, path, form="defmethod area (shape)", action="delete")  # by parameter names
+    assert result["isError"] and len(result["structuredContent"]["candidates"]) == 2
+    for arguments in ({}, {"form": "defgeneric area", "line": 3}):
+        result = edit(lisp, path, action="delete", **arguments)
+        assert result["structuredContent"]["error"]["type"] == "CL-MCP:INVALID-ARGUMENTS", result
+        check_results_of(lisp, "read-lisp-file")
+        result = checked_call(lisp, "read-lisp-file", path=str(path), mode="form", **arguments)
+        assert result["structuredContent"]["error"]["type"] == "CL-MCP:INVALID-ARGUMENTS", result
+
+
+READTABLE = """(defpackage :cl-mcp-brackets (:use :cl :named-readtables))
+(in-package :cl-mcp-brackets)
+
+(defreadtable brackets
+  (:merge :standard)
+  (:macro-char #\\[ (lambda (stream char)
+                     (declare (ignore char))
+                     (read-delimited-list #\\] stream t)))
+  (:macro-char #\\] (get-macro-character #\\))))
+
+(in-readtable brackets)
+
+(defun numbers () '[1 2 3])
+"""
+
+
+def test_a_named_readtable_file_is_edited_and_compiled_in_its_readtable(lisp, tmp_path):
+    assert not lisp.call("load-system", system="named-readtables")["isError"]
+    path = tmp_path / "brackets.lisp"
+    path.write_text(READTABLE)
+    loaded, is_error = lisp.eval(f'(load "{path}")')
+    assert not is_error, loaded
+    forms = outline(lisp, path)
+    assert forms[-1]["name"] == "numbers"
+    contexts = checked_call(lisp, "read-lisp-file", path=str(path))["structuredContent"]["contexts"]
+    assert contexts[-1] == {"line": 13, "package": "CL-MCP-BRACKETS", "readtable": "BRACKETS"}, contexts
+    result = edit(lisp, path, form="defun numbers", text="(defun numbers () '[4 [5 6]])")
+    assert not result["isError"] and result["structuredContent"]["compiled"]["success"], result
+    text, _ = lisp.eval("(cl-mcp-brackets::numbers)")
+    assert text == "=> (4 (5 6))", text
+    refused = edit(lisp, path, form="defun numbers", text="(defun numbers () '[4 5)")
+    assert refused["isError"] and refused["structuredContent"]["written"] is False, refused
+    assert path.read_text() == READTABLE.replace("'[1 2 3]", "'[4 [5 6]]")
+
+
+def test_outline_check_and_one_form_of_a_large_file(lisp, tmp_path):
+    directory = copy_of(lisp, "iterate", "iterate", tmp_path)
+    path = directory / "iterate.lisp"
+    forms = outline(lisp, path)
+    lines = path.read_text().splitlines()
+    assert len(lines) > 3000 and len(forms) > 200
+    for entry in forms:
+        assert lines[entry["line"] - 1].strip(), entry
+    contexts = checked_call(lisp, "read-lisp-file", path=str(path))["structuredContent"]["contexts"]
+    assert [c["package"] for c in contexts] == ["COMMON-LISP-USER", "ITERATE"]
+    walk = next(entry for entry in forms if entry.get("name") == "walk-arglist")
+    check_results_of(lisp, "read-lisp-file")
+    one = checked_call(lisp, "read-lisp-file", path=str(path), mode="form", form="defun walk-arglist")
+    text = one["structuredContent"]["forms"][0]["text"]
+    assert text == "\n".join(lines[walk["line"] - 1:walk["endLine"]])
+    clean = checked_call(lisp, "read-lisp-file", path=str(directory / "package.lisp"), mode="check")
+    assert not clean["isError"] and clean["structuredContent"]["problems"] == []
+    assert checked_call(lisp, "read-lisp-file", path=str(directory / "package.lisp"), mode="form",
+                        form="defpackage iterate")["structuredContent"]["forms"][0]["kind"] == "defpackage"
+    assert clean["content"][0]["text"].endswith(f"reads: {clean['structuredContent']['count']} top-level forms")
+    package = directory / "package.lisp"
+    package.write_text(package.read_text() + ")\n(in-package #:iterate))\n(defvar *after* 1)\n")
+    strays = checked_call(lisp, "read-lisp-file", path=str(package), mode="check")
+    end = len(package.read_text().splitlines())
+    assert [(p["line"], p["column"], p["what"], p.get("formLine")) for p in strays["structuredContent"]["problems"]] \
+        == [(end - 2, 1, "a ) closes nothing", 28), (end - 1, 23, "a ) closes nothing", end - 1)], strays
+    assert strays["structuredContent"]["count"] == clean["structuredContent"]["count"] + 2
+    path.write_text(path.read_text().replace("(defun walk-arglist (args)", "(defun walk-arglist ((args)"))
+    broken = checked_call(lisp, "read-lisp-file", path=str(path), mode="check")
+    *before, problem = broken["structuredContent"]["problems"]  # before: iterate's #L, not in the readtable
+    assert all(p["line"] < walk["line"] and "#\\L" in p["message"] for p in before), before
+    assert broken["isError"] and problem["formLine"] == walk["line"], broken
+    assert (problem["openedLine"], problem["openedColumn"]) == (walk["line"], 1)
+    assert broken["structuredContent"]["count"] == forms.index(walk)  # the forms before it are read
+
+
+EMACS_SOURCE = """\
+(in-package #:cl-user)
+
+(defun edited-from-cl-mcp (x)
+  (* x 2))
+"""
+
+
+def test_emacs_sees_the_edit_when_it_reverts_and_m_dot_lands_on_the_new_line(tmp_path):
+    with shared_with_emacs() as (_server, emacs, process, home):
+        path = home / "edited-by-cl-mcp.lisp"
+        path.write_text(EMACS_SOURCE)
+        loaded, is_error = process.eval(f'(load (compile-file "{path}"))')
+        assert not is_error, loaded
+        emacs.eval(f'(find-file-noselect "{path}")')
+        above = "(defvar *edited-above* 1)"
+        assert not edit(process, path, form="defun edited-from-cl-mcp", action="insert-before",
+                        text=above)["isError"]
+        result = edit(process, path, form="defun edited-from-cl-mcp", text="(defun edited-from-cl-mcp (x)\n  (* x 3))")
+        assert not result["isError"] and result["structuredContent"]["line"] == 5, result
+        expected = EMACS_SOURCE.replace("(defun", f"{above}\n\n(defun").replace("2)", "3)")
+        assert path.read_text() == expected
+        text = emacs.eval(f'(with-current-buffer (get-file-buffer "{path}") (revert-buffer t t) '
+                          "(buffer-substring-no-properties (point-min) (point-max)))")
+        assert text == json.dumps(expected), text  # prin1 of an Elisp string: JSON's escapes here
+        landed = emacs.eval('(progn (slime-edit-definition "cl-user::edited-from-cl-mcp") '
+                            "(list (buffer-file-name) (line-number-at-pos)))")
+        assert landed == f'("{path}" 5)', landed
+        assert emacs.slime_eval("(cl-user::edited-from-cl-mcp 2)") == "6"
+
+
+def test_the_write_keeps_the_mode_and_is_refused_when_the_file_changed_meanwhile(lisp, tmp_path):
+    path = tmp_path / "changing.lisp"
+    path.write_text(EMACS_SOURCE)
+    path.chmod(0o640)
+    result = edit(lisp, path, line=3, text="(defun edited-from-cl-mcp (x)\n  (* x 4))")
+    assert not result["isError"], result
+    assert path.stat().st_mode & 0o7777 == 0o640
+    assert path.read_text() == EMACS_SOURCE.replace("2)", "4)")
+    # The write as edit-form makes it, with the bytes the form was found in
+    # no longer on disk: what another editor's write between the two does.
+    text, is_error = lisp.eval(
+        f'(cl-mcp-agent::write-atomically "{path}" (sb-ext:string-to-octets "(stale)") '
+        '(sb-ext:string-to-octets "(new)"))')
+    assert not is_error and "CL-MCP:FILE-CHANGED" in text, text
+    assert path.read_text() == EMACS_SOURCE.replace("2)", "4)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["changing.lisp"]
+
+
+def test_a_compile_that_fails_leaves_the_edit_written_and_gives_its_notes(lisp, tmp_path):
+    path = tmp_path / "failing.lisp"
+    path.write_text(EMACS_SOURCE)
+    broken = "(defun edited-from-cl-mcp (x)\n  (let ((1 x))\n    x))"
+    result = edit(lisp, path, form="defun edited-from-cl-mcp", text=broken)
+    assert result["isError"], result
+    structure = result["structuredContent"]
+    assert structure["written"] is True and structure["compiled"]["success"] is False, structure
+    assert "(the edit is written, and stays written)" in result["content"][0]["text"]
+    assert path.read_text() == EMACS_SOURCE.replace("(defun edited-from-cl-mcp (x)\n  (* x 2))", broken)
+    errors = [note for note in structure["compiled"]["notes"] if note["severity"] == "error"]
+    assert errors and all(3 <= note["line"] <= 5 for note in errors), structure
+
+
+def test_a_write_that_fails_is_an_error_and_nothing_is_written(lisp, tmp_path):
+    path = tmp_path / "unwritable.lisp"
+    path.write_text(EMACS_SOURCE)
+    pid, is_error = lisp.eval("(sb-posix:getpid)")
+    assert not is_error, pid
+    (tmp_path / f"unwritable.lisp.cl-mcp-{pid.removeprefix('=> ')}").mkdir()  # where the write goes
+    result = edit(lisp, path, line=3, text="(defun edited-from-cl-mcp (x)\n  (* x 5))")
+    assert result["isError"] and result["structuredContent"]["written"] is False, result
+    # The open that failed is the error, not the clean-up after it.
+    assert "Error opening" in result["content"][0]["text"] and "delete" not in result["content"][0]["text"]
+    assert path.read_text() == EMACS_SOURCE
+    text, is_error = lisp.eval("(+ 1 2)")  # no debugger took the call's thread
+    assert (text, is_error) == ("=> 3", False)
+
+
+def test_crlf_line_endings_and_utf_8_are_kept_byte_for_byte(lisp, tmp_path):
+    path = tmp_path / "crlf.lisp"
+    original = ("(in-package :cl-user)\r\n\r\n;; c\r\n(defun crlf-a () 1)\r\n\r\n"
+                "(defun crlf-b () \"été\")\r\n").encode()
+    path.write_bytes(original)
+    assert not edit(lisp, path, form="defun crlf-a", action="insert-after", text="(defun crlf-c () 3)")["isError"]
+    assert path.read_bytes() == original.replace(b"1)\r\n", b"1)\r\n\r\n(defun crlf-c () 3)\r\n")
+    assert not edit(lisp, path, form="defun crlf-c", action="delete")["isError"]
+    assert path.read_bytes() == original
+    result = edit(lisp, path, form="defun crlf-b", text="(defun crlf-b () \"ça\")")
+    assert not result["isError"] and result["structuredContent"]["line"] == 6, result
+    assert path.read_bytes() == original.replace("été".encode(), "ça".encode())
+    place = definition_line(lisp, "cl-user::crlf-b")
+    assert (place["line"], place["place"]) == (6, "unchanged"), place
+    path.write_bytes(path.read_bytes().removesuffix(b"\r\n"))  # the last form, no newline after it
+    assert not edit(lisp, path, form="defun crlf-b", action="delete")["isError"]
+    assert path.read_bytes() == b"(in-package :cl-user)\r\n\r\n;; c\r\n(defun crlf-a () 1)\r\n"
