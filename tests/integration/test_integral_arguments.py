@@ -26,3 +26,18 @@ def test_await_evaluation_takes_an_integral_float_evaluation():
         assert not result["isError"], result
         assert result["content"][0]["text"].startswith("=> :DONE")
         assert result["structuredContent"]["number"] == number
+
+
+def test_integer_arguments_past_the_bound_are_argument_errors():
+    """1e20 and 100000000000000000000 (a float to orjson) were -32603: its
+    writer cannot hold the int they became."""
+    with cl_mcp() as process:
+        for evaluation in (1e20, 10**20, 2**64 + 1, -(2**63) - 1):
+            process.send_raw(b'{"jsonrpc":"2.0","id":"big","method":"tools/call","params":'
+                             b'{"name":"read-output","arguments":{"evaluation":%s}}}\n' % repr(evaluation).encode())
+            result = process.response("big")["result"]
+            assert result["isError"], result
+            assert result["content"][0]["text"].startswith(
+                "[ERROR] CL-MCP:INVALID-ARGUMENTS\nInvalid arguments for read-output: at /evaluation: "), result
+        result = process.call("read-output", evaluation=1, offset=2**53 - 1)  # within the bound
+        assert result["content"][0]["text"].startswith("[ERROR] CL-MCP:OUTPUT-NOT-KEPT"), result
