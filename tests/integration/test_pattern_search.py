@@ -59,3 +59,24 @@ def test_ping_is_answered_while_a_long_search_runs(lisp):
     assert ping_first, "the search answered before ping"
     assert not result["isError"], result
     assert result["structuredContent"]["matches"] == 0
+
+
+def test_a_pattern_is_at_most_10000_characters(lisp):
+    """A 20 MB pattern held ping up 1.4 s while RE2 compiled (and refused) it."""
+    number = output_of(lisp, '(write-line "xx")')
+    result = lisp.call("read-output", evaluation=number, pattern="x" * 10_001)
+    assert result["isError"], result
+    assert result["content"][0]["text"].endswith("at /pattern: must be at most 10000 characters long, not 10001")
+    result = lisp.call("read-output", evaluation=number, pattern="x" * 10_000)
+    assert not result["isError"] and result["structuredContent"]["matches"] == 0, result
+
+
+def test_an_anchored_pattern_with_an_open_quote_is_searched(lisp):
+    r"""RE2 takes ^\Qa|b (the quote runs to the end); the search by the
+    newline before it refused it."""
+    number = output_of(lisp, '(format t "a|b~%ab~%x a|b~%a|b c~%")')
+    result = lisp.call("read-output", evaluation=number, pattern=r"^\Qa|b")
+    assert not result["isError"], result
+    assert result["structuredContent"]["matches"] == 2
+    assert [line for line in result["structuredContent"]["lines"] if line[7] == ":"] == [
+        "      1: a|b", "      4: a|b c"]
