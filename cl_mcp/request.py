@@ -24,6 +24,7 @@ class Request:
     version: str
     modern: bool
     queued: QueuedCall | None = None  # a tools/call's place in the intake queue
+    beside: bool = False  # counted among the calls waiting beside the session (intake.py)
 
     @property
     def progress_token(self) -> str | int | None:

@@ -7,8 +7,9 @@ line arrives, and goes on as a task of its own once it has to wait, so
 `ping` and `tools/list` are answered while an evaluation runs; evaluations
 queue in the session in arrival order, because parsing, validation and each
 request's first step happen in the order lines arrive.  The calls queued
-for the session are bounded in number and in bytes (intake.py): past the
-bounds a call is refused at once with SERVER_BUSY.  Tool calls that become
+for the session are bounded in number and in bytes, and those that wait
+beside it in number (intake.py): past the bounds a call is refused at
+once with SERVER_BUSY.  Tool calls that become
 MCP tasks are wired in task_calls.py.
 
 Revisions: 2024-11-05 to 2025-11-25 open with `initialize` (the legacy
@@ -41,7 +42,7 @@ from cl_mcp.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     JsonRpcError,
 )
-from cl_mcp.intake import CallQueue, QueuedCall
+from cl_mcp.intake import CallQueue, QueuedCall, WaitingBeside
 from cl_mcp.jsonrpc import OversizedLine
 from cl_mcp.render import Rendered, invalid_arguments
 from cl_mcp.request import META_CAPABILITIES, Request, check_params
@@ -126,6 +127,7 @@ class McpServer:
         self._inflight: dict[Any, tuple[str, asyncio.Future[Any]]] = {}
         self._cancelled: set[Any] = set()
         self._calls = CallQueue()
+        self._beside = WaitingBeside()
         self._task_calls = TaskCalls(lambda: self.session, send, self._calls, self._call_result)
         self.protocol_version = LATEST_LEGACY
         self.initialized = False
@@ -288,7 +290,13 @@ class McpServer:
         refused request is kept."""
         name = _tool_name(request.params) if request.method == "tools/call" else None
         spec = self._tools.get(name) if name is not None else None
-        if name is not None and not (spec is not None and spec.beside):
+        if spec is not None and spec.beside or request.method == "tasks/result":
+            busy = self._beside.refusal()
+            if busy is not None:
+                return jsonrpc.error_message(request.id, busy.code, busy.message, busy.data)
+            request.beside = True
+            self._beside.count += 1
+        elif name is not None:
             busy = self._calls.refusal(size)
             if busy is not None:
                 return jsonrpc.error_message(request.id, busy.code, busy.message, busy.data)
@@ -364,6 +372,8 @@ class McpServer:
                 ticker.cancel()
             if call is not None and not call.in_task:
                 self._calls.remove(call, _now())
+            if request.beside:
+                self._beside.count -= 1
 
     def _cancel(self, params: Any) -> None:
         """notifications/cancelled: stop the request it names; unknown and

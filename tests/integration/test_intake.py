@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cl_mcp.errors import SERVER_BUSY
+from cl_mcp.intake import MAX_WAITING_BESIDE
 from tests.integration.conftest import McpProcess, cl_mcp
 
 FLOOD_CALLS = 400
@@ -138,3 +139,25 @@ def test_a_queued_call_reports_that_it_waits_and_then_its_own_progress():
         # Its running time starts when it took the session, not when it arrived.
         assert float(re.match(r"running for (\d+\.\d) s", running[0])[1]) < 1.0, running
         assert any("latest output: second-call-output" in m for m in running), running
+
+
+def test_calls_waiting_beside_the_session_are_bounded():
+    """1,000 concurrent await-evaluation {wait: 20} took the image from 9
+    to 1,009 threads, none refused; past MAX_WAITING_BESIDE they are busy."""
+    with cl_mcp() as process:
+        threads = "(length (sb-thread:list-all-threads))"
+        before = int(process.eval(threads)[0].removeprefix("=> "))
+        running = process.call("evaluate-lisp", code="(progn (sleep 8) :done)", **{"answer-within": 1})
+        number = running["structuredContent"]["number"]
+        count = MAX_WAITING_BESIDE + 8
+        process.send_raw(b"".join(json.dumps({
+            "jsonrpc": "2.0", "id": f"wait-{i}", "method": "tools/call",
+            "params": {"name": "await-evaluation", "arguments": {"evaluation": number, "wait": 20}}}).encode()
+            + b"\n" for i in range(count)))
+        busy = [process.response(f"wait-{i}") for i in range(MAX_WAITING_BESIDE, count)]
+        assert all(r["error"]["code"] == SERVER_BUSY and r["error"]["message"].startswith("Server busy")
+                   for r in busy), busy
+        assert int(process.eval(threads)[0].removeprefix("=> ")) <= before + MAX_WAITING_BESIDE + 4
+        answers = [process.response(f"wait-{i}")["result"] for i in range(MAX_WAITING_BESIDE)]
+        assert sum(not a["isError"] for a in answers) == 1  # the one that took the outcome
+        assert "result" in process.request("tools/call", {"name": "read-output", "arguments": {"evaluation": number}})
