@@ -84,11 +84,15 @@ def _float_id(message: Any) -> bool:
     if type(message.get("id")) is float:
         return True
     params = message.get("params")
-    if not isinstance(params, dict):
-        return False
-    meta = params.get("_meta")
-    return (type(params.get("requestId")) is float
-            or isinstance(meta, dict) and type(meta.get("progressToken")) is float)
+    return isinstance(params, dict) and (type(params.get("requestId")) is float
+                                         or type(params_meta(params).get("progressToken")) is float)
+
+
+def params_meta(params: Any) -> dict[str, Any]:
+    """The `_meta` of a request's PARAMS, whatever they are: the one reader
+    of it, so that a malformed one is read as none everywhere alike."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta if isinstance(meta, dict) else {}
 
 
 def _exact(line: bytes) -> Any:

@@ -43,7 +43,7 @@ from cl_mcp.errors import (
     JsonRpcError,
 )
 from cl_mcp.intake import CallQueue, QueuedCall, WaitingBeside
-from cl_mcp.jsonrpc import OversizedLine
+from cl_mcp.jsonrpc import OversizedLine, params_meta
 from cl_mcp.render import Rendered, invalid_arguments
 from cl_mcp.request import META_CAPABILITIES, Request, check_params
 from cl_mcp.task_calls import TASK_TOOLS, TASKS_VERSION, TaskCalls, Then
@@ -79,9 +79,11 @@ INSTRUCTIONS = (
     "definitions persist between calls. An error lists its restarts and the "
     "evaluation waits there: invoke-restart continues it, backtrace and "
     "eval-in-frame inspect it. list-definitions shows what the session defined, "
-    "load-system loads ASDF systems, reset-session starts over. To work on code as "
-    "SLIME does: find-definition, xref, describe-symbol, apropos, macroexpand, "
-    "inspect, and compile-file (compiler notes with their file, line and column). "
+    "load-system loads ASDF systems, run-tests runs a system's tests or one test, "
+    "reset-session starts over. To work on code as SLIME does: find-definition, xref, "
+    "describe-symbol, apropos, macroexpand, inspect, compile-file and compile-form (one "
+    "top-level form of a file; compiler notes with their file, line and column). threads "
+    "lists the image's threads and acts on one; profile runs code under a profiler. "
     "A long output or value shows its start and its end; the marker between them "
     "gives the read-output call that reads the rest, and (cl-mcp-agent:value N) "
     "is evaluation N's value. Work still running after the answer window (45 s "
@@ -105,11 +107,6 @@ def _valid_id(message: Any) -> Any:
         if isinstance(request_id, (str, int)) and not isinstance(request_id, bool):
             return request_id
     return None
-
-
-def _meta(params: Any) -> dict[str, Any] | None:
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    return meta if isinstance(meta, dict) else None
 
 
 def _tool_name(params: Any) -> str:
@@ -268,8 +265,8 @@ class McpServer:
     def _revision(self, method: str, params: Any) -> tuple[str, bool]:
         """The revision a request is served under: its own, when it carries
         one in `_meta` (2026-07-28), else the one `initialize` negotiated."""
-        meta = _meta(params)
-        requested = meta.get(META_VERSION) if meta else None
+        meta = params_meta(params)
+        requested = meta.get(META_VERSION)
         if requested is None:
             if method == "server/discover":
                 return MODERN_VERSIONS[-1], True
@@ -277,7 +274,7 @@ class McpServer:
         if requested not in MODERN_VERSIONS:
             raise JsonRpcError(UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version",
                                {"supported": list(SUPPORTED_VERSIONS), "requested": requested})
-        if not isinstance(meta.get(META_CAPABILITIES), dict):  # type: ignore[union-attr]
+        if not isinstance(meta.get(META_CAPABILITIES), dict):
             raise JsonRpcError(INVALID_PARAMS, f"Missing _meta key {META_CAPABILITIES}",
                                {"path": f"params._meta.{META_CAPABILITIES}"})
         return requested, True

@@ -71,8 +71,7 @@ class TaskCalls:
     @staticmethod
     def takes_tasks(request: Request) -> bool:
         """A 2026-07-28 request whose client declared the tasks extension."""
-        meta = request.params.get("_meta") if isinstance(request.params, dict) else None
-        capabilities = (meta.get(META_CAPABILITIES) if isinstance(meta, dict) else None) or {}
+        capabilities = request.meta.get(META_CAPABILITIES) or {}
         extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
         return isinstance(extensions, dict) and EXTENSION in extensions
 

@@ -95,3 +95,12 @@ def test_a_preencoded_value_is_sent_as_it_was_encoded():
     for request_id in (7, 2**70):  # the second goes through the json module
         line = jsonrpc.encode(jsonrpc.result_message(request_id, {"tools": fragment}))
         assert json.loads(line) == {"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}}
+
+
+@pytest.mark.parametrize("params", [None, [], "x", {}, {"_meta": None}, {"_meta": [1]}, {"_meta": "m"}])
+def test_params_without_a_meta_object_have_an_empty_one(params):
+    assert jsonrpc.params_meta(params) == {}
+
+
+def test_params_meta_is_the_meta_object():
+    assert jsonrpc.params_meta({"_meta": {"progressToken": 7}}) == {"progressToken": 7}
