@@ -283,8 +283,9 @@ class McpServer:
                run: Callable[[Request], Coroutine[Any, Any, Any]],
                ) -> asyncio.Future[Any] | dict[str, Any]:
         """Start REQUEST (SIZE bytes) with RUN: its task, or the busy error
-        when it is a tools/call past the intake limits.  Nothing of a
-        refused request is kept."""
+        when it is a tools/call past the intake limits or a call that waits
+        beside the session past theirs.  Nothing of a refused request is
+        kept."""
         name = _tool_name(request.params) if request.method == "tools/call" else None
         spec = self._tools.get(name) if name is not None else None
         if spec is not None and spec.beside or request.method == "tasks/result":
