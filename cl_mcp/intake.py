@@ -121,11 +121,14 @@ class WaitingBeside:
     def __init__(self) -> None:
         self.count = 0
 
-    def refusal(self) -> JsonRpcError | None:
-        """The busy error for one more such call, or None to admit it."""
-        if self.count < MAX_WAITING_BESIDE:
+    def refusal(self, in_image: int) -> JsonRpcError | None:
+        """The busy error for one more such call, or None to admit it.
+        IN_IMAGE counts the image threads such calls hold, a cancelled
+        call's included until the image answers it."""
+        waiting = max(self.count, in_image)
+        if waiting < MAX_WAITING_BESIDE:
             return None
         return JsonRpcError(
-            SERVER_BUSY, f"Server busy: {self.count} calls wait beside the session's turn "
+            SERVER_BUSY, f"Server busy: {waiting} calls wait beside the session's turn "
             "(read-output, await-evaluation, tasks/result: the limit); try again when one has answered",
-            {"waitingCalls": self.count, "maxWaitingCalls": MAX_WAITING_BESIDE})
+            {"waitingCalls": waiting, "maxWaitingCalls": MAX_WAITING_BESIDE})

@@ -289,7 +289,7 @@ class McpServer:
         name = _tool_name(request.params) if request.method == "tools/call" else None
         spec = self._tools.get(name) if name is not None else None
         if spec is not None and spec.beside or request.method == "tasks/result":
-            busy = self._beside.refusal()
+            busy = self._beside.refusal(self.session.beside_in_image if self.has_session else 0)
             if busy is not None:
                 return jsonrpc.error_message(request.id, busy.code, busy.message, busy.data)
             request.beside = True

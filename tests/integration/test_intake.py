@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -161,3 +162,30 @@ def test_calls_waiting_beside_the_session_are_bounded():
         answers = [process.response(f"wait-{i}")["result"] for i in range(MAX_WAITING_BESIDE)]
         assert sum(not a["isError"] for a in answers) == 1  # the one that took the outcome
         assert "result" in process.request("tools/call", {"name": "read-output", "arguments": {"evaluation": number}})
+
+
+def test_a_cancelled_waiting_call_counts_until_the_image_answers_it():
+    """Cancelling await-evaluation frees no image thread (its wait goes on
+    there): cancelled calls still count, so cancelling and sending again
+    cannot grow the image's threads past the limit."""
+    with cl_mcp() as process:
+        running = process.call("evaluate-lisp", code="(progn (sleep 8) :done)", **{"answer-within": 1})
+        number = running["structuredContent"]["number"]
+        waiting = [process.start_request("tools/call", {"name": "await-evaluation",
+                                                        "arguments": {"evaluation": number, "wait": 20}})
+                   for _ in range(MAX_WAITING_BESIDE)]
+        for request_id in waiting:
+            process.notify("notifications/cancelled", {"requestId": request_id})
+        process.request("ping")  # read after the cancellations, answered once they have been handled
+        refused = process.request("tools/call", {"name": "read-output", "arguments": {"evaluation": number}})
+        assert refused["error"]["code"] == SERVER_BUSY, refused
+        outcome, deadline = None, time.monotonic() + 60
+        while outcome is None:  # the evaluation ends within its 8 s, and the image answers the waits
+            response = process.request("tools/call", {"name": "await-evaluation",
+                                                      "arguments": {"evaluation": number, "wait": 20}})
+            if "result" in response:
+                outcome = response["result"]
+            else:
+                assert response["error"]["code"] == SERVER_BUSY and time.monotonic() < deadline
+                time.sleep(0.2)  # polling for the image's answers, which nothing announces
+        assert outcome["content"][0]["text"].startswith("=> :DONE"), outcome

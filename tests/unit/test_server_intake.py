@@ -39,6 +39,7 @@ class FakeSession:
         self.running: str | None = None
         self.tail_polls: list[str | None] = []  # the code running at each output_tail
         self.started: list[str] = []  # the code of each call, in the order they reached the image
+        self.beside_in_image = 0  # no form runs beside the turn here
 
     def turn(self) -> asyncio.Lock:
         return self._turns
