@@ -22,6 +22,9 @@ from cl_mcp.errors import SERVER_BUSY, JsonRpcError
 
 MAX_QUEUED_CALLS = 1024
 MAX_QUEUED_BYTES = 32 * 2**20
+# Calls that wait beside the session's turn: each holds a task until it
+# answers, and an await-evaluation or read-output a thread in the image.
+MAX_WAITING_BESIDE = 32
 
 
 def _mib(size: int) -> str:
@@ -107,3 +110,25 @@ class CallQueue:
                 break
             ahead.append(other)
         return ahead
+
+
+class WaitingBeside:
+    """The calls that wait beside the session's turn, never queued for it:
+    read-output, await-evaluation, and a 2025-11-25 tasks/result.  Counted
+    apart from the queue and bounded low: 1,000 concurrent
+    `await-evaluation {wait: 20}` took the image from 9 to 1,009 threads."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def refusal(self, in_image: int) -> JsonRpcError | None:
+        """The busy error for one more such call, or None to admit it.
+        IN_IMAGE counts the image threads such calls hold, a cancelled
+        call's included until the image answers it."""
+        waiting = max(self.count, in_image)
+        if waiting < MAX_WAITING_BESIDE:
+            return None
+        return JsonRpcError(
+            SERVER_BUSY, f"Server busy: {waiting} calls wait beside the session's turn "
+            "(read-output, await-evaluation, tasks/result: the limit); try again when one has answered",
+            {"waitingCalls": waiting, "maxWaitingCalls": MAX_WAITING_BESIDE})

@@ -74,19 +74,58 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+def _float_id(message: Any) -> bool:
+    """Whether MESSAGE (or a batch of them) has a float where an id goes:
+    its id, a cancellation's requestId, a progressToken."""
+    if isinstance(message, list):
+        return any(_float_id(each) for each in message)
+    if not isinstance(message, dict):
+        return False
+    if type(message.get("id")) is float:
+        return True
+    params = message.get("params")
+    return isinstance(params, dict) and (type(params.get("requestId")) is float
+                                         or type(params_meta(params).get("progressToken")) is float)
+
+
+def params_meta(params: Any) -> dict[str, Any]:
+    """The `_meta` of a request's PARAMS, whatever they are: the one reader
+    of it, so that a malformed one is read as none everywhere alike."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _exact(line: bytes) -> Any:
+    """LINE read by the json module, which keeps every integer exact;
+    raises ValueError (lone surrogates included), UnicodeError or
+    RecursionError."""
+    value = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
+    json.dumps(value, ensure_ascii=False).encode("utf-8")  # a lone surrogate raises here
+    return value
+
+
 def parse(line: bytes) -> Any:
-    """The JSON value of LINE; raises JsonRpcError(PARSE_ERROR)."""
+    """The JSON value of LINE; raises JsonRpcError(PARSE_ERROR).
+
+    orjson reads an integer past 64 bits as a float, and an id must be
+    answered exactly as sent: a message with a float where an id goes (an
+    id that is truly a float is invalid anyway) is read again by the json
+    module.  Other such numbers may stay floats: arguments typed "integer"
+    are bounded well within 64 bits (integers.py)."""
     try:
-        return orjson.loads(line)
+        value = orjson.loads(line)
     except orjson.JSONDecodeError as error:
-        # orjson refuses integers beyond 64 bits; those are valid JSON.  It
-        # also refuses lone surrogates ("\ud800"), which stay refused here.
-        try:
-            value = json.loads(line.decode("utf-8"), parse_constant=_reject_constant)
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        # orjson refuses lone surrogates ("\ud800"), which stay refused, and
+        # whatever else is not JSON.
+        detail = str(error)
+    else:
+        if not _float_id(value):
             return value
-        except (ValueError, UnicodeError, RecursionError):
-            raise JsonRpcError(PARSE_ERROR, "Parse error", {"detail": str(error)}) from None
+        detail = ""
+    try:
+        return _exact(line)
+    except (ValueError, UnicodeError, RecursionError) as error:
+        raise JsonRpcError(PARSE_ERROR, "Parse error", {"detail": detail or str(error)}) from None
 
 
 def encode(message: dict[str, Any] | list[dict[str, Any]]) -> bytes:

@@ -12,29 +12,40 @@ PatternError with its reason.
 RE2 finds a pattern with a literal start by a fast scan for that literal,
 but a pattern anchored at line starts (``^ERROR``) has none: 11 ms over
 5 MB, against 0.4 ms for ``\\nERROR``.  Such a pattern is searched as
-``\\n(?:...)`` instead, found by its newline, and line 1 is tried on its
-own."""
+``\\n(?:...)`` instead (a ``\\Q`` quote left open closed first), found by
+its newline, and line 1 is tried on its own; one that RE2 takes only as
+written is searched so."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 
 class PatternError(ValueError):
     """A pattern RE2 refuses; the message is RE2's reason."""
 
 
-def branches_at_top(pattern: str) -> bool:
+class Shape(NamedTuple):
+    """What a pattern's top level holds, as far as rewriting it goes."""
+
+    branches: bool  # a "|" outside every group, class and quote
+    open_quote: bool  # a \\Q quote that runs to the end (no \\E closes it)
+
+
+def shape(pattern: str) -> Shape:
     """Whether PATTERN has a ``|`` outside every group, character class
     and ``\\Q...\\E`` quote, so that a ``^`` before it anchors only its
-    first branch.  Where unsure it says yes, which costs speed, not
-    correctness."""
+    first branch (where unsure it says yes, which costs speed, not
+    correctness), and whether it ends inside a ``\\Q`` quote, which a
+    rewrite must close before it adds to it."""
     depth, index, in_class = 0, 0, False
     while index < len(pattern):
         char = pattern[index]
         if pattern.startswith("\\Q", index) and not in_class:
             end = pattern.find("\\E", index + 2)
-            index = len(pattern) if end < 0 else end + 2  # literal up to \E, or to the end
+            if end < 0:  # literal up to the end
+                return Shape(False, True)
+            index = end + 2
             continue
         if char == "\\":
             index += 2
@@ -56,9 +67,9 @@ def branches_at_top(pattern: str) -> bool:
         elif char == ")":
             depth -= 1
         elif char == "|" and depth == 0:
-            return True
+            return Shape(True, False)
         index += 1
-    return False
+    return Shape(False, False)
 
 
 # re2's compiled pattern; its class is private.
@@ -95,8 +106,13 @@ class LinePattern:
             compiled(pattern)  # raises again, quoting the pattern as given rather than with (?m)
             raise
         self.after_newline: Regexp | None = None
-        if pattern.startswith("^") and not branches_at_top(pattern[1:]):
-            self.after_newline = compiled(f"(?m)\n(?:{pattern[1:]})")
+        rest = shape(pattern[1:])
+        if pattern.startswith("^") and not rest.branches:
+            closed = pattern[1:] + ("\\E" if rest.open_quote else "")
+            try:
+                self.after_newline = compiled(f"(?m)\n(?:{closed})")
+            except PatternError:  # RE2 takes "^*" but not "\n(?:*)": searched as written
+                pass
 
     def lines(self, text: str) -> Iterator[int]:
         """The numbers (from 1) of the lines of TEXT in which a match

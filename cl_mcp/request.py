@@ -9,6 +9,7 @@ from typing import Any
 from cl_mcp.contracts import error_location, first_error, params_schema
 from cl_mcp.errors import INVALID_PARAMS, JsonRpcError
 from cl_mcp.intake import QueuedCall
+from cl_mcp.jsonrpc import params_meta
 
 # A 2026-07-28 request's client capabilities, in its params' _meta.
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
@@ -24,11 +25,15 @@ class Request:
     version: str
     modern: bool
     queued: QueuedCall | None = None  # a tools/call's place in the intake queue
+    beside: bool = False  # counted among the calls waiting beside the session (intake.py)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return params_meta(self.params)
 
     @property
     def progress_token(self) -> str | int | None:
-        meta = self.params.get("_meta") if isinstance(self.params, dict) else None
-        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        token = self.meta.get("progressToken")
         return token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
 
 

@@ -7,8 +7,9 @@ line arrives, and goes on as a task of its own once it has to wait, so
 `ping` and `tools/list` are answered while an evaluation runs; evaluations
 queue in the session in arrival order, because parsing, validation and each
 request's first step happen in the order lines arrive.  The calls queued
-for the session are bounded in number and in bytes (intake.py): past the
-bounds a call is refused at once with SERVER_BUSY.  Tool calls that become
+for the session are bounded in number and in bytes, and those that wait
+beside it in number (intake.py): past the bounds a call is refused at
+once with SERVER_BUSY.  Tool calls that become
 MCP tasks are wired in task_calls.py.
 
 Revisions: 2024-11-05 to 2025-11-25 open with `initialize` (the legacy
@@ -41,8 +42,8 @@ from cl_mcp.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     JsonRpcError,
 )
-from cl_mcp.intake import CallQueue, QueuedCall
-from cl_mcp.jsonrpc import OversizedLine
+from cl_mcp.intake import CallQueue, QueuedCall, WaitingBeside
+from cl_mcp.jsonrpc import OversizedLine, params_meta
 from cl_mcp.render import Rendered, invalid_arguments
 from cl_mcp.request import META_CAPABILITIES, Request, check_params
 from cl_mcp.task_calls import TASK_TOOLS, TASKS_VERSION, TaskCalls, Then
@@ -78,9 +79,11 @@ INSTRUCTIONS = (
     "definitions persist between calls. An error lists its restarts and the "
     "evaluation waits there: invoke-restart continues it, backtrace and "
     "eval-in-frame inspect it. list-definitions shows what the session defined, "
-    "load-system loads ASDF systems, reset-session starts over. To work on code as "
-    "SLIME does: find-definition, xref, describe-symbol, apropos, macroexpand, "
-    "inspect, and compile-file (compiler notes with their file, line and column). "
+    "load-system loads ASDF systems, run-tests runs a system's tests or one test, "
+    "reset-session starts over. To work on code as SLIME does: find-definition, xref, "
+    "describe-symbol, apropos, macroexpand, inspect, compile-file and compile-form (one "
+    "top-level form of a file; compiler notes with their file, line and column). threads "
+    "lists the image's threads and acts on one; profile runs code under a profiler. "
     "A long output or value shows its start and its end; the marker between them "
     "gives the read-output call that reads the rest, and (cl-mcp-agent:value N) "
     "is evaluation N's value. Work still running after the answer window (45 s "
@@ -106,11 +109,6 @@ def _valid_id(message: Any) -> Any:
     return None
 
 
-def _meta(params: Any) -> dict[str, Any] | None:
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    return meta if isinstance(meta, dict) else None
-
-
 def _tool_name(params: Any) -> str:
     """The name a tools/call asks for, before validation has looked at it."""
     name = params.get("name") if isinstance(params, dict) else None
@@ -126,6 +124,7 @@ class McpServer:
         self._inflight: dict[Any, tuple[str, asyncio.Future[Any]]] = {}
         self._cancelled: set[Any] = set()
         self._calls = CallQueue()
+        self._beside = WaitingBeside()
         self._task_calls = TaskCalls(lambda: self.session, send, self._calls, self._call_result)
         self.protocol_version = LATEST_LEGACY
         self.initialized = False
@@ -266,8 +265,8 @@ class McpServer:
     def _revision(self, method: str, params: Any) -> tuple[str, bool]:
         """The revision a request is served under: its own, when it carries
         one in `_meta` (2026-07-28), else the one `initialize` negotiated."""
-        meta = _meta(params)
-        requested = meta.get(META_VERSION) if meta else None
+        meta = params_meta(params)
+        requested = meta.get(META_VERSION)
         if requested is None:
             if method == "server/discover":
                 return MODERN_VERSIONS[-1], True
@@ -275,7 +274,7 @@ class McpServer:
         if requested not in MODERN_VERSIONS:
             raise JsonRpcError(UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version",
                                {"supported": list(SUPPORTED_VERSIONS), "requested": requested})
-        if not isinstance(meta.get(META_CAPABILITIES), dict):  # type: ignore[union-attr]
+        if not isinstance(meta.get(META_CAPABILITIES), dict):
             raise JsonRpcError(INVALID_PARAMS, f"Missing _meta key {META_CAPABILITIES}",
                                {"path": f"params._meta.{META_CAPABILITIES}"})
         return requested, True
@@ -284,11 +283,18 @@ class McpServer:
                run: Callable[[Request], Coroutine[Any, Any, Any]],
                ) -> asyncio.Future[Any] | dict[str, Any]:
         """Start REQUEST (SIZE bytes) with RUN: its task, or the busy error
-        when it is a tools/call past the intake limits.  Nothing of a
-        refused request is kept."""
+        when it is a tools/call past the intake limits or a call that waits
+        beside the session past theirs.  Nothing of a refused request is
+        kept."""
         name = _tool_name(request.params) if request.method == "tools/call" else None
         spec = self._tools.get(name) if name is not None else None
-        if name is not None and not (spec is not None and spec.beside):
+        if spec is not None and spec.beside or request.method == "tasks/result":
+            busy = self._beside.refusal(self.session.beside_in_image if self.has_session else 0)
+            if busy is not None:
+                return jsonrpc.error_message(request.id, busy.code, busy.message, busy.data)
+            request.beside = True
+            self._beside.count += 1
+        elif name is not None:
             busy = self._calls.refusal(size)
             if busy is not None:
                 return jsonrpc.error_message(request.id, busy.code, busy.message, busy.data)
@@ -364,6 +370,8 @@ class McpServer:
                 ticker.cancel()
             if call is not None and not call.in_task:
                 self._calls.remove(call, _now())
+            if request.beside:
+                self._beside.count -= 1
 
     def _cancel(self, params: Any) -> None:
         """notifications/cancelled: stop the request it names; unknown and

@@ -54,6 +54,9 @@ class LispSession:
         self.background: Unclaimed[Any] = Unclaimed()
         # What the user's threads did, for the next tool result's notice.
         self.news = NewsNotices()
+        # Forms sent by call_beside that the image has not answered yet,
+        # their callers cancelled or not: each holds a thread there.
+        self.beside_in_image = 0
 
     @property
     def shared(self) -> bool:
@@ -127,10 +130,14 @@ class LispSession:
         """Run FORM in a thread of its own in the image, beside the call that
         has the turn (no turn needed): await-evaluation waits there for a
         background evaluation without holding up the session's other calls.
-        A cancelled caller leaves FORM to finish on its own."""
+        A cancelled caller leaves FORM to finish on its own, still counted
+        in `beside_in_image` until the image answers (intake.WaitingBeside)."""
         _, control = await self._link.connections()
+        rex = asyncio.ensure_future(control.rex(form, deadline=deadline))
+        self.beside_in_image += 1
+        rex.add_done_callback(self._answered_beside)
         try:
-            return await control.rex(form, deadline=deadline)
+            return await asyncio.shield(rex)
         except ProtocolError as error:
             raise SessionError("CL-MCP:REQUEST-TOO-LARGE", str(error)) from None
         except TimeoutError:
@@ -141,6 +148,11 @@ class LispSession:
                 raise SessionError("CL-MCP:CONNECTION-LOST",
                                    "The connection to the image was lost during this call.") from None
             raise SessionError("CL-MCP:SWANK-ERROR", str(error)) from None
+
+    def _answered_beside(self, rex: asyncio.Future[SExp]) -> None:
+        self.beside_in_image -= 1
+        if not rex.cancelled():
+            rex.exception()  # its caller may be gone: retrieved, so never logged as lost
 
     async def output_tail(self) -> str | None:
         """The latest line of output of the call running now, if any."""

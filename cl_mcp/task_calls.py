@@ -35,7 +35,7 @@ TASK_TOOLS = frozenset({"evaluate-lisp", "load-system", "compile-file", "run-tes
 # the session's other calls need not wait for it (unless the call gives its
 # own answer-within).
 TASK_ANSWER_WITHIN = 1.0
-# How long past the answer window a 2026-07-28 call waits for its outcome
+# How long past its answer window a 2026-07-28 call waits for its outcome
 # before it answers with a task: the image's window closes first.
 TASK_GRACE = 1.0
 # How long leaving cl-mcp waits for the stopped tasks to abort their work;
@@ -71,8 +71,7 @@ class TaskCalls:
     @staticmethod
     def takes_tasks(request: Request) -> bool:
         """A 2026-07-28 request whose client declared the tasks extension."""
-        meta = request.params.get("_meta") if isinstance(request.params, dict) else None
-        capabilities = (meta.get(META_CAPABILITIES) if isinstance(meta, dict) else None) or {}
+        capabilities = request.meta.get(META_CAPABILITIES) or {}
         extensions = capabilities.get("extensions") if isinstance(capabilities, dict) else None
         return isinstance(extensions, dict) and EXTENSION in extensions
 
@@ -91,13 +90,19 @@ class TaskCalls:
     async def call_or_task(self, request: Request, spec: ToolSpec,
                            arguments: dict[str, Any]) -> dict[str, Any]:
         """2026-07-28, the client taking tasks: the call's result when it
-        comes within the answer window, else a task that carries the work
-        on (the server decides, as the extension has it)."""
+        comes within its answer window (its answer-within, else
+        --answer-within), else a task that carries the work on (the server
+        decides, as the extension has it).  A task cancelled meanwhile (a
+        reset, cl-mcp ending) answers its cancelled result."""
         task = self._registry.create(spec.name, request.version, None)
         runner = self._start(task, request, spec, arguments)
         if not runner.done():
+            # The window as the call asks it, whatever the work's deadline:
+            # a call still queued past it becomes a task too.
+            from cl_mcp.tools.window import answer_window
+            window = answer_window(arguments.get("answer-within"), self._session().config.answer_within, None)
             try:
-                await asyncio.wait({runner}, timeout=self._session().config.answer_within + TASK_GRACE)
+                await asyncio.wait({runner}, timeout=(window or 0) + TASK_GRACE)
             except asyncio.CancelledError:
                 self._registry.cancel(task)
                 self._registry.forget(task)
@@ -107,8 +112,7 @@ class TaskCalls:
         self._registry.forget(task)
         if task.error is not None:
             raise JsonRpcError(task.error["code"], task.error["message"], task.error.get("data"))
-        assert task.result is not None
-        return task.result
+        return task.call_result()
 
     def _start(self, task: Task, request: Request, spec: ToolSpec,
                arguments: dict[str, Any]) -> asyncio.Future[Any]:
@@ -188,9 +192,7 @@ class TaskCalls:
         await task.finished.wait()
         if task.error is not None:
             raise JsonRpcError(task.error["code"], task.error["message"], task.error.get("data"))
-        result = task.result or {"content": [{"type": "text", "text": "[ERROR] CL-MCP:CANCELLED\n"
-                                              "The task was cancelled."}], "isError": True}
-        return {**result, "_meta": {RELATED_TASK: {"taskId": task.task_id}}}
+        return {**task.call_result(), "_meta": {RELATED_TASK: {"taskId": task.task_id}}}
 
     async def _list(self, request: Request) -> dict[str, Any]:
         if request.version != TASKS_VERSION:

@@ -85,6 +85,14 @@ class Task:
         task["pollIntervalMs" if modern else "pollInterval"] = POLL_INTERVAL_MS
         return task
 
+    def call_result(self) -> dict[str, Any]:
+        """The CallToolResult the task's call answers: its own, or, for a
+        task cancelled before it had one, a tool error saying so."""
+        if self.result is not None:
+            return self.result
+        return {"content": [{"type": "text", "text": "[ERROR] CL-MCP:CANCELLED\n"
+                             + (self.message or "The task was cancelled.")}], "isError": True}
+
     def detailed(self) -> dict[str, Any]:
         """2026-07-28's tasks/get: the Task with its outcome inline."""
         task = self.shape()

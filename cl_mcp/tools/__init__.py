@@ -4,8 +4,8 @@ Definitions (name, description, inputSchema, annotations) come from
 cl_mcp/schemas/tools.json; the handlers live beside this file.  Every
 handler's result is fitted to the result budget (--max-result-chars) on its
 way out, which tools/list tells hosts that read a size hint; its arguments,
-once valid, come in with every integral float its schema types "integer"
-made an int (cl_mcp/integers.py).
+valid only within the integer bound, come in with every integral float
+its schema types "integer" made an int (cl_mcp/integers.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from cl_mcp import budget
 from cl_mcp.contracts import Schema, tool_definitions, tool_schema
-from cl_mcp.integers import Normalize, integers_of
+from cl_mcp.integers import Normalize, bounded, integers_of
 from cl_mcp.render import Rendered
 
 if TYPE_CHECKING:  # loaded after initialize is answered
@@ -111,6 +111,6 @@ def build_tools(max_result_chars: int | None = None) -> dict[str, ToolSpec]:
         normalize = integers_of(definition["inputSchema"])
         if normalize is not None:
             handler = with_integers(handler, normalize)
-        tools[name] = ToolSpec(name, definition, tool_schema(definition["inputSchema"]),
+        tools[name] = ToolSpec(name, definition, tool_schema(bounded(definition["inputSchema"])),
                                handler, beside=name in BESIDE)
     return tools

@@ -22,11 +22,6 @@ def lisp_seconds(seconds: float) -> int | float:
     return int(seconds) if float(seconds).is_integer() else float(seconds)
 
 
-def whole(value: Any) -> Any:
-    """JSON Schema takes 1.0 for an integer; Lisp must get 1."""
-    return int(value) if isinstance(value, float) else value
-
-
 def result_dict(value: SExp) -> dict[str, Any]:
     """An agent plist with keyword values turned into their names."""
     result = sexp.plist_named(value)

@@ -10,13 +10,13 @@ from cl_mcp import sexp
 from cl_mcp.render import Rendered, condition_structure, error_text
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, whole
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds
 
 
 def inspect_error(arguments: dict[str, Any], kind: str, message: str) -> Rendered:
     """A tool error whose structured content still fits inspect's outputSchema."""
     return Rendered(error_text(kind, message), True,
-                    {"parts": [], "start": whole(arguments.get("start", 0)), "total": 0,
+                    {"parts": [], "start": arguments.get("start", 0), "total": 0,
                      "error": condition_structure(kind, message)})
 
 
@@ -74,11 +74,11 @@ async def inspect(session: LispSession, arguments: dict[str, Any]) -> Rendered:
         form += [Keyword("code"), code, Keyword("package"), arguments.get("package") or session.package,
                  Keyword("timeout"), lisp_seconds(timeout)]
     else:
-        form += [Keyword("handle"), whole(handle)]
+        form += [Keyword("handle"), handle]
         if part is not None:
-            form += [Keyword("part"), whole(part)]
+            form += [Keyword("part"), part]
     if arguments.get("start"):
-        form += [Keyword("start"), whole(arguments["start"])]
+        form += [Keyword("start"), arguments["start"]]
     result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE, runs_code=code is not None)
     if failure is not None:
         return inspect_error(arguments, *failure)

@@ -68,6 +68,11 @@ def search(lines: Lines, pattern: LinePattern, limit: int) -> tuple[list[str], i
     return shown, len(matching), None
 
 
+def search_for(lines: Lines, pattern: str, limit: int) -> tuple[list[str], int, int | None]:
+    """`search` for PATTERN, compiled here; raises PatternError."""
+    return search(lines, LinePattern(pattern), limit)
+
+
 async def output_so_far(session: LispSession, evaluation: int, stream: str) -> str:
     """STREAM of EVALUATION, running in the background: its output so far,
     read from the image (it is kept here once its outcome is)."""
@@ -113,17 +118,18 @@ async def read_output(session: LispSession, arguments: dict[str, Any]) -> Render
     what = f"{stream} of evaluation {evaluation}"
     structure: dict[str, Any] = {"evaluation": evaluation, "stream": stream, "totalLines": len(lines)}
     if pattern_text is not None:
+        # RE2 lets go of the GIL while it searches: over megabytes, a pattern
+        # its DFA cannot cache (e.g. [xy]*x[xy]{30}z) takes seconds, which
+        # must not hold the event loop (ping, cancel, the other calls).  RE2
+        # keeps the GIL while it compiles, in the worker too: the schema caps
+        # a pattern's length (a 20 MB one took 1.4 s to refuse).
         try:
-            pattern = LinePattern(pattern_text)
+            shown, count, next_line = await asyncio.to_thread(search_for, lines, pattern_text, limit)
         except PatternError as error:
             return read_error(arguments, "CL-MCP:INVALID-PATTERN",
                               f"The pattern {pattern_text!r} cannot be searched: {error}. Patterns "
                               "are RE2's syntax: Python's without backreferences or lookaround, "
                               "so that a search takes time linear in the output.")
-        # RE2 lets go of the GIL while it searches: over megabytes, a pattern
-        # its DFA cannot cache (e.g. [xy]*x[xy]{30}z) takes seconds, which
-        # must not hold the event loop (ping, cancel, the other calls).
-        shown, count, next_line = await asyncio.to_thread(search, lines, pattern, limit)
         heading = (f"[{what}: {count:,} line{'s' if count != 1 else ''} of {len(lines):,} match "
                    f"/{pattern_text}/]")
         closing = (f"… matches from line {next_line} on not shown: "

@@ -9,7 +9,7 @@ from typing import Any
 from cl_mcp.render import Rendered, error_result
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, result_dict, strings, whole
+from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, result_dict, strings
 
 EMPTY: dict[str, Any] = {"rows": []}
 
@@ -77,7 +77,7 @@ async def profile(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     timeout = session.config.eval_timeout
     form = [Symbol("cl-mcp-agent:profile-of"), arguments["code"],
             Keyword("mode"), Keyword(arguments.get("mode", "cpu")),
-            Keyword("max-rows"), whole(arguments.get("max-rows", 20)),
+            Keyword("max-rows"), arguments.get("max-rows", 20),
             Keyword("package"), arguments.get("package"),
             Keyword("functions"), quoted(arguments.get("functions")),
             Keyword("packages"), quoted(arguments.get("packages")),

@@ -9,7 +9,7 @@ from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, error_result, render_frames
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, result_dict, whole
+from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, result_dict
 from cl_mcp.tools.evaluate import EVALUATION, Work, keep_output, rendered_within, sent_to_background
 from cl_mcp.tools.run_tests import outcome_rendered
 from cl_mcp.tools.window import answer_window, window_keywords
@@ -23,10 +23,10 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
     try:
         async with session.turn():
             tag = session.new_tag()
-            form = [Symbol("cl-mcp-agent:invoke-restart-of"), whole(arguments.get("evaluation")),
-                    whole(arguments["restart"]),
+            form = [Symbol("cl-mcp-agent:invoke-restart-of"), arguments.get("evaluation"),
+                    arguments["restart"],
                     Keyword("values"), [Symbol("cl:quote"), arguments.get("values") or []],
-                    Keyword("frame"), whole(arguments.get("frame")),
+                    Keyword("frame"), arguments.get("frame"),
                     Keyword("timeout"), float(timeout), Keyword("tag"), tag,
                     # A long continuation goes on in the background.
                     *window_keywords(answer_window(None, session.config.answer_within, timeout))]
@@ -44,8 +44,8 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
 
 async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """The frames, with their locals, of a waiting evaluation."""
-    form = [Symbol("cl-mcp-agent:backtrace-of"), whole(arguments.get("evaluation")),
-            Keyword("count"), whole(arguments.get("count", 20))]
+    form = [Symbol("cl-mcp-agent:backtrace-of"), arguments.get("evaluation"),
+            Keyword("count"), arguments.get("count", 20)]
     try:
         async with session.turn():
             result = result_dict(
@@ -67,8 +67,8 @@ async def eval_in_frame(session: LispSession, arguments: dict[str, Any]) -> Rend
     try:
         async with session.turn():
             tag = session.new_tag()  # cancelling the call stops the code in the frame
-            form = [Symbol("cl-mcp-agent:eval-in-frame-of"), whole(arguments.get("evaluation")),
-                    whole(arguments["frame"]), arguments["code"], Keyword("timeout"), float(timeout),
+            form = [Symbol("cl-mcp-agent:eval-in-frame-of"), arguments.get("evaluation"),
+                    arguments["frame"], arguments["code"], Keyword("timeout"), float(timeout),
                     Keyword("tag"), tag]
             # Its output is its own, not the waiting evaluation's: not kept.
             result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))

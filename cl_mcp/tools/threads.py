@@ -11,7 +11,7 @@ from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, error_result
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict, whole
+from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict
 from cl_mcp.tools.evaluate import rendered_within
 
 # Seconds the agent gives a thread to answer, with room for the call.
@@ -60,8 +60,8 @@ async def threads(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """List the image's threads, or act on one."""
     action = arguments["action"]
     form = [Symbol("cl-mcp-agent:threads-of"), Keyword(action),
-            Keyword("thread"), whole(arguments.get("thread")),
-            Keyword("count"), whole(arguments.get("count", 20))]
+            Keyword("thread"), arguments.get("thread"),
+            Keyword("count"), arguments.get("count", 20)]
     try:
         async with session.turn():
             result = result_dict(await session.call(form, THREAD_DEADLINE))

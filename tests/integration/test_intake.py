@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from cl_mcp.errors import SERVER_BUSY
+from cl_mcp.intake import MAX_WAITING_BESIDE
 from tests.integration.conftest import McpProcess, cl_mcp
 
 FLOOD_CALLS = 400
@@ -138,3 +140,52 @@ def test_a_queued_call_reports_that_it_waits_and_then_its_own_progress():
         # Its running time starts when it took the session, not when it arrived.
         assert float(re.match(r"running for (\d+\.\d) s", running[0])[1]) < 1.0, running
         assert any("latest output: second-call-output" in m for m in running), running
+
+
+def test_calls_waiting_beside_the_session_are_bounded():
+    """1,000 concurrent await-evaluation {wait: 20} took the image from 9
+    to 1,009 threads, none refused; past MAX_WAITING_BESIDE they are busy."""
+    with cl_mcp() as process:
+        threads = "(length (sb-thread:list-all-threads))"
+        before = int(process.eval(threads)[0].removeprefix("=> "))
+        running = process.call("evaluate-lisp", code="(progn (sleep 8) :done)", **{"answer-within": 1})
+        number = running["structuredContent"]["number"]
+        count = MAX_WAITING_BESIDE + 8
+        process.send_raw(b"".join(json.dumps({
+            "jsonrpc": "2.0", "id": f"wait-{i}", "method": "tools/call",
+            "params": {"name": "await-evaluation", "arguments": {"evaluation": number, "wait": 20}}}).encode()
+            + b"\n" for i in range(count)))
+        busy = [process.response(f"wait-{i}") for i in range(MAX_WAITING_BESIDE, count)]
+        assert all(r["error"]["code"] == SERVER_BUSY and r["error"]["message"].startswith("Server busy")
+                   for r in busy), busy
+        assert int(process.eval(threads)[0].removeprefix("=> ")) <= before + MAX_WAITING_BESIDE + 4
+        answers = [process.response(f"wait-{i}")["result"] for i in range(MAX_WAITING_BESIDE)]
+        assert sum(not a["isError"] for a in answers) == 1  # the one that took the outcome
+        assert "result" in process.request("tools/call", {"name": "read-output", "arguments": {"evaluation": number}})
+
+
+def test_a_cancelled_waiting_call_counts_until_the_image_answers_it():
+    """Cancelling await-evaluation frees no image thread (its wait goes on
+    there): cancelled calls still count, so cancelling and sending again
+    cannot grow the image's threads past the limit."""
+    with cl_mcp() as process:
+        running = process.call("evaluate-lisp", code="(progn (sleep 8) :done)", **{"answer-within": 1})
+        number = running["structuredContent"]["number"]
+        waiting = [process.start_request("tools/call", {"name": "await-evaluation",
+                                                        "arguments": {"evaluation": number, "wait": 20}})
+                   for _ in range(MAX_WAITING_BESIDE)]
+        for request_id in waiting:
+            process.notify("notifications/cancelled", {"requestId": request_id})
+        process.request("ping")  # read after the cancellations, answered once they have been handled
+        refused = process.request("tools/call", {"name": "read-output", "arguments": {"evaluation": number}})
+        assert refused["error"]["code"] == SERVER_BUSY, refused
+        outcome, deadline = None, time.monotonic() + 60
+        while outcome is None:  # the evaluation ends within its 8 s, and the image answers the waits
+            response = process.request("tools/call", {"name": "await-evaluation",
+                                                      "arguments": {"evaluation": number, "wait": 20}})
+            if "result" in response:
+                outcome = response["result"]
+            else:
+                assert response["error"]["code"] == SERVER_BUSY and time.monotonic() < deadline
+                time.sleep(0.2)  # polling for the image's answers, which nothing announces
+        assert outcome["content"][0]["text"].startswith("=> :DONE"), outcome

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.integration.conftest import McpProcess
+from tests.integration.test_intake import resident_kib
 
 QUICK = 10.0  # seconds: far beyond what these searches take, far below what backtracking takes
 
@@ -59,3 +60,40 @@ def test_ping_is_answered_while_a_long_search_runs(lisp):
     assert ping_first, "the search answered before ping"
     assert not result["isError"], result
     assert result["structuredContent"]["matches"] == 0
+
+
+def test_a_pattern_is_at_most_10000_characters(lisp):
+    """A 20 MB pattern held ping up 1.4 s while RE2 compiled (and refused) it."""
+    number = output_of(lisp, '(write-line "xx")')
+    result = lisp.call("read-output", evaluation=number, pattern="x" * 10_001)
+    assert result["isError"], result
+    assert result["content"][0]["text"].endswith("at /pattern: must be at most 10000 characters long, not 10001")
+    result = lisp.call("read-output", evaluation=number, pattern="x" * 10_000)
+    assert not result["isError"] and result["structuredContent"]["matches"] == 0, result
+
+
+def test_an_anchored_pattern_with_an_open_quote_is_searched(lisp):
+    r"""RE2 takes ^\Qa|b (the quote runs to the end); the search by the
+    newline before it refused it."""
+    number = output_of(lisp, '(format t "a|b~%ab~%x a|b~%a|b c~%")')
+    result = lisp.call("read-output", evaluation=number, pattern=r"^\Qa|b")
+    assert not result["isError"], result
+    assert result["structuredContent"]["matches"] == 2
+    assert [line for line in result["structuredContent"]["lines"] if line[7] == ":"] == [
+        "      1: a|b", "      4: a|b c"]
+
+
+def test_the_line_index_of_millions_of_short_lines_stays_small(lisp):
+    """8,000,000 lines of "a" (16 MB): reading 3 of them took cl-mcp from
+    41 to 348 MiB (a list of ints, about 40 bytes a line); the index is 4
+    bytes a line (31 MiB)."""
+    result = lisp.call("evaluate-lisp", code='(dotimes (i 8000000) (write-line "a"))', wait=300)
+    number = result["structuredContent"]["number"]
+    before = resident_kib(lisp.proc.pid)
+    read = lisp.call("read-output", evaluation=number, offset=2, length=3, wait=300)
+    assert read["structuredContent"]["lines"] == ["      2: a", "      3: a", "      4: a"]
+    searched = lisp.call("read-output", evaluation=number, pattern="^b", wait=300)
+    assert searched["structuredContent"]["matches"] == 0
+    growth = resident_kib(lisp.proc.pid) - before
+    print(f"cl-mcp grew {growth} KiB")
+    assert growth < 100 * 1024

@@ -174,6 +174,19 @@ def test_string_ids_and_every_response_is_well_formed(shared_server):
         assert valid_response(json.loads(line)), line
 
 
+def test_an_id_past_64_bits_is_answered_and_cancelled_as_sent(shared_server):
+    big = 2**64 + 1  # orjson reads it as a float; 2**80 would survive as one
+    shared_server.send({"jsonrpc": "2.0", "id": big, "method": "ping"})
+    assert shared_server.response(big)["result"] == {}
+    assert any(line.startswith(b'{"jsonrpc":"2.0","id":18446744073709551617,')
+               for line in list(shared_server.raw_lines))
+    shared_server.send({"jsonrpc": "2.0", "id": big + 2, "method": "tools/call",
+                        "params": {"name": "evaluate-lisp", "arguments": {"code": "(sleep 30)"}}})
+    shared_server.notify("notifications/cancelled", {"requestId": big + 2})
+    assert shared_server.eval("(+ 1 2)") == ("=> 3", False)  # the sleep was stopped
+    assert b"18446744073709551619" not in b"".join(list(shared_server.raw_lines))
+
+
 def test_batches_are_rejected_cleanly(shared_server):
     shared_server.send_raw(b'[{"jsonrpc":"2.0","id":"in-batch","method":"ping"}]\n')
     assert shared_server.response(None)["error"]["code"] == -32600

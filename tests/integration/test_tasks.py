@@ -4,6 +4,7 @@ io.modelcontextprotocol/tasks extension (the server turns a call still
 running at its answer window into a task)."""
 
 import json
+import signal
 import threading
 import time
 
@@ -328,3 +329,42 @@ def test_no_task_for_a_client_without_the_extension(modern):
                                             "arguments": {"evaluation": number, "wait": 10},
                                             "_meta": MODERN})["result"]
     assert outcome["content"][0]["text"] == f"=> NIL\n\n; Evaluation {number}"
+
+
+def cancelled_text(response):
+    result = response["result"]
+    assert result["resultType"] == "complete" and result["isError"], result
+    return result["content"][0]["text"]
+
+
+def test_a_reset_during_a_call_that_may_become_a_task_answers_it_cancelled(modern):
+    """The call is waited on within its answer window when the reset stops
+    its task: it answers the cancelled result, not an internal error."""
+    sleeper = {"name": "evaluate-lisp", "arguments": {"code": "(sleep 10)"}, "_meta": WITH_TASKS}
+    reset = {"name": "reset-session", "arguments": {}, "_meta": MODERN}
+    modern.send_raw(line("reset-sleeper", sleeper) + line("reset-it", reset))  # one write
+    assert cancelled_text(modern.response("reset-sleeper")) == (
+        "[ERROR] CL-MCP:CANCELLED\nThe task was cancelled: the session was reset.")
+    assert modern.response("reset-it")["result"]["isError"] is False
+
+
+def test_sigterm_during_a_call_that_may_become_a_task_answers_it_cancelled():
+    process = McpProcess("--answer-within", "5")
+    try:
+        request_id = process.start_request("tools/call", {"name": "evaluate-lisp", "_meta": WITH_TASKS,
+                                                          "arguments": {"code": "(sleep 10)"}})
+        process.request("ping", {"_meta": MODERN})  # read after the call: the call is under way
+        process.proc.send_signal(signal.SIGTERM)
+        assert cancelled_text(process.response(request_id)) == (
+            "[ERROR] CL-MCP:CANCELLED\nThe task was cancelled: cl-mcp is shutting down.")
+    finally:
+        process.close()
+
+
+def test_a_call_that_may_become_a_task_keeps_its_own_answer_window(modern):
+    """--answer-within is 1 s here; the call's own 6 s window lets its 3 s
+    evaluation answer inline rather than as a task."""
+    result = modern.request("tools/call", {"name": "evaluate-lisp", "_meta": WITH_TASKS, "arguments": {
+        "code": "(progn (sleep 3) :inline)", "answer-within": 6}})["result"]
+    assert result["resultType"] == "complete", result
+    assert first_line(result) == "=> :INLINE"

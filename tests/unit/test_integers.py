@@ -1,12 +1,14 @@
 """integers_of: what a schema types "integer" comes out an int, at any
-depth, and nothing else changes."""
+depth, and nothing else changes; bounded: it is valid only within
++/-LIMIT."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given, strategies as st
 
-from cl_mcp.contracts import tool_definitions
-from cl_mcp.integers import integers_of
+from cl_mcp.contracts import tool_definitions, tool_schema
+from cl_mcp.integers import LIMIT, bounded, integers_of
 
 SCHEMA = {
     "type": "object",
@@ -36,10 +38,31 @@ def test_a_declared_property_never_takes_additional_properties_rule() -> None:
     assert type(integers_of(SCHEMA)({"ratio": 1.0})["ratio"]) is float
 
 
-def test_a_float_beyond_64_bits_becomes_an_int_of_its_value() -> None:
-    # orjson reads 100000000000000000000000000000 as 1e29.
-    count = integers_of(SCHEMA)({"count": 1e29})["count"]
-    assert type(count) is int and count == 1e29
+def test_bounded_adds_the_limit_and_keeps_tighter_bounds() -> None:
+    schema = bounded({**SCHEMA, "properties": {**SCHEMA["properties"],
+                                              "count": {"type": "integer", "minimum": 1, "maximum": 200}}})
+    assert schema["properties"]["count"] == {"type": "integer", "minimum": 1, "maximum": 200}
+    assert schema["properties"]["either"] == {"type": ["integer", "string"], "minimum": -LIMIT, "maximum": LIMIT}
+    assert schema["properties"]["rows"]["items"]["properties"]["line"]["maximum"] == LIMIT
+    assert schema["additionalProperties"] == {"type": "integer", "minimum": -LIMIT, "maximum": LIMIT}
+    assert schema["properties"]["ratio"] == {"type": "number"}
+    assert "maximum" not in SCHEMA["additionalProperties"]  # a copy
+
+
+BOUNDED = tool_schema(bounded(SCHEMA))
+NORMALIZE = integers_of(SCHEMA)
+
+
+@given(st.integers() | st.integers().map(float))
+@example(2**64 + 1)
+@example(1e20)
+@example(float(LIMIT + 1))
+def test_an_integer_is_valid_within_the_limit_and_then_exact(number: int | float) -> None:
+    valid = not BOUNDED.problems({"count": number})
+    assert valid == (-LIMIT <= number <= LIMIT)
+    if valid:
+        count = NORMALIZE({"count": number})["count"]
+        assert type(count) is int and count == number
 
 
 def test_a_schema_without_integers_needs_nothing() -> None:

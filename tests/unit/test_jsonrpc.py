@@ -54,9 +54,32 @@ def test_encode_is_one_line_of_json(value):
 
 
 def test_big_integers_are_valid_json():
-    big = 2**80
+    big = 2**64 + 1  # 2**80 would survive as a float
     assert jsonrpc.parse(b'{"id": %d}' % big) == {"id": big}
     assert json.loads(jsonrpc.encode({"id": big})) == {"id": big}
+
+
+ids = st.integers() | st.sampled_from([2**64 + 1, -(2**63) - 1, 2**64, 10**20 + 1])
+
+
+@given(ids)
+def test_any_integer_id_is_answered_exactly(request_id):
+    line = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "ping"}).encode()
+    parsed = jsonrpc.parse(line)["id"]
+    assert type(parsed) is int and parsed == request_id
+    answer = json.loads(jsonrpc.encode(jsonrpc.result_message(parsed, {})))
+    assert type(answer["id"]) is int and answer["id"] == request_id
+
+
+@given(ids)
+def test_ids_in_batches_cancellations_and_progress_tokens_are_exact(number):
+    batch = [{"jsonrpc": "2.0", "id": number, "method": "ping"},
+             {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": number}},
+             {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+              "params": {"_meta": {"progressToken": number}}}]
+    parsed = jsonrpc.parse(json.dumps(batch).encode())
+    found = [parsed[0]["id"], parsed[1]["params"]["requestId"], parsed[2]["params"]["_meta"]["progressToken"]]
+    assert all(type(each) is int and each == number for each in found)
 
 
 @pytest.mark.parametrize("line", [b"not json", b"{", b'{"a": NaN}', b'"\xff"', b'"\\ud800"'])
@@ -72,3 +95,12 @@ def test_a_preencoded_value_is_sent_as_it_was_encoded():
     for request_id in (7, 2**70):  # the second goes through the json module
         line = jsonrpc.encode(jsonrpc.result_message(request_id, {"tools": fragment}))
         assert json.loads(line) == {"jsonrpc": "2.0", "id": request_id, "result": {"tools": tools}}
+
+
+@pytest.mark.parametrize("params", [None, [], "x", {}, {"_meta": None}, {"_meta": [1]}, {"_meta": "m"}])
+def test_params_without_a_meta_object_have_an_empty_one(params):
+    assert jsonrpc.params_meta(params) == {}
+
+
+def test_params_meta_is_the_meta_object():
+    assert jsonrpc.params_meta({"_meta": {"progressToken": 7}}) == {"progressToken": 7}

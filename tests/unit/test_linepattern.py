@@ -11,7 +11,7 @@ import time
 import pytest
 from hypothesis import assume, example, given, strategies as st
 
-from cl_mcp.linepattern import LinePattern, PatternError, branches_at_top
+from cl_mcp.linepattern import LinePattern, PatternError, Shape, compiled, shape
 from cl_mcp.outputs import Lines
 from cl_mcp.tools.output import search
 
@@ -60,10 +60,14 @@ def test_any_pattern_finds_the_lines_pythons_search_finds(pattern: str, text: st
        st.text(alphabet="ab|(]\nA", max_size=40))
 @example(r"\Q(\E|b", "ab\nab")
 @example("[[:alpha:](]|b", "ab\nab")
+@example(r"\Qa|b", "a|b\nab")
+@example("\\Qa\\", "a\\\nab")
 def test_searched_by_its_newline_or_as_written_the_lines_are_the_same(rest: str, text: str) -> None:
+    """Every pattern RE2 takes as written is taken, and found the same
+    lines whichever way it is searched."""
     pattern = "^" + rest
     try:
-        LinePattern(pattern)
+        compiled(f"(?m){pattern}")
     except PatternError:
         assume(False)
     assert fast_lines(pattern, text) == unanchored_lines(pattern, text)
@@ -100,16 +104,17 @@ def test_a_pattern_that_anchors_only_its_first_branch_is_searched_as_written() -
     assert fast_lines("^a|b", "xb\na\nc") == [1, 2]
 
 
-def test_branches_at_top_skips_groups_classes_escapes_and_comments() -> None:
-    assert branches_at_top("a|b")
-    assert not branches_at_top("(a|b)")
-    assert not branches_at_top("[|]")
-    assert not branches_at_top("[]|]")
-    assert not branches_at_top("[^]|]")
-    assert not branches_at_top(r"a\|b")
-    assert not branches_at_top(r"\Qa|b\E")
-    assert branches_at_top(r"\Q(\E|b")
-    assert branches_at_top("[[:alpha:](]|b")
+def test_shape_skips_groups_classes_escapes_and_quotes() -> None:
+    assert shape("a|b").branches
+    assert not shape("(a|b)").branches
+    assert not shape("[|]").branches
+    assert not shape("[]|]").branches
+    assert not shape("[^]|]").branches
+    assert not shape(r"a\|b").branches
+    assert shape(r"\Qa|b\E") == Shape(False, False)
+    assert shape(r"\Q(\E|b").branches
+    assert shape("[[:alpha:](]|b").branches
+    assert shape(r"\Qa|b") == Shape(False, True)
 
 
 def test_line_one_and_the_last_line_are_found() -> None:

@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 
 from cl_mcp import intake, server as server_module
 from cl_mcp.errors import SERVER_BUSY
-from cl_mcp.intake import MAX_QUEUED_BYTES, MAX_QUEUED_CALLS, CallQueue, QueuedCall
+from cl_mcp.intake import MAX_QUEUED_BYTES, MAX_QUEUED_CALLS, MAX_WAITING_BESIDE, CallQueue, QueuedCall
 from cl_mcp.server import McpServer
 from cl_mcp.config import SessionConfig
 from cl_mcp.sexp import Keyword
@@ -39,6 +39,7 @@ class FakeSession:
         self.running: str | None = None
         self.tail_polls: list[str | None] = []  # the code running at each output_tail
         self.started: list[str] = []  # the code of each call, in the order they reached the image
+        self.beside_in_image = 0  # no form runs beside the turn here
 
     def turn(self) -> asyncio.Lock:
         return self._turns
@@ -342,6 +343,23 @@ def test_task_calls_count_against_the_count_limit_until_their_work_is_done():
         h.session.gates["(after)"].set()
         task_call(h, "after", "(after)")
         assert "task" in h.responses("after")[0]["result"]
+    run(body)
+
+
+def test_waiting_tasks_results_are_bounded_and_free_their_place_when_answered():
+    async def body(h: Harness) -> None:
+        initialize(h, "2025-11-25")
+        task_call(h, "task", "(hold)")
+        task_id = h.responses("task")[0]["result"]["task"]["taskId"]
+        for i in range(MAX_WAITING_BESIDE + 1):
+            h.send({"jsonrpc": "2.0", "id": f"result-{i}", "method": "tasks/result", "params": {"taskId": task_id}})
+        [refused] = h.responses(f"result-{MAX_WAITING_BESIDE}")
+        assert refused["error"]["code"] == SERVER_BUSY
+        assert refused["error"]["data"] == {"waitingCalls": MAX_WAITING_BESIDE, "maxWaitingCalls": MAX_WAITING_BESIDE}
+        h.session.gates["(hold)"].set()
+        await until(lambda: all(h.responses(f"result-{i}") for i in range(MAX_WAITING_BESIDE)))
+        h.send({"jsonrpc": "2.0", "id": "later", "method": "tasks/result", "params": {"taskId": task_id}})
+        assert h.responses("later")[0]["result"]["content"][0]["text"].startswith("=> (hold)")
     run(body)
 
 
