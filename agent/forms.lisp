@@ -180,6 +180,7 @@ and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
 
 (defun %compile-form (file text start end package max-output)
   "`compile-form-of' of the form from START to END of TEXT, FILE's text."
+  (note-compiled-form file (1+ start) (line-at text start) (subseq text start end))
   (multiple-value-bind (result failure)
       (call-with-failure (make-capped-output-stream max-output)
                          (lambda ()
