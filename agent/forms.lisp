@@ -84,7 +84,8 @@ signals `unreadable-form' with its first line."
 (defun in-package-name (text start)
   "The package name an `in-package' form at START of TEXT gives, or nil when
 the form there is not one."
-  (let ((opening (string-downcase (subseq text start (min (length text) (+ start 30))))))
+  (let ((opening (substitute-if #\Space (lambda (char) (member char '(#\Tab #\Newline #\Return #\Page)))
+                                (string-downcase (subseq text start (min (length text) (+ start 30)))))))
     (when (some (lambda (prefix) (eql 0 (search prefix opening)))
                 '("(in-package " "(cl:in-package " "(common-lisp:in-package "))
       (handler-case

@@ -119,3 +119,12 @@ def test_the_compiled_line_is_where_compile_form_compiled_it(lisp, tmp_path):
     found = place(lisp, "split-sequence:split-sequence", "function", "SPLIT-SEQUENCE")
     assert (found["line"], found["place"], found["compiledLine"]) == (compiled + 3, "found-after-edit", compiled)
 
+@pytest.mark.parametrize("blank", ["\n  ", "\t"])
+def test_compile_form_reads_in_the_package_of_an_in_package_with_a_line_break(lisp, tmp_path, blank):
+    pristine, edited = loaded(lisp, tmp_path, "cl-split-sequence")
+    api = edited / "api.lisp"
+    api.write_text(api.read_text().replace("(in-package :split-sequence)", f"(in-package{blank}:split-sequence)"))
+    line = oracle_line(pristine, edited, "split-sequence", api, "function", "SPLIT-SEQUENCE")
+    result = lisp.call("compile-form", path=str(api), line=line)
+    assert (result["isError"], result["structuredContent"]["package"]) == (False, "SPLIT-SEQUENCE"), result
+
