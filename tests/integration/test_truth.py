@@ -128,3 +128,11 @@ def test_compile_form_reads_in_the_package_of_an_in_package_with_a_line_break(li
     result = lisp.call("compile-form", path=str(api), line=line)
     assert (result["isError"], result["structuredContent"]["package"]) == (False, "SPLIT-SEQUENCE"), result
 
+def test_describe_symbol_says_the_file_was_edited_as_find_definition_does(lisp, tmp_path):
+    pristine, edited = loaded(lisp, tmp_path, "cl-split-sequence")
+    api = edited / "api.lisp"
+    compiled = oracle_line(pristine, edited, "split-sequence", api, "function", "SPLIT-SEQUENCE")
+    api.write_text(";;; a line added\n" + api.read_text())
+    described = lisp.call("describe-symbol", symbol="split-sequence:split-sequence")
+    note = f"api.lisp:{compiled + 1}:1 (the file was edited since this was compiled at line {compiled})"
+    assert note in described["content"][0]["text"], described
