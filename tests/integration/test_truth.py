@@ -136,3 +136,17 @@ def test_describe_symbol_says_the_file_was_edited_as_find_definition_does(lisp, 
     described = lisp.call("describe-symbol", symbol="split-sequence:split-sequence")
     note = f"api.lisp:{compiled + 1}:1 (the file was edited since this was compiled at line {compiled})"
     assert note in described["content"][0]["text"], described
+
+
+def test_a_method_after_an_edit_in_a_file_ending_in_forms_for_other_lisps(lisp, tmp_path):
+    # Swank counts a method's place by its top-level form's number in the
+    # file as it is now; core.lisp ends in #+ccl forms, which SBCL skips.
+    pristine, edited = loaded(lisp, tmp_path, "lparallel")
+    core = edited / "src" / "kernel" / "core.lisp"
+    compiled = oracle_line(pristine, edited, "lparallel", core, "method", "PRINT-OBJECT")
+    lines = core.read_text().splitlines(keepends=True)
+    core.write_text("".join(lines[:139] + [";; inserted\n"] * 5 + lines[139:]))
+    result = lisp.call("find-definition", symbol="print-object", package="LPARALLEL.KERNEL")
+    found = [d for d in result["structuredContent"]["definitions"] if d.get("specializers") == ["KERNEL", "T"]]
+    assert [(d["line"], d["place"], d.get("compiledLine")) for d in found] == [
+        (compiled + 5, "found-after-edit", compiled)]
