@@ -1,8 +1,7 @@
 # The two commands of README.md: `make run` and `make test`.  Each installs
 # what is missing first: SBCL and Swank from Debian (plus, for the tests,
-# Alexandria, cl-ppcre, split-sequence, FiveAM, RT, Fiasco, iterate,
-# named-readtables, Emacs and SLIME; for
-# `make bench`, yason), and a venv with cl-mcp.
+# Alexandria, cl-ppcre, split-sequence, FiveAM, RT, Fiasco, Emacs and SLIME,
+# and the truth harness's corpus; for `make bench`, yason), and a venv with cl-mcp.
 
 VENV := .venv
 PYTHON ?= python3
@@ -16,14 +15,21 @@ FIVEAM := /usr/share/common-lisp/source/fiveam/fiveam.asd
 RT := /usr/share/common-lisp/source/rt/rt.asd
 FIASCO := /usr/share/common-lisp/source/fiasco/fiasco.asd
 SLIME_EL := /usr/share/emacs/site-lisp/elpa-src/slime-*/slime.el
+# The truth harness's corpus (tests/truth/corpus.py), beside the libraries above
+CORPUS_PACKAGES := cl-esrap cl-iterate cl-lparallel cl-bordeaux-threads cl-named-readtables cl-flexi-streams
+CORPUS_ASDS := esrap/esrap.asd iterate/iterate.asd lparallel/lparallel.asd bordeaux-threads/bordeaux-threads.asd named-readtables/named-readtables.asd cl-flexi-streams/flexi-streams.asd
 
-.PHONY: run test bench profile setup lisp test-lisp bench-lisp venv clean interop
+.PHONY: run test bench profile setup lisp test-lisp bench-lisp venv clean interop truth
 
 run: lisp venv
 	@exec $(VENV)/bin/cl-mcp
 
 test: test-lisp venv
 	$(VENV)/bin/python -m pytest
+
+# Every answer of the truth harness over its whole corpus: docs/truth.md
+truth: test-lisp venv
+	$(VENV)/bin/python -m tests.truth.run
 
 bench: lisp bench-lisp venv
 	$(VENV)/bin/python bench/run.py
@@ -53,7 +59,7 @@ lisp:
 	$(call debian,sbcl cl-swank,! command -v sbcl >/dev/null || [ ! -f $(SWANK_LOADER) ])
 
 test-lisp: lisp
-	$(call debian,cl-alexandria cl-ppcre cl-split-sequence cl-fiveam cl-rt cl-fiasco cl-iterate cl-named-readtables emacs-nox slime,[ ! -f /usr/share/common-lisp/source/iterate/iterate.asd ] || [ ! -f /usr/share/common-lisp/source/named-readtables/named-readtables.asd ] || [ ! -f $(ALEXANDRIA) ] || [ ! -f $(FIVEAM) ] || [ ! -f $(RT) ] || [ ! -f $(FIASCO) ] || [ ! -f $(CL_PPCRE) ] || [ ! -f $(SPLIT_SEQUENCE) ] || ! command -v emacs >/dev/null || ! ls $(SLIME_EL) >/dev/null 2>&1)
+	$(call debian,cl-alexandria cl-ppcre cl-split-sequence cl-fiveam cl-rt cl-fiasco emacs-nox slime $(CORPUS_PACKAGES),! (cd /usr/share/common-lisp/source && ls $(CORPUS_ASDS) >/dev/null 2>&1) || [ ! -f $(ALEXANDRIA) ] || [ ! -f $(FIVEAM) ] || [ ! -f $(RT) ] || [ ! -f $(FIASCO) ] || [ ! -f $(CL_PPCRE) ] || [ ! -f $(SPLIT_SEQUENCE) ] || ! command -v emacs >/dev/null || ! ls $(SLIME_EL) >/dev/null 2>&1)
 
 # yason, for bench/lisp_server.lisp (the Lisp-native baseline)
 bench-lisp: lisp

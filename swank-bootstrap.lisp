@@ -94,6 +94,9 @@
 ;;;   swank::*inspector-printer-bindings*   the inspector's printer settings
 ;;;   swank::content-range            the inspector's content, lazy or not,
 ;;;                                   as a list
+;;;   swank/sbcl::*definition-types*, swank/sbcl::make-dspec
+;;;                                   `definition-source-of': the source of a
+;;;                                   definition Swank could not place
 ;;;   swank/sbcl::setf-expander       `symbol-kinds': whether a symbol has a
 ;;;                                   setf expander, as Swank's
 ;;;                                   describe-symbol-for-emacs asks

@@ -607,9 +607,10 @@ file is edited.  Nothing without the cache's internals."
 (defun system-source-files (system &key other-systems)
   "The truenames of the Lisp source files of ASDF SYSTEM that exist, and of
 the systems it depends on when OTHER-SYSTEMS."
-  (loop for component in (asdf:required-components system :other-systems other-systems
-                                                          :component-type 'asdf:cl-source-file)
-        for file = (asdf:component-pathname component)
+  ;; Filtered here: required-components' :component-type leaves out the
+  ;; files inside a :module (esrap's, bordeaux-threads')
+  (loop for component in (asdf:required-components system :other-systems other-systems)
+        for file = (and (typep component 'asdf:cl-source-file) (asdf:component-pathname component))
         when (and file (probe-file file))
           collect (truename file)))
 

@@ -60,11 +60,31 @@ its end."
                      (unreadable-form-line condition) (unreadable-form-message condition))))
   (:documentation "A top-level form of a file that the reader cannot read."))
 
+(defun skipped-by-feature-p (text start in)
+  "True, with IN read past it, when a #+ or #- at START of TEXT (IN's
+text) has a false feature expression: the reader skips the form after it,
+which is no top-level form (under *READ-SUPPRESS* the reader would go on
+to the next form, or to the end of the file, as part of this one).  The
+feature expression is read in the keyword package."
+  (when (and (< (1+ start) (length text)) (char= (char text start) #\#)
+             (member (char text (1+ start)) '(#\+ #\-)))
+    (file-position in (+ start 2))
+    (let ((feature (handler-case (let ((*package* (find-package "KEYWORD")) (*read-suppress* nil))
+                                   (read in))
+                     (error () in))))
+      (if (and (not (eq feature in))
+               (eq (not (sb-int:featurep feature)) (char= (char text (1+ start)) #\+)))
+          (let ((*read-suppress* t))
+            (read in)
+            t)
+          (progn (file-position in start) nil)))))
+
 (defun top-level-form-bounds (text index)
   "The (START . END) character offsets of the top-level forms of TEXT up to
 the one that ends after INDEX, in order; read with *READ-SUPPRESS*, so no
-symbol is interned and no #. is evaluated.  A form that does not read
-signals `unreadable-form' with its first line."
+symbol is interned and no #. is evaluated; a form a false #+ or #- skips is
+none (see `skipped-by-feature-p').  A form that does not read signals
+`unreadable-form' with its first line."
   (with-input-from-string (in text)
     (let ((forms '()))
       (loop
@@ -72,19 +92,22 @@ signals `unreadable-form' with its first line."
           (when (>= start (length text))
             (return (nreverse forms)))
           (file-position in start)
-          (handler-case (let ((*read-suppress* t))
-                          (read-preserving-whitespace in))
-            (error (condition)
-              (error 'unreadable-form :line (line-at text start)
-                                      :message (condition-message condition))))
-          (push (cons start (file-position in)) forms)
-          (when (> (file-position in) index)
-            (return (nreverse forms))))))))
+          (unless (handler-case (or (skipped-by-feature-p text start in)
+                                    (let ((*read-suppress* t))
+                                      (read-preserving-whitespace in)
+                                      nil))
+                    (error (condition)
+                      (error 'unreadable-form :line (line-at text start)
+                                              :message (condition-message condition))))
+            (push (cons start (file-position in)) forms)
+            (when (> (file-position in) index)
+              (return (nreverse forms)))))))))
 
 (defun in-package-name (text start)
   "The package name an `in-package' form at START of TEXT gives, or nil when
 the form there is not one."
-  (let ((opening (string-downcase (subseq text start (min (length text) (+ start 30))))))
+  (let ((opening (substitute-if #\Space (lambda (char) (member char '(#\Tab #\Newline #\Return #\Page)))
+                                (string-downcase (subseq text start (min (length text) (+ start 30)))))))
     (when (some (lambda (prefix) (eql 0 (search prefix opening)))
                 '("(in-package " "(cl:in-package " "(common-lisp:in-package "))
       (handler-case
@@ -183,6 +206,7 @@ and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
 
 (defun %compile-form (file text start end package max-output)
   "`compile-form-of' of the form from START to END of TEXT, FILE's text."
+  (note-compiled-form file (1+ start) (line-at text start) (subseq text start end))
   (multiple-value-bind (result failure)
       (call-with-failure (make-capped-output-stream max-output)
                          (lambda ()

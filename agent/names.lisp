@@ -103,7 +103,7 @@ OCTETS, and the first `*snippet-lines*' lines from there (at most
 (defstruct (source-file (:constructor make-source-file (path octets)))
   "A file as it is now, read once for one reply: its bytes, and what is
 derived from them on first use."
-  path octets (%lowered nil) (%text nil))
+  path octets (%lowered nil) (%text nil) (%forms :unknown))
 
 (defun file-source (path files)
   "The `source-file' at PATH, kept in FILES (an equal hash table) across
@@ -114,6 +114,17 @@ the places of one reply."
   "SOURCE's bytes with ASCII letters in lower case, for finding names."
   (or (source-file-%lowered source)
       (setf (source-file-%lowered source) (lowered-octets (source-file-octets source)))))
+
+(defun source-file-forms (source)
+  "The character offsets where SOURCE's top-level forms start, as a
+vector (see `top-level-form-bounds' of agent/forms.lisp, loaded later), or
+nil when one does not read."
+  (when (eq (source-file-%forms source) :unknown)
+    (setf (source-file-%forms source)
+          (handler-case (map 'vector #'car (top-level-form-bounds (source-file-string source)
+                                                                  most-positive-fixnum))
+            (serious-condition () nil))))
+  (source-file-%forms source))
 
 (defun source-file-string (source)
   "SOURCE's text."
@@ -188,7 +199,9 @@ for its first byte."
 longest match of its start, at least its first line (a definition's
 opening line, which edits inside the form leave alone), nearest ORIGIN;
 nil when its first line is nowhere."
-  (let* ((opening (subseq snippet 0 (or (position 10 snippet) (length snippet))))
+  (let* ((opening (subseq snippet 0 (let ((newline (position 10 snippet)))
+                                      ;; a whole line: not a prefix of a longer name's
+                                      (if newline (1+ newline) (length snippet)))))
          (candidates (and (plusp (length opening)) (occurrences opening octets)))
          (lengths (mapcar (lambda (candidate) (common-prefix-length snippet octets candidate))
                           candidates))
@@ -205,67 +218,156 @@ nil when its first line is nowhere."
   "OCTETS with ASCII letters in lower case, for comparing names."
   (map 'octets (lambda (octet) (if (<= 65 octet 90) (+ octet 32) octet)) octets))
 
-(defun defining-opening-p (lowered name-start)
+(defstruct (sought (:constructor make-sought (name operators setf &optional specializers)))
+  "What a definition is looked for by when its snippet is not in the file
+any more: its symbol's NAME, the defining OPERATORS it is written with
+\(lower-case strings; nil for any `(def...'), SETF, true for a (SETF
+NAME) definition, and for a method its SPECIALIZERS as `written-specializers'
+gives them (nil for any)."
+  name operators setf specializers)
+
+(defun skip-token (text index)
+  "The index in TEXT past the token (a symbol, a number) at INDEX."
+  (or (position-if (lambda (char) (or (member char '(#\Space #\Tab #\Newline #\Return #\( #\) #\;))))
+                   text :start index)
+      (length text)))
+
+(defun skip-blank-text (text index)
+  "The index in TEXT of the first character at or after INDEX that is not blank."
+  (or (position-if-not (lambda (char) (member char '(#\Space #\Tab #\Newline #\Return #\Page)))
+                       text :start index)
+      (length text)))
+
+(defun bare-name (token)
+  "TOKEN, a symbol as written, without its package prefix."
+  (subseq token (1+ (or (position #\: token :from-end t) -1))))
+
+(defun written-specializers (text index)
+  "The specializers of the DEFMETHOD whose name ends at INDEX of TEXT (in
+lower case), as written: each a class's name without its package, \"t\"
+for an unspecialized parameter, \"(eql\" for an (EQL ...) one; nil when
+its lambda list does not parse so simply."
+  (let ((i (skip-blank-text text index)) (n (length text)) (specializers '()))
+    (when (and (< i n) (char= (char text i) #\))) ; the end of (SETF NAME)
+      (setf i (skip-blank-text text (1+ i))))
+    (loop while (and (< i n) (char/= (char text i) #\()) ; qualifiers
+          do (setf i (skip-blank-text text (skip-token text i))))
+    (when (< i n)
+      (setf i (1+ i))
+      (loop
+        (setf i (skip-blank-text text i))
+        (cond ((or (>= i n) (char= (char text i) #\;)) (return nil))
+              ((member (char text i) '(#\) #\&)) (return (reverse specializers)))
+              ((char= (char text i) #\()
+               (let ((at (skip-blank-text text (skip-token text (skip-blank-text text (1+ i))))))
+                 (cond ((>= at n) (return nil))
+                       ((char= (char text at) #\()
+                        (push "(eql" specializers)
+                        (setf at (skip-blank-text text (1+ (or (position #\) text :start at) (1- n))))))
+                       (t (let ((end (skip-token text at)))
+                            (push (bare-name (subseq text at end)) specializers)
+                            (setf at (skip-blank-text text end)))))
+                 (unless (and (< at n) (char= (char text at) #\))) (return nil))
+                 (setf i (1+ at))))
+              (t (push "t" specializers)
+                 (setf i (skip-token text i))))))))
+
+(defparameter *dspec-operators*
+  '((defun "defun") (defmacro "defmacro") (defgeneric "defgeneric") (defmethod "defmethod")
+    (defvar "defvar" "defparameter") (defparameter "defparameter" "defvar")
+    (defconstant "defconstant") (defclass "defclass") (define-condition "define-condition")
+    (defstruct "defstruct") (deftype "deftype") (define-compiler-macro "define-compiler-macro")
+    (defsetf "defsetf" "define-setf-expander") (define-setf-expander "define-setf-expander" "defsetf"))
+  "The operators a definition Swank's dspec names so is written with: a
+`defmacro regs-b' is no place of a `deftype regs', a `defun' none of a
+`define-condition' of the same name.")
+
+(defun defining-opening-p (lowered name-start sought)
   "True when the line of LOWERED (a file's bytes in lower case) holding
-NAME-START opens a definition of the name there: `(defSOMETHING ', then
-only blanks, open parentheses and `setf': what SLIME's :function-name
-search takes for one."
+NAME-START opens a definition there of what SOUGHT describes: `(OPERATOR
+', then only blanks, open parentheses and, for a (SETF NAME) definition,
+`setf'; OPERATOR one of SOUGHT's, or any `def...' (SLIME's :function-name
+search) when it has none."
   (let* ((open (skip-blanks-and-comments lowered (line-start lowered name-start)))
          (word-end (position-if-not #'symbol-octet-p lowered :start (min (1+ open) name-start)
                                                             :end name-start)))
     (and (< (+ open 4) name-start)
          (not (mismatch +def-octets+ lowered :start2 open :end2 (+ open 4)))
          word-end
-         (let ((between (map 'string #'code-char (subseq lowered word-end name-start))))
-           (every (lambda (char) (member char '(#\Space #\Tab #\Newline #\()))
-                  (remove-setf between))))))
+         (or (null (sought-operators sought))
+             (member (map 'string #'code-char (subseq lowered (1+ open) word-end))
+                     (sought-operators sought) :test #'string=))
+         (let* ((between (map 'string #'code-char (subseq lowered word-end name-start)))
+                (rest (remove-setf between)))
+           (and (eq (sought-setf sought) (string/= rest between))
+                (every (lambda (char) (member char '(#\Space #\Tab #\Newline #\()))
+                       rest))))))
 
 (defun remove-setf (text)
   "TEXT without its first `setf'."
   (let ((at (search "setf" text)))
     (if at (concatenate 'string (subseq text 0 at) (subseq text (+ at 4))) text)))
 
-(defun definition-offset (name lowered origin)
-  "Where a definition of NAME (a symbol's name, compared without case)
-opens in LOWERED, a file's bytes in lower case, nearest ORIGIN: `(defun
-NAME', `(defmethod (setf NAME)'...; nil when there is none."
-  (let ((needle (lowered-octets (sb-ext:string-to-octets name :external-format :utf-8))))
+(defun definition-offset (sought lowered origin)
+  "Where a definition SOUGHT describes (see `defining-opening-p'; its name
+compared without case) opens in LOWERED, a file's bytes in lower case,
+nearest ORIGIN: `(defun NAME', `(defmethod (setf NAME)'...; nil when there
+is none."
+  (let ((needle (lowered-octets (sb-ext:string-to-octets (sought-name sought) :external-format :utf-8))))
     (and (plusp (length needle))
          (nearest (loop for start in (occurrences needle lowered)
                         for end = (+ start (length needle))
                         when (and (or (= end (length lowered)) (not (symbol-octet-p (aref lowered end))))
-                                  (plusp start) (not (symbol-octet-p (aref lowered (1- start))))
-                                  (defining-opening-p lowered start))
+                                  (plusp start)
+                                  (or (not (symbol-octet-p (aref lowered (1- start))))
+                                      (= (aref lowered (1- start)) #.(char-code #\:)))
+                                  (defining-opening-p lowered start sought)
+                                  (or (null (sought-specializers sought))
+                                      (equal (sought-specializers sought)
+                                             (written-specializers
+                                              (map 'string #'code-char
+                                                   (subseq lowered end (min (length lowered) (+ end 2000))))
+                                              0))))
                           collect (skip-blanks-and-comments lowered (line-start lowered start)))
                   origin))))
 
-(defun opening-line-names-p (lowered offset name)
+(defun opening-line-names-p (lowered offset sought)
   "True when the line of LOWERED (a file's bytes in lower case) at OFFSET
-mentions NAME."
-  (let ((needle (lowered-octets (sb-ext:string-to-octets name :external-format :utf-8)))
+mentions SOUGHT's name, as a whole symbol (not a prefix of a longer one)."
+  (let ((needle (lowered-octets (sb-ext:string-to-octets (sought-name sought) :external-format :utf-8)))
         (end (or (position 10 lowered :start offset) (length lowered))))
-    (search needle lowered :start2 offset :end2 end)))
+    (loop for at = (search needle lowered :start2 offset :end2 end)
+            then (search needle lowered :start2 (1+ at) :end2 end)
+          while at
+          thereis (let ((after (+ at (length needle))))
+                    (and (or (= after (length lowered)) (not (symbol-octet-p (aref lowered after))))
+                         (or (= at 0) (not (symbol-octet-p (aref lowered (1- at))))
+                             (= (aref lowered (1- at)) #.(char-code #\:))))))))
+
+(defun whole-at-p (needle octets at)
+  "True when NEEDLE's bytes start at AT of OCTETS (a file cut short may end
+inside it); never at the end of the file, whose empty tail matches
+nothing."
+  (and (< at (length octets))
+       (= (common-prefix-length needle octets at) (min (length needle) (- (length octets) at)))))
 
 (defun resolve-offset (source recorded snippet name)
   "Where the form recorded at byte RECORDED of the file whose `source-file'
 is SOURCE is now, and what was found: (values OFFSET STATUS), STATUS
 \"unchanged\" (SNIPPET, a string or nil, is whole at RECORDED),
-\"found-after-edit\", or \"not-found\" (OFFSET is then RECORDED).  NAME, a symbol's name or
-nil, is the definition's: a snippet found on a line that does not name it,
+\"found-after-edit\", or \"not-found\" (OFFSET is then RECORDED).  NAME, a `sought' or
+nil (see `location-name'), is the definition's: a snippet found on a line that does not name it,
 while a definition of the name is elsewhere, was read from the edited file
 rather than the compiled one (Swank's source cache did not hold that)."
   (let* ((octets (source-file-octets source))
          (recorded (max 0 (min recorded (length octets))))
          (at (skip-blanks-and-comments octets recorded))
          (needle (and snippet (plusp (length (string-trim " " snippet)))
-                      (sb-ext:string-to-octets snippet :external-format :utf-8)))
-         (found (and needle (if (= (common-prefix-length needle octets at)
-                                   (min (length needle) (- (length octets) at)))
+                      (swank-octets snippet)))
+         (found (and needle (if (whole-at-p needle octets at)
                                 at
                                 (snippet-offset needle octets recorded)))))
-    (flet ((place (offset) (values offset (if (and (= offset at) (eql found at)
-                                                   (= (common-prefix-length needle octets at)
-                                                      (min (length needle) (- (length octets) at))))
+    (flet ((place (offset) (values offset (if (and (= offset at) (whole-at-p needle octets at))
                                               "unchanged"
                                               "found-after-edit")))
            (named () (and name (definition-offset name (source-file-lowered source) recorded))))
@@ -273,18 +375,48 @@ rather than the compiled one (Swank's source cache did not hold that)."
              (place found))
             ((named) (place (named)))
             (found (place found))
-            ((null needle) (values at "unchanged"))
+            ((and (null needle) (< at (length octets))) (values at "unchanged"))
             (t (values recorded "not-found"))))))
 
-(defun character-to-octet-offset (source characters)
-  "The byte offset of character CHARACTERS (from 0) in SOURCE: Swank counts
-a definition's position in characters of the text it read."
+(defvar *swank-text-format* :utf-8
+  "The external format of the text a place's characters and snippet count
+in (see `swank-file-format'): bound by `resolved-location'.")
+
+(defun swank-file-format (path)
+  "The external format Swank reads the file at PATH in (its source cache, a
+definition's position and snippet): its Emacs coding cookie's, else
+Latin-1, whose characters are the file's bytes."
+  (or (ignore-errors (swank/backend:guess-external-format path)) :latin-1))
+
+(defun swank-octets (string)
+  "STRING, read by Swank, as the bytes of its file (see `*swank-text-format*')."
+  (sb-ext:string-to-octets string :external-format *swank-text-format*))
+
+(defun utf-8-offset (source characters)
+  "The byte offset of character CHARACTERS (from 0) of SOURCE's text read as UTF-8."
   (let ((octets (source-file-octets source)))
     (if (every (lambda (octet) (< octet 128)) octets)
         characters
         (let ((text (source-file-string source)))
           (length (sb-ext:string-to-octets text :external-format :utf-8
                                                 :end (min characters (length text))))))))
+
+(defun swank-counts-bytes-p ()
+  "True when `*swank-text-format*' has a byte per character (Latin-1)."
+  (= 1 (length (sb-ext:string-to-octets (string (code-char 255)) :external-format *swank-text-format*))))
+
+(defun swank-snippet (octets start)
+  "The first characters of OCTETS from START, as Swank reads them (in
+`*swank-text-format*'), as long as one of Swank's snippets."
+  (handler-case (sb-ext:octets-to-string octets :external-format *swank-text-format*
+                                                :start start :end (min (length octets) (+ start 256)))
+    (error () nil)))
+
+(defun character-to-octet-offset (source characters)
+  "The byte offset of character CHARACTERS (from 0) in SOURCE: Swank counts
+a definition's position in characters of the text it read, in
+`*swank-text-format*' (Latin-1's are bytes)."
+  (if (swank-counts-bytes-p) characters (utf-8-offset source characters)))
 
 (defun compiled-text (path)
   "The text PATH (a pathname or namestring) was compiled from, as Swank's
@@ -293,30 +425,120 @@ source cache holds it, or nil."
                     (gethash path swank/source-file-cache::*source-file-cache*))))
     (and entry (swank/source-file-cache::source-cache-entry.text entry))))
 
-(defun compiled-line (path characters)
-  "The line character CHARACTERS (from 0) was on in the text of PATH that
-Swank's source cache holds from when it was compiled, or nil."
-  (handler-case
-      (let ((text (compiled-text path)))
-        (when text
-          (1+ (count #\Newline text :end (min characters (length text))))))
-    (serious-condition () nil)))
+(defun compiled-source (path files)
+  "The text PATH was compiled from, as Swank's source cache holds it, as a
+`source-file' kept in FILES beside the files as they are now; or nil."
+  (let ((key (list :compiled path)))
+    (multiple-value-bind (source known) (gethash key files)
+      (if known
+          source
+          (setf (gethash key files)
+                (let ((text (compiled-text path)))
+                  (and text (make-source-file path (sb-ext:string-to-octets
+                                                    text :external-format (swank-file-format path))))))))))
+
+(defun form-octet-starts (source)
+  "The byte offsets where SOURCE's top-level forms start (see
+`source-file-forms'), or nil."
+  (map 'vector (lambda (start) (utf-8-offset source start)) (source-file-forms source)))
+
+(defun same-form-offset (now compiled here)
+  "The byte offset in COMPILED (a `source-file') as far into the top-level
+form of the same number as byte HERE is in NOW; nil when either does not
+read or COMPILED has fewer forms."
+  (let* ((starts (form-octet-starts now))
+         (index (and (plusp (length starts)) (position here starts :test #'>= :from-end t)))
+         (then (form-octet-starts compiled)))
+    (when (and index (< index (length then)))
+      (+ (aref then index) (- here (aref starts index))))))
+
+(defun compiled-place (path characters snippet name now files)
+  "Where the form Swank places at character CHARACTERS (from 0) of PATH,
+with SNIPPET, was in the text it was compiled from, as Swank's source cache
+holds it: (values LINE SNIPPET), the line where the form started there
+(Swank's position can be inside it: see `resolve-offset') and its first
+lines; nil when that text is unknown.  Swank counts the position in that
+text when the definition recorded its file's date (a function, a method),
+and in NOW, the file as it is now, when it did not (a class, a condition):
+by its top-level form's number, whose form the compiled text then has at
+the same number.  SNIPPET and the one returned are in `*swank-text-format*'."
+  (let ((compiled (compiled-source path files)))
+    (when (and compiled snippet)
+      (let* ((needle (swank-octets snippet))
+             (octets (source-file-octets compiled))
+             (recorded (character-to-octet-offset compiled characters))
+             (here (character-to-octet-offset now characters))
+             (start (cond ((whole-at-p needle octets (skip-blanks-and-comments octets recorded))
+                           recorded)
+                          ((whole-at-p needle (source-file-octets now)
+                                       (skip-blanks-and-comments (source-file-octets now) here))
+                           (same-form-offset now compiled here)))))
+        (when start
+          (let ((form (resolve-offset compiled start
+                                      (if (eql start recorded)
+                                          snippet
+                                          (swank-snippet octets (skip-blanks-and-comments octets start)))
+                                      name)))
+            (values (place-at octets form) (swank-snippet octets form))))))))
+
+(defvar *compiled-forms* (make-hash-table :test 'equal)
+  "What compile-form compiled, by (FILE . POSITION), POSITION the 1-based
+character of the file where the form started: (LINE . TEXT), its first
+line and its text.  A definition it made is placed at (:offset POSITION
+START) of (:buffer-and-file B FILE), START in TEXT; Swank's source cache
+holds the file as some earlier load read it, not as it was then.")
+
+(defparameter *compiled-form-limit* 1000
+  "Forms kept in `*compiled-forms*', at most: past it, the table starts again.")
+
+(defun note-compiled-form (file position line text)
+  "Called by compile-form before it compiles TEXT, the form at character
+POSITION (1-based) and LINE of FILE: see `*compiled-forms*'."
+  (sb-ext:with-locked-hash-table (*compiled-forms*)
+    (when (>= (hash-table-count *compiled-forms*) *compiled-form-limit*)
+      (clrhash *compiled-forms*))
+    (setf (gethash (cons file position) *compiled-forms*) (cons line text))))
+
+(defun compiled-buffer-line (file position start snippet name)
+  "The line where the form of a definition at (:offset POSITION START) of
+FILE started when compile-form compiled it (see `*compiled-forms*'), or
+nil when compile-form did not compile it (C-c C-c in Emacs, say)."
+  (destructuring-bind (&optional line . text)
+      (sb-ext:with-locked-hash-table (*compiled-forms*)
+        (gethash (cons file position) *compiled-forms*))
+    (when line
+      (let ((source (make-source-file file (sb-ext:string-to-octets text :external-format :utf-8))))
+        (+ line -1 (values (place-at (source-file-octets source)
+                                     (resolve-offset source (character-to-octet-offset source start)
+                                                     snippet name))))))))
 
 (defun location-name (name)
-  "The symbol's name to look for when a definition of NAME moved: NAME's
-own, (SETF NAME)'s, a method's or a dspec's (DEFUN NAME ...); nil when
-there is none."
+  "What to look for (a `sought') when a definition of NAME moved: NAME is
+a symbol, (SETF symbol), or a dspec, (DEFUN NAME), (DEFMETHOD NAME ...),
+whose operator says how it is written (see `*dspec-operators*'); nil when
+there is nothing to look for."
   (typecase name
     (null nil)
-    (symbol (symbol-name name))
-    (string name)
-    (cons (if (and (member (first name) '(setf :method :defun defun defmethod defmacro
-                                           defgeneric defvar defparameter defconstant
-                                           defclass defstruct deftype define-condition))
-                   (consp (rest name)))
-              (location-name (second name))
-              (location-name (first name))))
+    (symbol (make-sought (symbol-name name) nil nil))
+    (string (make-sought name nil nil))
+    (cons (cond ((and (eq (first name) 'setf) (consp (rest name)) (symbolp (second name)))
+                 (make-sought (symbol-name (second name)) nil t))
+                ((and (symbolp (first name)) (consp (rest name)))
+                 (let ((inner (location-name (second name))))
+                   (and inner (make-sought (sought-name inner)
+                                           (rest (assoc (first name) *dspec-operators*))
+                                           (sought-setf inner)
+                                           (and (eq (first name) 'defmethod)
+                                                (dspec-specializer-words (second name) (cddr name)))))))
+                (t (location-name (first name)))))
     (t nil)))
+
+(defun dspec-specializer-words (name rest)
+  "The specializers in REST of a method's dspec (DEFMETHOD NAME . REST) as
+`written-specializers' gives them from its text."
+  (mapcar (lambda (specializer)
+            (if (consp specializer) "(eql" (string-downcase (symbol-name specializer))))
+          (nth-value 1 (dspec-method-signature name rest))))
 
 (defun buffer-place-message (buffer snippet)
   "Why a place in an Emacs BUFFER has no file, with the first line of its
@@ -355,19 +577,27 @@ each file read once per reply."
                        (values nil (buffer-place-message (second buffer) snippet)))))
           (if (not (and file offset (probe-file file)))
               (values nil "no source file for this definition")
-              (let* ((source (file-source (namestring (truename file)) files))
-                     (recorded (if characters (character-to-octet-offset source offset) offset)))
-                (multiple-value-bind (found status)
-                    (resolve-offset source recorded snippet (location-name name))
-                  (let ((compiled (and characters (compiled-line file offset))))
-                    ;; The same text where it was, but lines added or removed
-                    ;; above it (comments that the snippet skips).
-                    (when (and (string= status "unchanged") compiled
-                               (/= compiled (place-at (source-file-octets source) found)))
-                      (setf status "found-after-edit"))
-                    (values source found status
-                            (unless (string= status "unchanged")
-                              (or compiled (place-at (source-file-octets source) recorded))))))))))))
+              (let* ((*swank-text-format* (if (and characters (eq (first buffer) :file))
+                                              (swank-file-format file)
+                                              :utf-8))
+                     (source (file-source (namestring (truename file)) files))
+                     (recorded (if characters (character-to-octet-offset source offset) offset))
+                     (name (location-name name)))
+                (multiple-value-bind (compiled compiled-snippet)
+                    (cond ((not characters) nil)
+                          ((eq (first buffer) :buffer-and-file)
+                           (compiled-buffer-line file (second position) (third position) snippet name))
+                          (t (compiled-place file offset snippet name source files)))
+                  (multiple-value-bind (found status)
+                      (resolve-offset source recorded (or compiled-snippet snippet) name)
+                    (let ((line (place-at (source-file-octets source) found)))
+                      (cond ((string= status "not-found"))
+                            ;; Where it was compiled, whatever changed around it
+                            ((eql compiled line) (setf status "unchanged"))
+                            (compiled (setf status "found-after-edit")))
+                      (values source found status
+                              (unless (string= status "unchanged")
+                                (or compiled (place-at (source-file-octets source) recorded)))))))))))))
 
 (defun place-plist (source offset status compiled-line)
   "(:file F :line L :column C :snippet S :status STATUS [:compiled-line N])
@@ -644,12 +874,45 @@ has required parameters."
          (split (max 0 (- (length rest) required))))
     (values (subseq rest 0 split) (subseq rest split))))
 
+(defun definition-source-of (dspec)
+  "The SB-INTROSPECT definition source Swank made DSPEC, (OPERATOR NAME
+...), from (see Swank's find-definitions), or nil."
+  (let ((name (second dspec)))
+    (loop for type in swank/sbcl::*definition-types* by #'cddr
+          do (dolist (source (ignore-errors (sb-introspect:find-definition-sources-by-name name type)))
+               (when (equal (ignore-errors (swank/sbcl::make-dspec type name source)) dspec)
+                 (return-from definition-source-of source))))))
+
+(defun compiled-text-location (dspec files)
+  "A location of DSPEC's top-level form in the text its file was compiled
+from (Swank's source cache), or nil: for a definition Swank could not
+place, because it counts the form by its number in the file as it is now
+\(a class's, a variable's), which has fewer forms since it was cut short
+or forms were deleted.  The snippet is the compiled text's, so the
+definition is then looked for in the file as it is now as any other."
+  (let* ((source (definition-source-of dspec))
+         (pathname (and source (sb-introspect:definition-source-pathname source)))
+         (path (and pathname (probe-file pathname) (namestring (truename pathname))))
+         (form (first (and source (sb-introspect:definition-source-form-path source))))
+         (compiled (and path form (compiled-source path files)))
+         (starts (and compiled (source-file-forms compiled))))
+    (when (and starts (< form (length starts)))
+      (let* ((*swank-text-format* (swank-file-format path))
+             (octet (utf-8-offset compiled (aref starts form))))
+        `(:location (:file ,path) (:position ,(1+ (if (swank-counts-bytes-p) octet (aref starts form))))
+                    (:snippet ,(swank-snippet (source-file-octets compiled) octet)))))))
+
 (defun swank-definition-plist (dspec location files)
   "One of Swank's definitions, DSPEC at LOCATION, as (:type :name
-[:qualifiers :specializers] . PLACE), PLACE as `location-plist' gives it."
+[:qualifiers :specializers] . PLACE), PLACE as `location-plist' gives it;
+one Swank could not place is placed from its compiled text (see
+`compiled-text-location')."
   (destructuring-bind (operator name &rest rest) dspec
     (let ((type (dspec-type-word operator))
-          (place (location-plist location files :name name :characters t)))
+          (place (location-plist (or (and (eq (first location) :error)
+                                          (ignore-errors (compiled-text-location dspec files)))
+                                     location)
+                                 files :name dspec :characters t)))
       (when (getf place :error)
         (setf place (list :error (if (search "DEFINITION-SOURCE" (getf place :error))
                                      "no source file (defined without one, e.g. by an evaluation)"

@@ -199,8 +199,10 @@ def describe_text(structure: dict[str, Any]) -> str:
         sections.append("\n".join(lines))
     if "location" in structure:
         location = structure["location"]
+        # place_text reads the agent's keys: the "edited since" note needs them
         where = (f"  defined by evaluation {location['evaluation']}" if "evaluation" in location
-                 else place_text(location))
+                 else place_text({**location, "status": location.get("place"),
+                                  "compiled-line": location.get("compiledLine")}))
         sections.append(f"[location]\n{location['type']}\n{where}")
     return "\n\n".join(sections)
 

@@ -1,0 +1,152 @@
+"""The truth harness on part of its corpus (tests/truth/; `make truth` runs
+all of it), and the wrong places it found, each on the library it found it
+in: every place is checked against the oracle, a plain SBCL reading the
+file as it is now (tests/truth/places.lisp)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import McpProcess
+from tests.truth.corpus import CORPUS, copy_library, load_copy
+from tests.truth.places import oracle, unique
+from tests.truth.run import check_library
+
+LIBRARIES = {library.directory: library for library in CORPUS}
+_copies = itertools.count(1)
+
+
+@pytest.mark.parametrize("name", ["cl-split-sequence", "named-readtables"])
+def test_every_place_of_a_library_before_and_after_edits(name):
+    tally = check_library(LIBRARIES[name], rounds=8, seed=37, log=lambda text: None)
+    assert sum(tally.right.values()) > 200
+    assert tally.failures == []
+
+
+@pytest.fixture(scope="module")
+def lisp():
+    process = McpProcess()
+    process.initialize()
+    yield process
+    process.close(60)
+
+
+def loaded(lisp: McpProcess, tmp_path: Path, name: str) -> tuple[Path, Path]:
+    """A pristine copy of library NAME and an edited one, the edited one
+    loaded in LISP's image (a system loaded twice is compiled afresh from
+    the copy registered last)."""
+    library = LIBRARIES[name]
+    base = tmp_path / f"copy-{next(_copies)}"
+    pristine = copy_library(library, base / "pristine")
+    edited = copy_library(library, base / "edited")
+    load_copy(lisp, library, edited)
+    return pristine, edited
+
+
+def oracle_line(pristine: Path, edited: Path, system: str, file: Path, kind: str, name: str) -> int | None:
+    """The line where the oracle reads the definition KIND NAME in FILE now."""
+    found = [d for d in unique(oracle(pristine, system, edited, [str(file)])).values()
+             if d.type == kind and d.name == name]
+    return found[0].line if found else None
+
+
+def place(lisp: McpProcess, symbol: str, kind: str, name: str) -> dict:
+    result = lisp.call("find-definition", symbol=symbol, package=symbol.split(":")[0])
+    found = [d for d in result["structuredContent"]["definitions"] if d["type"] == kind and d["name"] == name]
+    assert len(found) == 1, result
+    return found[0]
+
+
+def test_a_form_whose_recorded_position_is_inside_it(lisp, tmp_path):
+    # SBCL records split-list-if-not at its body's call, line 107.
+    pristine, edited = loaded(lisp, tmp_path, "cl-split-sequence")
+    line = oracle_line(pristine, edited, "split-sequence", edited / "list.lisp", "function", "SPLIT-LIST-IF-NOT")
+    found = place(lisp, "split-sequence::split-list-if-not", "function", "SPLIT-LIST-IF-NOT")
+    assert (found["line"], found["place"], found.get("compiledLine")) == (line, "unchanged", None)
+
+
+def test_a_definition_on_its_line_after_an_edit_above_that_adds_no_line(lisp, tmp_path):
+    pristine, edited = loaded(lisp, tmp_path, "cl-split-sequence")
+    vector = edited / "vector.lisp"
+    vector.write_text(vector.read_text().replace("(defun split-vector-from-start ",
+                                                 "(defun split-vector-from-start-renamed "))
+    line = oracle_line(pristine, edited, "split-sequence", vector, "function", "SPLIT-VECTOR-IF")
+    found = place(lisp, "split-sequence::split-vector-if", "function", "SPLIT-VECTOR-IF")
+    assert (found["line"], found["place"], found.get("compiledLine")) == (line, "unchanged", None)
+
+
+def test_definitions_past_the_end_of_a_file_cut_short(lisp, tmp_path):
+    pristine, edited = loaded(lisp, tmp_path, "cl-split-sequence")
+    listing = edited / "list.lisp"
+    compiled = oracle_line(pristine, edited, "split-sequence", listing, "function", "SPLIT-LIST")
+    listing.write_text("".join(listing.read_text().splitlines(keepends=True)[:56]))
+    found = place(lisp, "split-sequence::split-list", "function", "SPLIT-LIST")
+    assert (found["place"], found["compiledLine"]) == ("not-found", compiled)
+
+
+def test_a_renamed_condition_is_not_placed_at_a_function_of_its_name(lisp, tmp_path):
+    pristine, edited = loaded(lisp, tmp_path, "named-readtables")
+    utils = edited / "src" / "utils.lisp"
+    utils.write_text(utils.read_text().replace("(define-condition simple-program-error ",
+                                               "(define-condition simple-program-error-renamed "))
+    found = place(lisp, "editor-hints.named-readtables::simple-program-error", "condition", "SIMPLE-PROGRAM-ERROR")
+    assert found["place"] == "not-found"
+
+
+def test_a_renamed_variable_is_not_placed_at_a_longer_name(lisp, tmp_path):
+    # esrap's files are in a :module: their compiled text is kept too.
+    pristine, edited = loaded(lisp, tmp_path, "esrap")
+    variables = edited / "src" / "variables.lisp"
+    variables.write_text(variables.read_text().replace("(defparameter *eval-nonterminals* nil)",
+                                                       "(defparameter *eval-nonterminals*-renamed nil)"))
+    found = place(lisp, "esrap::*eval-nonterminals*", "variable", "*EVAL-NONTERMINALS*")
+    assert found["place"] == "not-found"
+
+
+def test_the_compiled_line_is_where_compile_form_compiled_it(lisp, tmp_path):
+    pristine, edited = loaded(lisp, tmp_path, "cl-split-sequence")
+    api = edited / "api.lisp"
+    api.write_text(";;; two lines\n;;; added\n" + api.read_text())
+    compiled = oracle_line(pristine, edited, "split-sequence", api, "function", "SPLIT-SEQUENCE")
+    result = lisp.call("compile-form", path=str(api), line=compiled)
+    assert not result["isError"], result
+    found = place(lisp, "split-sequence:split-sequence", "function", "SPLIT-SEQUENCE")
+    assert (found["line"], found["place"]) == (compiled, "unchanged")
+    api.write_text(";;; and three\n;;; more\n;;; lines\n" + api.read_text())
+    found = place(lisp, "split-sequence:split-sequence", "function", "SPLIT-SEQUENCE")
+    assert (found["line"], found["place"], found["compiledLine"]) == (compiled + 3, "found-after-edit", compiled)
+
+@pytest.mark.parametrize("blank", ["\n  ", "\t"])
+def test_compile_form_reads_in_the_package_of_an_in_package_with_a_line_break(lisp, tmp_path, blank):
+    pristine, edited = loaded(lisp, tmp_path, "cl-split-sequence")
+    api = edited / "api.lisp"
+    api.write_text(api.read_text().replace("(in-package :split-sequence)", f"(in-package{blank}:split-sequence)"))
+    line = oracle_line(pristine, edited, "split-sequence", api, "function", "SPLIT-SEQUENCE")
+    result = lisp.call("compile-form", path=str(api), line=line)
+    assert (result["isError"], result["structuredContent"]["package"]) == (False, "SPLIT-SEQUENCE"), result
+
+def test_describe_symbol_says_the_file_was_edited_as_find_definition_does(lisp, tmp_path):
+    pristine, edited = loaded(lisp, tmp_path, "cl-split-sequence")
+    api = edited / "api.lisp"
+    compiled = oracle_line(pristine, edited, "split-sequence", api, "function", "SPLIT-SEQUENCE")
+    api.write_text(";;; a line added\n" + api.read_text())
+    described = lisp.call("describe-symbol", symbol="split-sequence:split-sequence")
+    note = f"api.lisp:{compiled + 1}:1 (the file was edited since this was compiled at line {compiled})"
+    assert note in described["content"][0]["text"], described
+
+
+def test_a_method_after_an_edit_in_a_file_ending_in_forms_for_other_lisps(lisp, tmp_path):
+    # Swank counts a method's place by its top-level form's number in the
+    # file as it is now; core.lisp ends in #+ccl forms, which SBCL skips.
+    pristine, edited = loaded(lisp, tmp_path, "lparallel")
+    core = edited / "src" / "kernel" / "core.lisp"
+    compiled = oracle_line(pristine, edited, "lparallel", core, "method", "PRINT-OBJECT")
+    lines = core.read_text().splitlines(keepends=True)
+    core.write_text("".join(lines[:139] + [";; inserted\n"] * 5 + lines[139:]))
+    result = lisp.call("find-definition", symbol="print-object", package="LPARALLEL.KERNEL")
+    found = [d for d in result["structuredContent"]["definitions"] if d.get("specializers") == ["KERNEL", "T"]]
+    assert [(d["line"], d["place"], d.get("compiledLine")) for d in found] == [
+        (compiled + 5, "found-after-edit", compiled)]

@@ -1,0 +1,58 @@
+"""The corpus: Debian's sources of real libraries, each copied to a
+temporary directory (so that edits never touch /usr/share) and loaded from
+there."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.integration.conftest import McpProcess
+
+SOURCES = Path("/usr/share/common-lisp/source")
+
+
+@dataclass(frozen=True)
+class Library:
+    """One library of the corpus: its directory under SOURCES and its system."""
+
+    directory: str
+    system: str
+
+    @property
+    def source(self) -> Path:
+        return SOURCES / self.directory
+
+
+CORPUS = [
+    Library("esrap", "esrap"),
+    Library("iterate", "iterate"),
+    Library("lparallel", "lparallel"),
+    Library("bordeaux-threads", "bordeaux-threads"),
+    Library("named-readtables", "named-readtables"),
+    Library("fiveam", "fiveam"),
+    Library("cl-ppcre", "cl-ppcre"),
+    Library("cl-split-sequence", "split-sequence"),
+    Library("alexandria", "alexandria"),
+    Library("cl-flexi-streams", "flexi-streams"),
+]
+
+
+def copy_library(library: Library, under: Path) -> Path:
+    """A fresh copy of LIBRARY's sources in UNDER; fails when Debian's
+    package is missing (`make test` installs it)."""
+    if not library.source.is_dir():
+        raise AssertionError(f"{library.source} is missing: run `make test`, which installs it")
+    copy = under / library.directory
+    shutil.copytree(library.source, copy)
+    return copy
+
+
+def load_copy(process: McpProcess, library: Library, copy: Path) -> None:
+    """Register COPY with ASDF in PROCESS's image (the central registry is
+    searched before Debian's source registry) and load its system there."""
+    text, is_error = process.eval(f'(push #p"{copy}/" asdf:*central-registry*)')
+    assert not is_error, text
+    loaded = process.call("load-system", system=library.system, wait=600)
+    assert not loaded["isError"], loaded["content"][0]["text"][:2000]

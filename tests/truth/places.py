@@ -1,0 +1,160 @@
+"""The places oracle and the check of cl-mcp's places against it.
+
+The oracle (places.lisp, in a plain SBCL) gives the line where each
+defining form of a library starts in its files as they are now.  What a
+place must say follows from that and from the line the form had when it was
+last compiled (docs/tools.md, Places after edits):
+
+- the definition is in the file no more (deleted, renamed, cut off):
+  `not-found`;
+- it starts on another line than when compiled: that line, `found-after-edit`
+  and `compiledLine` the line it was compiled at;
+- on the same line with the same text: `unchanged`, no `compiledLine`;
+- on the same line with its text edited: that line, `unchanged`, or
+  `found-after-edit` with `compiledLine` that same line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.integration.conftest import McpProcess
+
+ORACLE = Path(__file__).with_name("places.lisp")
+
+
+@dataclass(frozen=True)
+class Definition:
+    """One defining form, as the oracle read it."""
+
+    file: str
+    line: int
+    type: str
+    query: str  # the symbol, package-qualified
+    package: str  # the symbol's home, where names are printed
+    name: str
+    qualifiers: str
+    specializers: str
+    digest: str  # of the form's text
+    end: int  # last line of its top-level form
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return (self.type, self.package, self.name, self.qualifiers, self.specializers)
+
+
+def oracle(pristine: Path, system: str, edited: Path, files: list[str] | None = None) -> list[Definition]:
+    """Every definition in the files of EDITED (those given, or every source
+    file of SYSTEM), as a plain SBCL that loaded SYSTEM from PRISTINE reads them."""
+    run = subprocess.run(["sbcl", "--script", str(ORACLE), f"{pristine}/", system, f"{edited}/", *(files or [])],
+                         capture_output=True, text=True, timeout=900, env=os.environ)
+    assert run.returncode == 0 and not run.stderr.strip(), run.stderr[-3000:]
+    found = []
+    for line in run.stdout.splitlines():
+        file, number, kind, query, package, name, qualifiers, specializers, digest, end = line.split("\t")
+        found.append(Definition(file, int(number), kind, query, package, name, qualifiers, specializers,
+                                digest, int(end)))
+    return found
+
+
+def unique(definitions: list[Definition]) -> dict[tuple[str, ...], Definition]:
+    """DEFINITIONS by key, leaving out a key defined twice (which one the
+    image holds depends on the load order, not on the text)."""
+    counts: dict[tuple[str, ...], int] = {}
+    for definition in definitions:
+        counts[definition.key] = counts.get(definition.key, 0) + 1
+    return {d.key: d for d in definitions if counts[d.key] == 1}
+
+
+@dataclass
+class Compiled:
+    """What a definition was when it was last compiled: its line and digest."""
+
+    line: int
+    digest: str
+
+
+@dataclass
+class Tally:
+    """Right and wrong answers of one library, by (answer, definition type)."""
+
+    right: dict[tuple[str, str], int] = field(default_factory=dict)
+    wrong: dict[tuple[str, str], int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def count(self, answer: str, kind: str, failure: str | None) -> None:
+        book = self.wrong if failure else self.right
+        book[(answer, kind)] = book.get((answer, kind), 0) + 1
+        if failure:
+            self.failures.append(f"{answer}: {failure}")
+
+
+def expected_failure(place: dict[str, Any] | None, now: Definition | None, compiled: Compiled) -> str | None:
+    """Why PLACE (a place plist: file, line, place, compiledLine) is wrong
+    for a definition that is NOW in the file (None: not any more), compiled
+    as COMPILED; None when it is right."""
+    if place is None:
+        return "no place"
+    got = (place.get("line"), place.get("place"), place.get("compiledLine"))
+    if now is None:
+        return None if place.get("place") == "not-found" else f"expected not-found, got {got}"
+    if place.get("file") != now.file:
+        return f"file {short(place.get('file', ''))}, expected {short(now.file)}"
+    if now.line != compiled.line:
+        wanted = [(now.line, "found-after-edit", compiled.line)]
+    elif now.digest == compiled.digest:
+        wanted = [(now.line, "unchanged", None)]
+    else:
+        wanted = [(now.line, "unchanged", None), (now.line, "found-after-edit", compiled.line)]
+    return None if got in wanted else f"expected {wanted[0]}, got {got}"
+
+
+def short(file: str) -> str:
+    """FILE within its library's copy, which lives in a temporary directory."""
+    return file.split("/edited/", 1)[-1]
+
+
+def signature(entry: dict[str, Any]) -> tuple[str, str]:
+    """A find-definition entry's qualifiers and specializers as the oracle prints them."""
+    if entry.get("type") != "method":
+        return "", ""
+    qualifiers = entry.get("qualifiers") or []
+    return ("(" + " ".join(qualifiers) + ")" if qualifiers else "",
+            "(" + " ".join(entry.get("specializers") or []) + ")")
+
+
+def entry_key(entry: dict[str, Any], package: str) -> tuple[str, ...]:
+    return (entry.get("type", ""), package, entry.get("name", ""), *signature(entry))
+
+
+def check_places(process: McpProcess, tally: Tally, phase: str, compiled: dict[tuple[str, ...], Definition],
+                 lines: dict[tuple[str, ...], Compiled], now: dict[tuple[str, ...], Definition]) -> None:
+    """Ask find-definition and describe-symbol about every definition of
+    COMPILED (the library's, by key, as loaded) and count their places
+    right or wrong against NOW (the oracle on the files as they are now)
+    and LINES (where each was last compiled).  PHASE names the answers."""
+    by_symbol: dict[tuple[str, str], list[Definition]] = {}
+    for definition in compiled.values():
+        by_symbol.setdefault((definition.query, definition.package), []).append(definition)
+    for (query, package), definitions in by_symbol.items():
+        found = process.call("find-definition", symbol=query, package=package)
+        entries = found.get("structuredContent", {}).get("definitions", [])
+        places = {entry_key(entry, package): entry for entry in entries if "line" in entry}
+        for definition in definitions:
+            failure = expected_failure(places.get(definition.key), now.get(definition.key), lines[definition.key])
+            tally.count(f"find-definition {phase}", definition.type,
+                        failure and f"{definition.type} {definition.query} {short(definition.file)}:{definition.line}:"
+                                    f" {failure}")
+        described = process.call("describe-symbol", symbol=query, package=package)
+        location = described.get("structuredContent", {}).get("location")
+        if location and "line" in location:
+            # Its type says which definition: the symbol's own of that type
+            same = [d for d in definitions if d.type == location["type"] and not d.name.startswith("(")]
+            if len(same) == 1:
+                failure = expected_failure(location, now.get(same[0].key), lines[same[0].key])
+                tally.count(f"describe-symbol {phase}", same[0].type,
+                            failure and f"{same[0].type} {query}: {failure}")

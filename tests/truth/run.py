@@ -1,0 +1,146 @@
+"""The truth harness's driver: `make truth` (python -m tests.truth.run).
+
+For each library of the corpus: a fresh cl-mcp (embedded) loads a copy of
+it; every definition's place is checked against the places oracle; then
+rounds of seeded random edits, each followed by a compile-form now and
+then, and the places of the edited files checked again; at the end every
+place once more.  The table goes to docs/truth.md."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.integration.conftest import McpProcess
+from tests.truth import edits
+from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
+from tests.truth.places import Compiled, Definition, Tally, check_places, oracle, unique
+
+TABLE = Path(__file__).parents[2] / "docs" / "truth.md"
+COMPILABLE = {"function", "macro", "generic-function", "method", "variable"}
+
+
+def compile_form(process: McpProcess, d: Definition, now: dict[tuple[str, ...], Definition],
+                 lines: dict[tuple[str, ...], Compiled]) -> str | None:
+    """compile-form of D's top-level form; the definitions it holds are
+    then compiled at their lines now."""
+    result = process.call("compile-form", path=d.file, line=d.line)
+    if result["isError"]:
+        return None
+    for other in now.values():
+        if other.file == d.file and other.end == d.end and other.key in lines:
+            lines[other.key] = Compiled(other.line, other.digest)
+    return f"compile-form {d.name} ({Path(d.file).name}:{d.line})"
+
+
+def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
+    """The places of LIBRARY, before and after ROUNDS rounds of edits
+    seeded with SEED."""
+    tally = Tally()
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(prefix="cl-mcp-truth-") as scratch:
+        pristine = copy_library(library, Path(scratch) / "pristine")
+        edited = copy_library(library, Path(scratch) / "edited")
+        process = McpProcess()
+        try:
+            process.initialize()
+            load_copy(process, library, edited)
+            compiled = unique(oracle(pristine, library.system, edited))
+            lines = {key: Compiled(d.line, d.digest) for key, d in compiled.items()}
+            now = dict(compiled)
+            check_places(process, tally, "before edits", compiled, lines, now)
+            for _ in range(rounds):
+                files = sorted({d.file for d in now.values()})
+                touched = rng.sample(files, min(len(files), rng.randint(1, 3)))
+                for file in touched:
+                    choices = [d for d in now.values() if d.file == file]
+                    done = edits.random_edit(rng, rng.choice(choices))
+                    if done:
+                        log(f"  {done}")
+                fresh = oracle(pristine, library.system, edited, touched)
+                now = {k: d for k, d in now.items() if d.file not in touched} | unique(fresh)
+                compilable = [d for d in fresh if d.type in COMPILABLE and d.key in lines]
+                if compilable and rng.random() < 0.5:
+                    done = compile_form(process, rng.choice(compilable), now, lines)
+                    if done:
+                        log(f"  {done}")
+                in_touched = {k: d for k, d in compiled.items() if d.file in touched}
+                check_places(process, tally, "after edits", in_touched, lines, now)
+            if rounds:
+                check_places(process, tally, "after edits", compiled, lines, now)
+        finally:
+            process.close(60)
+    return tally
+
+
+def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> str:
+    """docs/truth.md: per library and per answer, then per definition type."""
+    answers = sorted({a for t in results.values() for a, _ in [*t.right, *t.wrong]})
+    out = ["# Truth on real code",
+           "",
+           "Written by `make truth` (tests/truth/run.py; issue 37): every definition of each",
+           "library read by a plain SBCL (tests/truth/places.lisp), its place asked of cl-mcp",
+           f"(embedded) and compared, before and after {rounds} rounds of seeded edits",
+           f"(seed {seed}). {seconds:.0f} s.",
+           "",
+           "The harness lives in tests/truth/, beside the integration tests whose cl-mcp",
+           "driver (McpProcess) it uses; pytest collects only tests/integration/test_truth.py,",
+           "its subset. A definition is right when its place's line is the oracle's line and",
+           "its `place` and `compiledLine` are as docs/tools.md says (Places after edits):",
+           "`not-found` when it is not in the file any more; `found-after-edit` with the line",
+           "it was compiled at when it starts on another line; `unchanged` when it starts on",
+           "the line it was compiled at (with its text edited inside, `found-after-edit` with",
+           "that same line is right too). A name defined twice in a library is not checked.",
+           "",
+           "| library | answer | checked | right | wrong |",
+           "|---|---|---|---|---|"]
+    for name, tally in results.items():
+        for answer in answers:
+            right = sum(n for (a, _), n in tally.right.items() if a == answer)
+            wrong = sum(n for (a, _), n in tally.wrong.items() if a == answer)
+            if right or wrong:
+                out.append(f"| {name} | {answer} | {right + wrong} | {right} | {wrong} |")
+    kinds = sorted({k for t in results.values() for _, k in [*t.right, *t.wrong]})
+    out += ["", "| definition type | answer | checked | right | wrong |", "|---|---|---|---|---|"]
+    for kind in kinds:
+        for answer in answers:
+            right = sum(t.right.get((answer, kind), 0) for t in results.values())
+            wrong = sum(t.wrong.get((answer, kind), 0) for t in results.values())
+            if right or wrong:
+                out.append(f"| {kind} | {answer} | {right + wrong} | {right} | {wrong} |")
+    out += ["", "Not checked yet: xref, compiler notes, frames, test places, test results,",
+            "backtraces, output (issue 37's other oracles).", "", "## Wrong answers", ""]
+    for name, tally in results.items():
+        for failure in tally.failures[:40]:
+            out.append(f"- {name}: {failure}")
+        if len(tally.failures) > 40:
+            out.append(f"- {name}: … and {len(tally.failures) - 40} more")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("libraries", nargs="*", help="directories of the corpus to check (default: all)")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=37)
+    parser.add_argument("--output", type=Path, default=TABLE)
+    options = parser.parse_args()
+    chosen = [lib for lib in CORPUS if not options.libraries or lib.directory in options.libraries]
+    started = time.monotonic()
+    results = {}
+    for library in chosen:
+        print(library.directory, file=sys.stderr)
+        results[library.directory] = check_library(library, options.rounds, options.seed,
+                                                   log=lambda text: print(text, file=sys.stderr))
+        wrong = sum(results[library.directory].wrong.values())
+        right = sum(results[library.directory].right.values())
+        print(f"  {right} right, {wrong} wrong", file=sys.stderr)
+    options.output.write_text(table(results, time.monotonic() - started, options.rounds, options.seed))
+
+
+if __name__ == "__main__":
+    main()
