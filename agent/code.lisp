@@ -601,9 +601,10 @@ file is edited."
 (defun system-source-files (system &key other-systems)
   "The truenames of the Lisp source files of ASDF SYSTEM that exist, and of
 the systems it depends on when OTHER-SYSTEMS."
-  (loop for component in (asdf:required-components system :other-systems other-systems
-                                                          :component-type 'asdf:cl-source-file)
-        for file = (asdf:component-pathname component)
+  ;; Filtered here: with :component-type, ASDF skips the files inside
+  ;; :modules (esrap's tests).
+  (loop for component in (asdf:required-components system :other-systems other-systems)
+        for file = (and (typep component 'asdf:cl-source-file) (asdf:component-pathname component))
         when (and file (probe-file file))
           collect (truename file)))
 

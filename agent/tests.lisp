@@ -7,7 +7,7 @@
 ;;;;  - FiveAM: the result objects `5am:run' returns (one per check), caught
 ;;;;    by an encapsulation of `5am:run' that records them only inside a run
 ;;;;    of ours, so that `asdf:test-system' (which calls `5am:run!') is seen
-;;;;    too;
+;;;;    too, and only the outermost run's (a test's own runs are its own);
 ;;;;  - Fiasco: the contexts `fiasco:run-tests' returns (one per test run,
 ;;;;    holding its assertions and failures), caught by an encapsulation of
 ;;;;    `run-tests' as FiveAM's `run' is;
@@ -17,7 +17,8 @@
 ;;;;    calls once per entry that did not signal).
 ;;;; A test's place goes through the edit-compile loop's resolver: a Fiasco
 ;;;; test's as Swank records it, a FiveAM or RT test's (which record none)
-;;;; found by its name in the text its file was compiled from (see `placed').
+;;;; found by its name in the text its file was compiled from (see `placed'),
+;;;; a FiveAM test's own file first (see `fiveam-test-file').
 ;;;;
 ;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
 ;;;; in swank-bootstrap.lisp; it uses only what the parts before it
@@ -89,10 +90,14 @@ arguments), once per image: `sb-int:encapsulate', as TRACE does."
 return: FiveAM's result lists, RT's compared values."
   (encapsulate-once (framework-symbol "FIVEAM" "RUN")
                     (lambda (function &rest arguments)
-                      (let ((results (apply function arguments)))
-                        (when *test-run*
-                          (note-framework *test-run* "FiveAM")
-                          (push results (test-run-fiveam-results *test-run*)))
+                      (let* ((run *test-run*)
+                             ;; A run inside a test (FiveAM's self-tests
+                             ;; run inner suites) is that test's business:
+                             ;; FiveAM counts only the outermost run.
+                             (results (let ((*test-run* nil)) (apply function arguments))))
+                        (when run
+                          (note-framework run "FiveAM")
+                          (push results (test-run-fiveam-results run)))
                         results)))
   (encapsulate-once (framework-symbol "FIASCO" "RUN-TESTS")
                     (lambda (function testable &rest arguments)
@@ -132,10 +137,18 @@ return: FiveAM's result lists, RT's compared values."
                                   (multiple-value-prog1 (apply function entry arguments)
                                     (note-framework run "RT")
                                     (push (append (rt-entry-fields package entry)
-                                                  (multiple-value-list (gethash name compared)))
+                                                  (multiple-value-list (gethash name compared))
+                                                  (list (rt-expected-p package name)))
                                           (test-run-rt-entries run)))))))))))
 
 ;;;; RT's entries
+
+(defun rt-expected-p (package name)
+  "True when RT (in PACKAGE) expects the test NAME to fail: it is on the
+*EXPECTED-FAILURES* list (SB-RT's and RT's), which the do-tests summary
+excludes from the unexpected failures."
+  (let ((expected (framework-symbol package "*EXPECTED-FAILURES*")))
+    (and expected (boundp expected) (member name (symbol-value expected)) t)))
 
 (defun rt-entry-fields (package entry)
   "(NAME FORM VALS PASSED) of RT ENTRY (the run records the values RT
@@ -148,19 +161,21 @@ compared after them, and whether it compared any): SB-RT keeps a list (PEND NAME
         (list (field "NAME") (field "FORM") (field "VALS") (not (field "PEND"))))))
 
 (defun rt-outcome (fields)
-  "RT entry FIELDS as a failure or error plist, or nil when it passed.  An
-entry whose values were never compared signalled an error, which RT
-keeps nowhere: its form is evaluated once more here for the condition."
-  (destructuring-bind (name form vals passed actual compared) fields
+  "RT entry FIELDS as a failure or error plist (with :expected-to-fail t when RT
+expected it to fail), or nil when it passed.  An entry whose values were
+never compared signalled an error, which RT keeps nowhere: its form is
+evaluated once more here for the condition."
+  (destructuring-bind (name form vals passed actual compared expected) fields
     (unless passed
-      (progn
+      (append
         (if compared
             (list :kind :failure :test (printed name) :symbol name :form (printed form)
                   :reason (format nil "Expected ~A, got ~A"
                                   (printed-values vals) (printed-values actual))
                   :expected (printed-values vals) :actual (printed-values actual))
             (list* :kind :error :test (printed name) :symbol name :form (printed form)
-                   (condition-fields (nth-value 1 (ignore-errors (eval form))))))))))
+                   (condition-fields (nth-value 1 (ignore-errors (eval form))))))
+        (and expected (list :expected-to-fail t))))))
 
 (defun printed-values (values)
   (format nil "~{~A~^ ~}" (mapcar #'printed values)))
@@ -243,7 +258,50 @@ nil for one the test declared expected."
 ;;;    from, when Swank's source cache holds it (load-system and run-tests
 ;;;    {system} keep it: `remember-system-sources'), and that place is then
 ;;;    resolved as a recorded one; else by name in the file as it is now,
-;;;    with no status, as nothing says what was compiled.
+;;;    with no status, as nothing says what was compiled.  A FiveAM test's
+;;;    function is named after the file that was loading (see
+;;;    `fiveam-test-file'): that file is searched first.
+
+(defun dependency-system-name (dependency)
+  "The system an ASDF :depends-on entry names: NAME, (:version NAME
+VERSION), (:feature FEATURE NAME) or (:require NAME); nil for another form."
+  (cond ((or (stringp dependency) (symbolp dependency)) dependency)
+        ((and (consp dependency) (member (first dependency) '(:version :require)))
+         (second dependency))
+        ((and (consp dependency) (eq (first dependency) :feature))
+         (dependency-system-name (third dependency)))))
+
+(defun compiled-file-source (compiled)
+  "The source file whose compiled file is COMPILED (a namestring): itself
+when it is not a fasl, else the file of the loaded ASDF component that
+compiles to it, else the .lisp beside it (COMPILE-FILE's default); nil
+when none exists."
+  (let ((fasl (probe-file compiled)))
+    (cond ((null fasl) nil)
+          ((not (equal (pathname-type fasl) (pathname-type (compile-file-pathname "x.lisp")))) fasl)
+          ((loop for name in (asdf:already-loaded-systems)
+                 for system = (asdf:find-system name nil)
+                 thereis (and system
+                              (loop for component in (asdf:required-components system :other-systems nil)
+                                    thereis (and (typep component 'asdf:cl-source-file)
+                                                 (equal (probe-file (first (asdf:output-files 'asdf:compile-op
+                                                                                              component)))
+                                                        fasl)
+                                                 (probe-file (asdf:component-pathname component)))))))
+          (t (probe-file (make-pathname :type "lisp" :defaults fasl))))))
+
+(defun fiveam-test-file (name)
+  "The source file of the FiveAM test NAME, from the one place SBCL records
+for its function: FiveAM makes it by EVAL while the test's file loads, so
+its name says which file (`(LABELS %TEST-NAME :IN FILE)'), with no
+position; nil when that is not known."
+  (let* ((get-test (framework-symbol "FIVEAM" "GET-TEST"))
+         (test (and get-test (symbolp name) (funcall get-test name)))
+         (slot (framework-symbol "FIVEAM" "TEST-LAMBDA"))
+         (function (and test slot (slot-exists-p test slot) (slot-boundp test slot) (slot-value test slot)))
+         (function-name (and (functionp function) (sb-kernel:%fun-name function)))
+         (file (and (consp function-name) (getf (cddr function-name) :in))))
+    (and (stringp file) (compiled-file-source file))))
 
 (defun framework-files (framework)
   "The source files of the loaded ASDF systems that depend on FRAMEWORK's
@@ -253,10 +311,11 @@ system, where its tests are."
           for system = (asdf:find-system name nil)
           when (and system
                     (some (lambda (dependency)
-                            (and (or (stringp dependency) (symbolp dependency))
-                                 (member (string-downcase (string dependency))
-                                         (list system-name (format nil "sb-~A" system-name))
-                                         :test #'string=)))
+                            (let ((named (dependency-system-name dependency)))
+                              (and named
+                                   (member (string-downcase (string named))
+                                           (list system-name (format nil "sb-~A" system-name))
+                                           :test #'string=))))
                           (asdf:system-depends-on system)))
             append (mapcar #'namestring (system-source-files system)))))
 
@@ -347,7 +406,11 @@ each test's :place (see `location-plist')."
           collect (append rest
                           (list :place (or (and (string= framework "Fiasco") (symbolp symbol) symbol
                                                 (recorded-place symbol cache))
-                                           (searched-place (getf rest :test) files cache)))))))
+                                           (let ((own (and (string= framework "FiveAM")
+                                                           (fiveam-test-file symbol))))
+                                             (searched-place (getf rest :test)
+                                                             (if own (cons (namestring own) files) files)
+                                                             cache))))))))
 
 ;;;; The report
 

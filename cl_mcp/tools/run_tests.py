@@ -55,19 +55,22 @@ def problem_structure(problem: dict[str, Any]) -> dict[str, Any]:
     structure = {"kind": problem["kind"], "test": problem["test"],
                  **{key: problem[key] for key in ("form", "reason", "expected", "actual", "type", "message")
                     if isinstance(problem.get(key), str)}}
+    if problem.get("expected-to-fail"):
+        structure["expectedToFail"] = True
     structure["place"] = place_structure(problem["place"])
     return structure
 
 
 def problem_text(problem: dict[str, Any]) -> str:
+    expected = " (expected to fail)" if problem.get("expected-to-fail") else ""
     if problem["kind"] == "failure":
-        lines = [f"FAIL {problem['test']}"]
+        lines = [f"FAIL {problem['test']}{expected}"]
         if problem.get("form"):
             lines.append(f"  check: {problem['form']}")
         if problem.get("reason"):
             lines.append(f"  {problem['reason']}")
     else:
-        lines = [f"ERROR {problem['test']}: {problem.get('type')}: {problem.get('message')}"]
+        lines = [f"ERROR {problem['test']}{expected}: {problem.get('type')}: {problem.get('message')}"]
     lines.append(place_text(problem["place"]))
     return "\n".join(lines)
 
