@@ -11,10 +11,12 @@
 ;;;;  - Fiasco: the contexts `fiasco:run-tests' returns (one per test run,
 ;;;;    holding its assertions and failures), caught by an encapsulation of
 ;;;;    `run-tests' as FiveAM's `run' is;
-;;;;  - RT (and SBCL's SB-RT, which alexandria-tests uses): its entries,
-;;;;    pending after the run when they failed, and the values each was
+;;;;  - RT (and SBCL's SB-RT, which alexandria-tests uses, and copies of RT
+;;;;    kept in a library's own package, see `rt-packages'): its entries,
+;;;;    pending after the run when they failed, the values each was
 ;;;;    compared with (an encapsulation of its `equalp-with-case', which RT
-;;;;    calls once per entry that did not signal).
+;;;;    calls once per entry that did not signal), and the condition an
+;;;;    entry signalled (see `run-rt-entry').
 ;;;; A test's place goes through the edit-compile loop's resolver: a Fiasco
 ;;;; test's as Swank records it, a FiveAM or RT test's (which record none)
 ;;;; found by its name in the text its file was compiled from (see `placed'),
@@ -85,6 +87,17 @@ arguments), once per image: `sb-int:encapsulate', as TRACE does."
              (not (sb-int:encapsulated-p symbol 'cl-mcp-run-tests)))
     (sb-int:encapsulate symbol 'cl-mcp-run-tests hook)))
 
+(defun rt-packages ()
+  "The names of the packages that hold an RT: SB-RT, RT, and a copy of
+RT's code that a library keeps in its own package (named-readtables'
+tests do)."
+  (loop for package in (list-all-packages)
+        when (every (lambda (name)
+                      (let ((symbol (find-symbol name package)))
+                        (and symbol (eq (symbol-package symbol) package))))
+                    '("DO-ENTRY" "EQUALP-WITH-CASE" "*ENTRIES*" "*TEST*" "*CATCH-ERRORS*"))
+          collect (package-name package)))
+
 (defun install-hooks ()
   "Hook the loaded frameworks, so that a run of ours records what they
 return: FiveAM's result lists, RT's compared values."
@@ -113,7 +126,7 @@ return: FiveAM's result lists, RT's compared values."
                               (setf (test-run-fiasco-contexts run)
                                     (append (reverse contexts) (test-run-fiasco-contexts run)))
                               (values passed contexts))))))
-  (dolist (package '("SB-RT" "RT"))
+  (dolist (package (rt-packages))
     (let ((do-entry (framework-symbol package "DO-ENTRY")))
       (encapsulate-once (framework-symbol package "EQUALP-WITH-CASE")
                         (lambda (function &rest arguments)
@@ -126,22 +139,46 @@ return: FiveAM's result lists, RT's compared values."
                           (apply function arguments)))
       (encapsulate-once do-entry
                         (lambda (function entry &rest arguments)
-                          (let ((run *test-run*))
-                            (if (null run)
-                                (apply function entry arguments)
-                                (let ((name (first (rt-entry-fields package entry)))
-                                      (compared (test-run-rt-compared run)))
-                                  ;; An entry may run twice (alexandria's
-                                  ;; suite runs interpreted, then compiled).
-                                  (remhash name compared)
-                                  (multiple-value-prog1 (apply function entry arguments)
-                                    (note-framework run "RT")
-                                    (push (append (rt-entry-fields package entry)
-                                                  (multiple-value-list (gethash name compared))
-                                                  (list (rt-expected-p package name)))
-                                          (test-run-rt-entries run)))))))))))
+                          (if (null *test-run*)
+                              (apply function entry arguments)
+                              (run-rt-entry *test-run* package function entry arguments)))))))
 
 ;;;; RT's entries
+
+(defun condition-noting-dispatch (note)
+  "A copy of the current pprint dispatch table that calls NOTE on each
+condition it prints, then prints it as it would be without the copy."
+  (let ((table (copy-pprint-dispatch)))
+    (set-pprint-dispatch 'condition (lambda (stream condition)
+                                      (funcall note condition)
+                                      (let ((*print-pretty* nil)) (write condition :stream stream)))
+                         0 table)
+    table))
+
+(defun run-rt-entry (run package function entry arguments)
+  "Call RT's do-entry FUNCTION on ENTRY and ARGUMENTS, recording the entry
+in RUN: `rt-entry-fields', the values RT compared, whether it was
+expected to fail, and the condition it signalled, taken when it
+happened: the error that reached this frame (a debug run: RT's
+*catch-errors* nil), else the last condition RT printed as the entry's
+actual value, which is the one RT caught.  An entry left by a restart
+(one that ends a debug run) is pending: it is recorded as errored."
+  (let ((name (first (rt-entry-fields package entry)))
+        (compared (test-run-rt-compared run))
+        (raised nil)
+        (shown nil))
+    ;; An entry may run twice (alexandria's suite runs interpreted, then
+    ;; compiled).
+    (remhash name compared)
+    (unwind-protect
+         (handler-bind ((error (lambda (condition) (unless raised (setf raised condition)))))
+           (let ((*print-pprint-dispatch* (condition-noting-dispatch (lambda (condition) (setf shown condition)))))
+             (apply function entry arguments)))
+      (note-framework run "RT")
+      (push (append (rt-entry-fields package entry)
+                    (multiple-value-list (gethash name compared))
+                    (list (rt-expected-p package name) (or raised shown)))
+            (test-run-rt-entries run)))))
 
 (defun rt-expected-p (package name)
   "True when RT (in PACKAGE) expects the test NAME to fail: it is on the
@@ -163,9 +200,10 @@ compared after them, and whether it compared any): SB-RT keeps a list (PEND NAME
 (defun rt-outcome (fields)
   "RT entry FIELDS as a failure or error plist (with :expected-to-fail t when RT
 expected it to fail), or nil when it passed.  An entry whose values were
-never compared signalled an error, which RT keeps nowhere: its form is
-evaluated once more here for the condition."
-  (destructuring-bind (name form vals passed actual compared expected) fields
+never compared signalled an error, which RT keeps nowhere: the condition
+`run-rt-entry' took, else (none was printed: *print-pretty* nil) its form
+is evaluated once more here for the condition."
+  (destructuring-bind (name form vals passed actual compared expected condition) fields
     (unless passed
       (append
         (if compared
@@ -174,8 +212,22 @@ evaluated once more here for the condition."
                                   (printed-values vals) (printed-values actual))
                   :expected (printed-values vals) :actual (printed-values actual))
             (list* :kind :error :test (printed name) :symbol name :form (printed form)
-                   (condition-fields (nth-value 1 (ignore-errors (eval form))))))
+                   (condition-fields (or condition (nth-value 1 (ignore-errors (eval form)))))))
         (and expected (list :expected-to-fail t))))))
+
+(defun rt-not-run (entries)
+  "How many tests of RT's (and SB-RT's) that ran ENTRIES (rt-entry-fields
+lists) did not run: a debug run ended by a restart stops short."
+  (let ((ran (make-hash-table :test 'eq)))
+    (dolist (fields entries)
+      (setf (gethash (first fields) ran) t))
+    (loop for package in (rt-packages)
+          for symbol = (framework-symbol package "*ENTRIES*")
+          for names = (and symbol (boundp symbol)
+                           (mapcar (lambda (entry) (first (rt-entry-fields package entry)))
+                                   (cdr (symbol-value symbol))))
+          when (some (lambda (name) (gethash name ran)) names)
+            sum (count-if-not (lambda (name) (gethash name ran)) names))))
 
 (defun printed-values (values)
   (format nil "~{~A~^ ~}" (mapcar #'printed values)))
@@ -428,7 +480,9 @@ each test's :place (see `location-plist')."
 :counts (what a count counts: \"checks\" for FiveAM, \"tests\" for RT),
 :passed :failed :errored :skipped (absent when nothing was recognised),
 :elapsed-ms, :problems (failures and errors, at most `*failure-limit*'),
-:unlisted, and :signalled (the error that ended the run)."
+:unlisted, :not-run (RT's tests that a run of a system did not reach:
+a debug run ended by a restart), and :signalled (the error that ended
+the run)."
   (let* ((fiveam (reduce #'append (reverse (test-run-fiveam-results run))))
          (fiasco (reverse (test-run-fiasco-contexts run)))
          (rt (reverse (test-run-rt-entries run)))
@@ -456,6 +510,8 @@ each test's :place (see `location-plist')."
                  (list :counts (cond ((null fiveam) "tests") ((or rt fiasco) "checks and tests") (t "checks"))
                        :passed (first counts) :failed (second counts)
                        :errored (third counts) :skipped (fourth counts)))
+            (let ((not-run (if (and rt (null (test-run-test run))) (rt-not-run rt) 0)))
+              (and (plusp not-run) (list :not-run not-run)))
             (and (test-run-signalled run) (list :signalled (test-run-signalled run))))))
 
 ;;;; Running
@@ -478,7 +534,7 @@ printout goes to *standard-output*."
           ((let ((fiasco-find (framework-symbol "FIASCO" "FIND-TEST")))
              (and fiasco-find (funcall fiasco-find name :otherwise nil)
                   (progn (fiasco-call "RUN-TESTS" name) t))))
-          ((loop for package in '("SB-RT" "RT")
+          ((loop for package in (rt-packages)
                  for get-entry = (framework-symbol package "GET-ENTRY")
                  thereis (and get-entry
                               (ignore-errors (funcall get-entry name))
@@ -507,10 +563,10 @@ after load-system (`call-loading-libraries')."
 error when RUN debugs (FiveAM's *on-error* and *on-failure* :debug; RT's
 *catch-errors* nil), so that the evaluation waits there; else as they
 are by default."
-  (let ((symbols (remove nil (list (framework-symbol "FIVEAM" "*ON-ERROR*")
-                                   (framework-symbol "FIVEAM" "*ON-FAILURE*")
-                                   (framework-symbol "SB-RT" "*CATCH-ERRORS*")
-                                   (framework-symbol "RT" "*CATCH-ERRORS*")))))
+  (let ((symbols (remove nil (list* (framework-symbol "FIVEAM" "*ON-ERROR*")
+                                    (framework-symbol "FIVEAM" "*ON-FAILURE*")
+                                    (mapcar (lambda (package) (framework-symbol package "*CATCH-ERRORS*"))
+                                            (rt-packages))))))
     (progv symbols (mapcar (lambda (symbol)
                              (if (search "CATCH" (symbol-name symbol))
                                  (not (test-run-debug run))

@@ -79,8 +79,9 @@ def totals_text(tests: dict[str, Any]) -> str:
     seconds = (tests.get("elapsed-ms") or 0) / 1000
     if not tests["frameworks"]:
         return f"[tests] no test framework recognised (FiveAM, Fiasco and RT are); ran in {seconds:.2f} s"
+    not_run = f"; {tests['not-run']} did not run" if tests.get("not-run") else ""
     return (f"[tests] {', '.join(tests['frameworks'])}: {tests['passed']} passed, {tests['failed']} failed, "
-            f"{tests['errored']} errored, {tests['skipped']} skipped ({tests['counts']}) in {seconds:.2f} s")
+            f"{tests['errored']} errored, {tests['skipped']} skipped ({tests['counts']}){not_run} in {seconds:.2f} s")
 
 
 def tests_structure(tests: dict[str, Any]) -> dict[str, Any]:
@@ -90,6 +91,8 @@ def tests_structure(tests: dict[str, Any]) -> dict[str, Any]:
                                  "unlisted": tests.get("unlisted") or 0}
     if tests["frameworks"]:
         structure.update({key: tests[key] for key in ("counts", "passed", "failed", "errored", "skipped")})
+        if tests.get("not-run"):
+            structure["notRun"] = tests["not-run"]
     if tests["signalled"]:
         structure["signalled"] = condition_structure(tests["signalled"]["type"], tests["signalled"]["message"])
     return structure

@@ -2,8 +2,10 @@
 code, in `make test`: run-tests' totals and failed tests equal what the
 framework prints when the same system's tests run in a plain SBCL
 (split-sequence's FiveAM suite, FiveAM's own self-tests, which run inner
-suites, and iterate's SB-RT suite with its expected failures); and a
-failing FiveAM test is placed at its form when its file sits in a
+suites, iterate's SB-RT suite with its expected failures, and
+named-readtables', which keeps a copy of RT in its own package); an RT
+error is the condition RT caught; a debug run ended by a restart says how
+many tests did not run; and a failing FiveAM test is placed at its form when its file sits in a
 :module of a system that depends on `(:version "fiveam" "1.3")` (esrap's
 tests), or was compiled outside any system."""
 
@@ -12,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.integration.devtools import check_results_of, checked_call, cl_mcp_in
-from tests.truth.corpus import CORPUS, Library, copy_library
+from tests.integration.test_run_tests import framework_count
+from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
 from tests.truth.places import Tally
 from tests.truth.tests_oracle import check_library_tests
 
@@ -84,3 +87,45 @@ def test_a_suite_compiled_outside_any_system_is_placed(tmp_path):
         assert not is_error, loaded
         place = failure_place(process, "loose-suite::adds-wrongly")
     assert (place.get("file"), place.get("line")) == (str(suite), 8), place
+
+
+def test_named_readtables_own_copy_of_rt_is_recognised():
+    # Its tests keep RT's code in their own package: run-tests recognised
+    # no framework where RT prints 41 tests.
+    tally = wrong_answers(LIBRARIES["named-readtables"])
+    assert tally.failures == []
+
+
+def test_an_rt_error_is_the_condition_rt_caught(tmp_path):
+    # Evaluated again, the form passes: the condition is the one RT caught.
+    suite = tmp_path / "order-dependent.lisp"
+    suite.write_text('(defpackage #:order-dependent (:use #:cl #:rt))\n(in-package #:order-dependent)\n'
+                     '(defvar *runs* 0)\n'
+                     '(deftest first-run-fails (if (= (incf *runs*) 1) (error "Only the first run fails") :ok) :ok)\n')
+    with cl_mcp_in("embedded") as process:
+        loaded, is_error = process.eval(f'(asdf:load-system "rt") (load "{suite}")')
+        assert not is_error, loaded
+        check_results_of(process, "run-tests")
+        result = checked_call(process, "run-tests", test="order-dependent::first-run-fails")
+    (problem,) = result["structuredContent"]["tests"]["problems"]
+    assert (problem["kind"], problem["type"], problem["message"]) == (
+        "error", "SIMPLE-ERROR", "Only the first run fails"), problem
+
+
+def test_a_debug_run_ended_by_a_restart_says_how_many_did_not_run(tmp_path):
+    # iterate's suite stops at BUG/COLLECT-AT-BEGINNING's error; ASDF's
+    # ACCEPT restart ends the test-op there.
+    library = LIBRARIES["iterate"]
+    copy = copy_library(library, tmp_path)
+    with cl_mcp_in("embedded") as process:
+        load_copy(process, library, copy)
+        stopped = process.call("run-tests", system="iterate", debug=True, wait=600, **{"answer-within": 500})
+        waiting = stopped["structuredContent"]
+        assert waiting["error"]["type"] == "TYPE-ERROR", stopped
+        check_results_of(process, "run-tests")
+        done = checked_call(process, "invoke-restart", evaluation=waiting["evaluation"], restart="ACCEPT", wait=600)
+        entries, = framework_count(process, "(list (length (cdr sb-rt::*entries*)))")
+    tests = done["structuredContent"]["tests"]
+    ran = tests["passed"] + tests["failed"] + tests["errored"]
+    assert tests["errored"] == 1 and tests["notRun"] == entries - ran > 0, tests
+    assert f"; {entries - ran} did not run" in done["content"][0]["text"]
