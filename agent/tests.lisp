@@ -481,7 +481,8 @@ each test's :place (see `location-plist')."
 :passed :failed :errored :skipped (absent when nothing was recognised),
 :elapsed-ms, :problems (failures and errors, at most `*failure-limit*'),
 :unlisted, :not-run (RT's tests that a run of a system did not reach:
-a debug run ended by a restart), and :signalled (the error that ended
+a debug run ended by a restart), :expected-failures (RT's failed tests
+that it expected to fail), and :signalled (the error that ended
 the run)."
   (let* ((fiveam (reduce #'append (reverse (test-run-fiveam-results run))))
          (fiasco (reverse (test-run-fiasco-contexts run)))
@@ -510,8 +511,10 @@ the run)."
                  (list :counts (cond ((null fiveam) "tests") ((or rt fiasco) "checks and tests") (t "checks"))
                        :passed (first counts) :failed (second counts)
                        :errored (third counts) :skipped (fourth counts)))
-            (let ((not-run (if (and rt (null (test-run-test run))) (rt-not-run rt) 0)))
-              (and (plusp not-run) (list :not-run not-run)))
+            (let ((not-run (if (and rt (null (test-run-test run))) (rt-not-run rt) 0))
+                  (expected (count-if (lambda (problem) (getf problem :expected-to-fail)) rt-problems)))
+              (append (and (plusp not-run) (list :not-run not-run))
+                      (and (plusp expected) (list :expected-failures expected))))
             (and (test-run-signalled run) (list :signalled (test-run-signalled run))))))
 
 ;;;; Running

@@ -80,7 +80,8 @@ def totals_text(tests: dict[str, Any]) -> str:
     if not tests["frameworks"]:
         return f"[tests] no test framework recognised (FiveAM, Fiasco and RT are); ran in {seconds:.2f} s"
     not_run = f"; {tests['not-run']} did not run" if tests.get("not-run") else ""
-    return (f"[tests] {', '.join(tests['frameworks'])}: {tests['passed']} passed, {tests['failed']} failed, "
+    expected = f" ({tests['expected-failures']} expected to fail)" if tests.get("expected-failures") else ""
+    return (f"[tests] {', '.join(tests['frameworks'])}: {tests['passed']} passed, {tests['failed']} failed{expected}, "
             f"{tests['errored']} errored, {tests['skipped']} skipped ({tests['counts']}){not_run} in {seconds:.2f} s")
 
 
@@ -93,6 +94,8 @@ def tests_structure(tests: dict[str, Any]) -> dict[str, Any]:
         structure.update({key: tests[key] for key in ("counts", "passed", "failed", "errored", "skipped")})
         if tests.get("not-run"):
             structure["notRun"] = tests["not-run"]
+        if tests.get("expected-failures"):
+            structure["expectedFailures"] = tests["expected-failures"]
     if tests["signalled"]:
         structure["signalled"] = condition_structure(tests["signalled"]["type"], tests["signalled"]["message"])
     return structure

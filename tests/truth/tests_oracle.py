@@ -64,6 +64,7 @@ def parse(text: str) -> Printed:
     # SB-RT with an *expected-failures* list says when none was unexpected.
     if "No unexpected failures." in text:
         printed.expected = Counter(names)
+        printed.totals["expected to fail"] = len(names)
     return printed
 
 
@@ -95,6 +96,7 @@ def answered(tests: dict) -> Printed:
         totals["checks"] = sum(totals.values())
     elif framework:
         totals["tests"] = totals["passed"] + totals["failed"]
+        totals["expected to fail"] = tests.get("expectedFailures", 0)
         del totals["skipped"]
     return Printed(framework, totals, failed, expected)
 
