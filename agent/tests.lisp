@@ -148,10 +148,12 @@ return: FiveAM's result lists, RT's compared values."
 (defun condition-noting-dispatch (note)
   "A copy of the current pprint dispatch table that calls NOTE on each
 condition it prints, then prints it as it would be without the copy."
-  (let ((table (copy-pprint-dispatch)))
+  (let* ((original *print-pprint-dispatch*)
+         (table (copy-pprint-dispatch original)))
     (set-pprint-dispatch 'condition (lambda (stream condition)
                                       (funcall note condition)
-                                      (let ((*print-pretty* nil)) (write condition :stream stream)))
+                                      (let ((*print-pprint-dispatch* original))
+                                        (write condition :stream stream)))
                          0 table)
     table))
 
