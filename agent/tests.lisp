@@ -190,9 +190,10 @@ excludes from the unexpected failures."
     (and expected (boundp expected) (member name (symbol-value expected)) t)))
 
 (defun rt-entry-fields (package entry)
-  "(NAME FORM VALS PASSED) of RT ENTRY (the run records the values RT
-compared after them, and whether it compared any): SB-RT keeps a list (PEND NAME FORM
-. VALS), RT a structure."
+  "(NAME FORM VALS PASSED) of RT ENTRY (`run-rt-entry' records after them
+the values RT compared, whether it compared any, whether the entry was
+expected to fail and the condition it signalled): SB-RT keeps a list (PEND
+NAME FORM . VALS), RT a structure."
   (if (consp entry)
       (destructuring-bind (pend name form &rest vals) entry
         (list name form vals (not pend)))
