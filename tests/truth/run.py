@@ -18,8 +18,8 @@ from pathlib import Path
 from tests.integration.conftest import McpProcess
 from tests.truth import edits
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
-from tests.truth.tests_oracle import check_library_tests
 from tests.truth.places import Compiled, Definition, Tally, check_places, oracle, unique
+from tests.truth.tests_oracle import check_library_tests
 
 TABLE = Path(__file__).parents[2] / "docs" / "truth.md"
 COMPILABLE = {"function", "macro", "generic-function", "method", "variable"}
@@ -105,7 +105,8 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             wrong = sum(n for (a, _), n in tally.wrong.items() if a == answer)
             if right or wrong:
                 out.append(f"| {name} | {answer} | {right + wrong} | {right} | {wrong} |")
-    kinds = sorted({k for t in results.values() for _, k in [*t.right, *t.wrong]})
+    # The test-results oracle's kinds (total, failed test) are no definition types.
+    kinds = sorted({k for t in results.values() for a, k in [*t.right, *t.wrong] if a != "test results"})
     out += ["", "| definition type | answer | checked | right | wrong |", "|---|---|---|---|---|"]
     for kind in kinds:
         for answer in answers:
@@ -117,7 +118,8 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             "`sbcl --non-interactive` (`asdf:test-system`) and through run-tests, in a fresh",
             "cl-mcp; each total and each test the framework prints as failed (expected to fail",
             "or not) must be run-tests' too. A library whose runner is its own (no FiveAM or RT",
-            "summary printed) is right when run-tests recognises no framework either.",
+            "summary printed) is right when run-tests recognises no framework either. Its",
+            "subset in `make test`: tests/integration/test_truth_tests.py.",
             "", "Not checked yet: xref, compiler notes, frames, test places,",
             "backtraces, output (issue 37's other oracles).", "", "## Wrong answers", ""]
     for name, tally in results.items():
