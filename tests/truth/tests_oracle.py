@@ -20,7 +20,7 @@ from tests.truth.places import Tally
 
 # FiveAM's run! (explain!), and RT's and SB-RT's do-tests.
 FIVEAM_TOTALS = re.compile(r"Did (\d+) checks?\.\s+Pass: (\d+) .*?\s+Skip: (\d+) .*?\s+Fail: (\d+)", re.S)
-FIVEAM_FAILED = re.compile(r"^ -{32}\n (\S+) .*: $", re.M)
+FIVEAM_FAILED = re.compile(r"^ -{32}\n (\S+) .*: *$", re.M)
 RT_FAILED = re.compile(r"(\d+) out of (\d+) total tests failed: (.*?)\.\n", re.S)
 RT_TOTAL = re.compile(r"Doing (\d+) pending tests? of (\d+) tests? total\.")
 
