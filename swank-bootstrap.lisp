@@ -157,6 +157,8 @@
 ;;;   sb-sys:*exit-in-progress*       (by name) SB-EXT:EXIT has begun
 ;;;   sb-sys:without-interrupts, with-interrupts
 ;;;                                   `answer-directly', `interrupt-at-deadline'
+;;;   sb-kernel:%fun-name             a FiveAM test function's name, which says
+;;;                                   the file it was made in (run-tests' places)
 ;;;   sb-kernel:dynamic-usage         bytes of heap in use: kept values give
 ;;;                                   way past half of it (`give-way')
 ;;;   sb-sys:wait-until-fd-usable     the lane's and the listeners' waits

@@ -7,17 +7,20 @@
 ;;;;  - FiveAM: the result objects `5am:run' returns (one per check), caught
 ;;;;    by an encapsulation of `5am:run' that records them only inside a run
 ;;;;    of ours, so that `asdf:test-system' (which calls `5am:run!') is seen
-;;;;    too;
+;;;;    too, and only the outermost run's (a test's own runs are its own);
 ;;;;  - Fiasco: the contexts `fiasco:run-tests' returns (one per test run,
 ;;;;    holding its assertions and failures), caught by an encapsulation of
 ;;;;    `run-tests' as FiveAM's `run' is;
-;;;;  - RT (and SBCL's SB-RT, which alexandria-tests uses): its entries,
-;;;;    pending after the run when they failed, and the values each was
+;;;;  - RT (and SBCL's SB-RT, which alexandria-tests uses, and copies of RT
+;;;;    kept in a library's own package, see `rt-packages'): its entries,
+;;;;    pending after the run when they failed, the values each was
 ;;;;    compared with (an encapsulation of its `equalp-with-case', which RT
-;;;;    calls once per entry that did not signal).
+;;;;    calls once per entry that did not signal), and the condition an
+;;;;    entry signalled (see `run-rt-entry').
 ;;;; A test's place goes through the edit-compile loop's resolver: a Fiasco
 ;;;; test's as Swank records it, a FiveAM or RT test's (which record none)
-;;;; found by its name in the text its file was compiled from (see `placed').
+;;;; found by its name in the text its file was compiled from (see `placed'),
+;;;; a FiveAM test's own file first (see `fiveam-test-file').
 ;;;;
 ;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
 ;;;; in swank-bootstrap.lisp; it uses only what the parts before it
@@ -84,15 +87,30 @@ arguments), once per image: `sb-int:encapsulate', as TRACE does."
              (not (sb-int:encapsulated-p symbol 'cl-mcp-run-tests)))
     (sb-int:encapsulate symbol 'cl-mcp-run-tests hook)))
 
+(defun rt-packages ()
+  "The names of the packages that hold an RT: SB-RT, RT, and a copy of
+RT's code that a library keeps in its own package (named-readtables'
+tests do)."
+  (loop for package in (list-all-packages)
+        when (every (lambda (name)
+                      (let ((symbol (find-symbol name package)))
+                        (and symbol (eq (symbol-package symbol) package))))
+                    '("DO-ENTRY" "EQUALP-WITH-CASE" "*ENTRIES*" "*TEST*" "*CATCH-ERRORS*"))
+          collect (package-name package)))
+
 (defun install-hooks ()
   "Hook the loaded frameworks, so that a run of ours records what they
 return: FiveAM's result lists, RT's compared values."
   (encapsulate-once (framework-symbol "FIVEAM" "RUN")
                     (lambda (function &rest arguments)
-                      (let ((results (apply function arguments)))
-                        (when *test-run*
-                          (note-framework *test-run* "FiveAM")
-                          (push results (test-run-fiveam-results *test-run*)))
+                      (let* ((run *test-run*)
+                             ;; A run inside a test (FiveAM's self-tests
+                             ;; run inner suites) is that test's business:
+                             ;; FiveAM counts only the outermost run.
+                             (results (let ((*test-run* nil)) (apply function arguments))))
+                        (when run
+                          (note-framework run "FiveAM")
+                          (push results (test-run-fiveam-results run)))
                         results)))
   (encapsulate-once (framework-symbol "FIASCO" "RUN-TESTS")
                     (lambda (function testable &rest arguments)
@@ -108,7 +126,7 @@ return: FiveAM's result lists, RT's compared values."
                               (setf (test-run-fiasco-contexts run)
                                     (append (reverse contexts) (test-run-fiasco-contexts run)))
                               (values passed contexts))))))
-  (dolist (package '("SB-RT" "RT"))
+  (dolist (package (rt-packages))
     (let ((do-entry (framework-symbol package "DO-ENTRY")))
       (encapsulate-once (framework-symbol package "EQUALP-WITH-CASE")
                         (lambda (function &rest arguments)
@@ -121,26 +139,61 @@ return: FiveAM's result lists, RT's compared values."
                           (apply function arguments)))
       (encapsulate-once do-entry
                         (lambda (function entry &rest arguments)
-                          (let ((run *test-run*))
-                            (if (null run)
-                                (apply function entry arguments)
-                                (let ((name (first (rt-entry-fields package entry)))
-                                      (compared (test-run-rt-compared run)))
-                                  ;; An entry may run twice (alexandria's
-                                  ;; suite runs interpreted, then compiled).
-                                  (remhash name compared)
-                                  (multiple-value-prog1 (apply function entry arguments)
-                                    (note-framework run "RT")
-                                    (push (append (rt-entry-fields package entry)
-                                                  (multiple-value-list (gethash name compared)))
-                                          (test-run-rt-entries run)))))))))))
+                          (if (null *test-run*)
+                              (apply function entry arguments)
+                              (run-rt-entry *test-run* package function entry arguments)))))))
 
 ;;;; RT's entries
 
+(defun condition-noting-dispatch (note)
+  "A copy of the current pprint dispatch table that calls NOTE on each
+condition it prints, then prints it as it would be without the copy."
+  (let* ((original *print-pprint-dispatch*)
+         (table (copy-pprint-dispatch original)))
+    (set-pprint-dispatch 'condition (lambda (stream condition)
+                                      (funcall note condition)
+                                      (let ((*print-pprint-dispatch* original))
+                                        (write condition :stream stream)))
+                         0 table)
+    table))
+
+(defun run-rt-entry (run package function entry arguments)
+  "Call RT's do-entry FUNCTION on ENTRY and ARGUMENTS, recording the entry
+in RUN: `rt-entry-fields', the values RT compared, whether it was
+expected to fail, and the condition it signalled, taken when it
+happened: the error that reached this frame (a debug run: RT's
+*catch-errors* nil), else the last condition RT printed as the entry's
+actual value, which is the one RT caught.  An entry left by a restart
+(one that ends a debug run) is pending: it is recorded as errored."
+  (let ((name (first (rt-entry-fields package entry)))
+        (compared (test-run-rt-compared run))
+        (raised nil)
+        (shown nil))
+    ;; An entry may run twice (alexandria's suite runs interpreted, then
+    ;; compiled).
+    (remhash name compared)
+    (unwind-protect
+         (handler-bind ((error (lambda (condition) (unless raised (setf raised condition)))))
+           (let ((*print-pprint-dispatch* (condition-noting-dispatch (lambda (condition) (setf shown condition)))))
+             (apply function entry arguments)))
+      (note-framework run "RT")
+      (push (append (rt-entry-fields package entry)
+                    (multiple-value-list (gethash name compared))
+                    (list (rt-expected-p package name) (or raised shown)))
+            (test-run-rt-entries run)))))
+
+(defun rt-expected-p (package name)
+  "True when RT (in PACKAGE) expects the test NAME to fail: it is on the
+*EXPECTED-FAILURES* list (SB-RT's and RT's), which the do-tests summary
+excludes from the unexpected failures."
+  (let ((expected (framework-symbol package "*EXPECTED-FAILURES*")))
+    (and expected (boundp expected) (member name (symbol-value expected)) t)))
+
 (defun rt-entry-fields (package entry)
-  "(NAME FORM VALS PASSED) of RT ENTRY (the run records the values RT
-compared after them, and whether it compared any): SB-RT keeps a list (PEND NAME FORM
-. VALS), RT a structure."
+  "(NAME FORM VALS PASSED) of RT ENTRY (`run-rt-entry' records after them
+the values RT compared, whether it compared any, whether the entry was
+expected to fail and the condition it signalled): SB-RT keeps a list (PEND
+NAME FORM . VALS), RT a structure."
   (if (consp entry)
       (destructuring-bind (pend name form &rest vals) entry
         (list name form vals (not pend)))
@@ -148,19 +201,36 @@ compared after them, and whether it compared any): SB-RT keeps a list (PEND NAME
         (list (field "NAME") (field "FORM") (field "VALS") (not (field "PEND"))))))
 
 (defun rt-outcome (fields)
-  "RT entry FIELDS as a failure or error plist, or nil when it passed.  An
-entry whose values were never compared signalled an error, which RT
-keeps nowhere: its form is evaluated once more here for the condition."
-  (destructuring-bind (name form vals passed actual compared) fields
+  "RT entry FIELDS as a failure or error plist (with :expected-to-fail t when RT
+expected it to fail), or nil when it passed.  An entry whose values were
+never compared signalled an error, which RT keeps nowhere: the condition
+`run-rt-entry' took, else (none was printed: *print-pretty* nil) its form
+is evaluated once more here for the condition."
+  (destructuring-bind (name form vals passed actual compared expected condition) fields
     (unless passed
-      (progn
+      (append
         (if compared
             (list :kind :failure :test (printed name) :symbol name :form (printed form)
                   :reason (format nil "Expected ~A, got ~A"
                                   (printed-values vals) (printed-values actual))
                   :expected (printed-values vals) :actual (printed-values actual))
             (list* :kind :error :test (printed name) :symbol name :form (printed form)
-                   (condition-fields (nth-value 1 (ignore-errors (eval form))))))))))
+                   (condition-fields (or condition (nth-value 1 (ignore-errors (eval form)))))))
+        (and expected (list :expected-to-fail t))))))
+
+(defun rt-not-run (entries)
+  "How many tests of RT's (and SB-RT's) that ran ENTRIES (rt-entry-fields
+lists) did not run: a debug run ended by a restart stops short."
+  (let ((ran (make-hash-table :test 'eq)))
+    (dolist (fields entries)
+      (setf (gethash (first fields) ran) t))
+    (loop for package in (rt-packages)
+          for symbol = (framework-symbol package "*ENTRIES*")
+          for names = (and symbol (boundp symbol)
+                           (mapcar (lambda (entry) (first (rt-entry-fields package entry)))
+                                   (cdr (symbol-value symbol))))
+          when (some (lambda (name) (gethash name ran)) names)
+            sum (count-if-not (lambda (name) (gethash name ran)) names))))
 
 (defun printed-values (values)
   (format nil "~{~A~^ ~}" (mapcar #'printed values)))
@@ -243,7 +313,50 @@ nil for one the test declared expected."
 ;;;    from, when Swank's source cache holds it (load-system and run-tests
 ;;;    {system} keep it: `remember-system-sources'), and that place is then
 ;;;    resolved as a recorded one; else by name in the file as it is now,
-;;;    with no status, as nothing says what was compiled.
+;;;    with no status, as nothing says what was compiled.  A FiveAM test's
+;;;    function is named after the file that was loading (see
+;;;    `fiveam-test-file'): that file is searched first.
+
+(defun dependency-system-name (dependency)
+  "The system an ASDF :depends-on entry names: NAME, (:version NAME
+VERSION), (:feature FEATURE NAME) or (:require NAME); nil for another form."
+  (cond ((or (stringp dependency) (symbolp dependency)) dependency)
+        ((and (consp dependency) (member (first dependency) '(:version :require)))
+         (second dependency))
+        ((and (consp dependency) (eq (first dependency) :feature))
+         (dependency-system-name (third dependency)))))
+
+(defun compiled-file-source (compiled)
+  "The source file whose compiled file is COMPILED (a namestring): itself
+when it is not a fasl, else the file of the loaded ASDF component that
+compiles to it, else the .lisp beside it (COMPILE-FILE's default); nil
+when none exists."
+  (let ((fasl (probe-file compiled)))
+    (cond ((null fasl) nil)
+          ((not (equal (pathname-type fasl) (pathname-type (compile-file-pathname "x.lisp")))) fasl)
+          ((loop for name in (asdf:already-loaded-systems)
+                 for system = (asdf:find-system name nil)
+                 thereis (and system
+                              (loop for component in (asdf:required-components system :other-systems nil)
+                                    thereis (and (typep component 'asdf:cl-source-file)
+                                                 (equal (probe-file (first (asdf:output-files 'asdf:compile-op
+                                                                                              component)))
+                                                        fasl)
+                                                 (probe-file (asdf:component-pathname component)))))))
+          (t (probe-file (make-pathname :type "lisp" :defaults fasl))))))
+
+(defun fiveam-test-file (name)
+  "The source file of the FiveAM test NAME, from the one place SBCL records
+for its function: FiveAM makes it by EVAL while the test's file loads, so
+its name says which file (`(LABELS %TEST-NAME :IN FILE)'), with no
+position; nil when that is not known."
+  (let* ((get-test (framework-symbol "FIVEAM" "GET-TEST"))
+         (test (and get-test (symbolp name) (funcall get-test name)))
+         (slot (framework-symbol "FIVEAM" "TEST-LAMBDA"))
+         (function (and test slot (slot-exists-p test slot) (slot-boundp test slot) (slot-value test slot)))
+         (function-name (and (functionp function) (sb-kernel:%fun-name function)))
+         (file (and (consp function-name) (getf (cddr function-name) :in))))
+    (and (stringp file) (compiled-file-source file))))
 
 (defun framework-files (framework)
   "The source files of the loaded ASDF systems that depend on FRAMEWORK's
@@ -253,10 +366,11 @@ system, where its tests are."
           for system = (asdf:find-system name nil)
           when (and system
                     (some (lambda (dependency)
-                            (and (or (stringp dependency) (symbolp dependency))
-                                 (member (string-downcase (string dependency))
-                                         (list system-name (format nil "sb-~A" system-name))
-                                         :test #'string=)))
+                            (let ((named (dependency-system-name dependency)))
+                              (and named
+                                   (member (string-downcase (string named))
+                                           (list system-name (format nil "sb-~A" system-name))
+                                           :test #'string=))))
                           (asdf:system-depends-on system)))
             append (mapcar #'namestring (system-source-files system)))))
 
@@ -347,7 +461,11 @@ each test's :place (see `location-plist')."
           collect (append rest
                           (list :place (or (and (string= framework "Fiasco") (symbolp symbol) symbol
                                                 (recorded-place symbol cache))
-                                           (searched-place (getf rest :test) files cache)))))))
+                                           (let ((own (and (string= framework "FiveAM")
+                                                           (fiveam-test-file symbol))))
+                                             (searched-place (getf rest :test)
+                                                             (if own (cons (namestring own) files) files)
+                                                             cache))))))))
 
 ;;;; The report
 
@@ -365,7 +483,10 @@ each test's :place (see `location-plist')."
 :counts (what a count counts: \"checks\" for FiveAM, \"tests\" for RT),
 :passed :failed :errored :skipped (absent when nothing was recognised),
 :elapsed-ms, :problems (failures and errors, at most `*failure-limit*'),
-:unlisted, and :signalled (the error that ended the run)."
+:unlisted, :not-run (RT's tests that a run of a system did not reach:
+a debug run ended by a restart), :expected-failures (RT's failed tests
+that it expected to fail), and :signalled (the error that ended
+the run)."
   (let* ((fiveam (reduce #'append (reverse (test-run-fiveam-results run))))
          (fiasco (reverse (test-run-fiasco-contexts run)))
          (rt (reverse (test-run-rt-entries run)))
@@ -393,6 +514,10 @@ each test's :place (see `location-plist')."
                  (list :counts (cond ((null fiveam) "tests") ((or rt fiasco) "checks and tests") (t "checks"))
                        :passed (first counts) :failed (second counts)
                        :errored (third counts) :skipped (fourth counts)))
+            (let ((not-run (if (and rt (null (test-run-test run))) (rt-not-run rt) 0))
+                  (expected (count-if (lambda (problem) (getf problem :expected-to-fail)) rt-problems)))
+              (append (and (plusp not-run) (list :not-run not-run))
+                      (and (plusp expected) (list :expected-failures expected))))
             (and (test-run-signalled run) (list :signalled (test-run-signalled run))))))
 
 ;;;; Running
@@ -415,7 +540,7 @@ printout goes to *standard-output*."
           ((let ((fiasco-find (framework-symbol "FIASCO" "FIND-TEST")))
              (and fiasco-find (funcall fiasco-find name :otherwise nil)
                   (progn (fiasco-call "RUN-TESTS" name) t))))
-          ((loop for package in '("SB-RT" "RT")
+          ((loop for package in (rt-packages)
                  for get-entry = (framework-symbol package "GET-ENTRY")
                  thereis (and get-entry
                               (ignore-errors (funcall get-entry name))
@@ -444,10 +569,10 @@ after load-system (`call-loading-libraries')."
 error when RUN debugs (FiveAM's *on-error* and *on-failure* :debug; RT's
 *catch-errors* nil), so that the evaluation waits there; else as they
 are by default."
-  (let ((symbols (remove nil (list (framework-symbol "FIVEAM" "*ON-ERROR*")
-                                   (framework-symbol "FIVEAM" "*ON-FAILURE*")
-                                   (framework-symbol "SB-RT" "*CATCH-ERRORS*")
-                                   (framework-symbol "RT" "*CATCH-ERRORS*")))))
+  (let ((symbols (remove nil (list* (framework-symbol "FIVEAM" "*ON-ERROR*")
+                                    (framework-symbol "FIVEAM" "*ON-FAILURE*")
+                                    (mapcar (lambda (package) (framework-symbol package "*CATCH-ERRORS*"))
+                                            (rt-packages))))))
     (progv symbols (mapcar (lambda (symbol)
                              (if (search "CATCH" (symbol-name symbol))
                                  (not (test-run-debug run))

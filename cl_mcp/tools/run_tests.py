@@ -55,19 +55,22 @@ def problem_structure(problem: dict[str, Any]) -> dict[str, Any]:
     structure = {"kind": problem["kind"], "test": problem["test"],
                  **{key: problem[key] for key in ("form", "reason", "expected", "actual", "type", "message")
                     if isinstance(problem.get(key), str)}}
+    if problem.get("expected-to-fail"):
+        structure["expectedToFail"] = True
     structure["place"] = place_structure(problem["place"])
     return structure
 
 
 def problem_text(problem: dict[str, Any]) -> str:
+    expected = " (expected to fail)" if problem.get("expected-to-fail") else ""
     if problem["kind"] == "failure":
-        lines = [f"FAIL {problem['test']}"]
+        lines = [f"FAIL {problem['test']}{expected}"]
         if problem.get("form"):
             lines.append(f"  check: {problem['form']}")
         if problem.get("reason"):
             lines.append(f"  {problem['reason']}")
     else:
-        lines = [f"ERROR {problem['test']}: {problem.get('type')}: {problem.get('message')}"]
+        lines = [f"ERROR {problem['test']}{expected}: {problem.get('type')}: {problem.get('message')}"]
     lines.append(place_text(problem["place"]))
     return "\n".join(lines)
 
@@ -76,8 +79,10 @@ def totals_text(tests: dict[str, Any]) -> str:
     seconds = (tests.get("elapsed-ms") or 0) / 1000
     if not tests["frameworks"]:
         return f"[tests] no test framework recognised (FiveAM, Fiasco and RT are); ran in {seconds:.2f} s"
-    return (f"[tests] {', '.join(tests['frameworks'])}: {tests['passed']} passed, {tests['failed']} failed, "
-            f"{tests['errored']} errored, {tests['skipped']} skipped ({tests['counts']}) in {seconds:.2f} s")
+    not_run = f"; {tests['not-run']} did not run" if tests.get("not-run") else ""
+    expected = f" ({tests['expected-failures']} expected to fail)" if tests.get("expected-failures") else ""
+    return (f"[tests] {', '.join(tests['frameworks'])}: {tests['passed']} passed, {tests['failed']} failed{expected}, "
+            f"{tests['errored']} errored, {tests['skipped']} skipped ({tests['counts']}){not_run} in {seconds:.2f} s")
 
 
 def tests_structure(tests: dict[str, Any]) -> dict[str, Any]:
@@ -87,6 +92,10 @@ def tests_structure(tests: dict[str, Any]) -> dict[str, Any]:
                                  "unlisted": tests.get("unlisted") or 0}
     if tests["frameworks"]:
         structure.update({key: tests[key] for key in ("counts", "passed", "failed", "errored", "skipped")})
+        if tests.get("not-run"):
+            structure["notRun"] = tests["not-run"]
+        if tests.get("expected-failures"):
+            structure["expectedFailures"] = tests["expected-failures"]
     if tests["signalled"]:
         structure["signalled"] = condition_structure(tests["signalled"]["type"], tests["signalled"]["message"])
     return structure

@@ -19,6 +19,7 @@ from tests.integration.conftest import McpProcess
 from tests.truth import edits
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
 from tests.truth.places import Compiled, Definition, Tally, check_places, oracle, unique
+from tests.truth.tests_oracle import check_library_tests
 
 TABLE = Path(__file__).parents[2] / "docs" / "truth.md"
 COMPILABLE = {"function", "macro", "generic-function", "method", "variable"}
@@ -104,7 +105,8 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             wrong = sum(n for (a, _), n in tally.wrong.items() if a == answer)
             if right or wrong:
                 out.append(f"| {name} | {answer} | {right + wrong} | {right} | {wrong} |")
-    kinds = sorted({k for t in results.values() for _, k in [*t.right, *t.wrong]})
+    # The test-results oracle's kinds (total, failed test) are no definition types.
+    kinds = sorted({k for t in results.values() for a, k in [*t.right, *t.wrong] if a != "test results"})
     out += ["", "| definition type | answer | checked | right | wrong |", "|---|---|---|---|---|"]
     for kind in kinds:
         for answer in answers:
@@ -112,7 +114,13 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             wrong = sum(t.wrong.get((answer, kind), 0) for t in results.values())
             if right or wrong:
                 out.append(f"| {kind} | {answer} | {right + wrong} | {right} | {wrong} |")
-    out += ["", "Not checked yet: xref, compiler notes, frames, test places, test results,",
+    out += ["", "Test results (tests/truth/tests_oracle.py): each library's tests run in a plain",
+            "`sbcl --non-interactive` (`asdf:test-system`) and through run-tests, in a fresh",
+            "cl-mcp; each total and each test the framework prints as failed (expected to fail",
+            "or not) must be run-tests' too. A library whose runner is its own (no FiveAM or RT",
+            "summary printed) is right when run-tests recognises no framework either. Its",
+            "subset in `make test`: tests/integration/test_truth_tests.py.",
+            "", "Not checked yet: xref, compiler notes, frames, test places,",
             "backtraces, output (issue 37's other oracles).", "", "## Wrong answers", ""]
     for name, tally in results.items():
         for failure in tally.failures[:40]:
@@ -136,6 +144,7 @@ def main() -> None:
         print(library.directory, file=sys.stderr)
         results[library.directory] = check_library(library, options.rounds, options.seed,
                                                    log=lambda text: print(text, file=sys.stderr))
+        check_library_tests(library, results[library.directory])
         wrong = sum(results[library.directory].wrong.values())
         right = sum(results[library.directory].right.values())
         print(f"  {right} right, {wrong} wrong", file=sys.stderr)
