@@ -1,0 +1,298 @@
+;;;; agent/watch.lisp --- the programmer sees, and can stop, cl-mcp's calls
+;;;;
+;;;; In a shared image, an Emacs that loaded emacs/cl-mcp.el registers its
+;;;; own SLIME connection here (`watch-register').  From then on, every
+;;;; tool call cl-mcp makes is seen where Swank dispatches it, in the
+;;;; control thread of cl-mcp's connection (`swank::*event-hook*'): its
+;;;; `:emacs-rex' starts a call, its `:return' ends it.  Each start and end
+;;;; becomes a `:cl-mcp-watch' message in a bounded queue, which one sender
+;;;; thread hands to every registered Emacs as a `:channel-send' event (a
+;;;; kind Swank passes through to Emacs; an unknown kind would make Swank
+;;;; close that Emacs's connection).  Only a registered Emacs is sent one,
+;;;; and nothing on cl-mcp's path waits for it.
+;;;;
+;;;; The programmer, from Emacs, can stop the running call
+;;;; (`watch-stop', through `cancel-evaluation'), and hold the assistant
+;;;; (`watch-hold'): while held, a call that would run code or change the
+;;;; image is answered with CL-MCP:PAUSED-BY-PROGRAMMER instead of being
+;;;; run, one check here for every tool.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define.
+
+(in-package #:cl-mcp-agent)
+
+;;;; What is watched
+
+(defparameter *watched-entry-points*
+  '((evaluate "evaluate-lisp" t)
+    (invoke-restart-of "invoke-restart" t)
+    (eval-in-frame-of "eval-in-frame" t)
+    (compile-form-of "compile-form" t)
+    (compile-file-of "compile-file" t)
+    (load-system "load-system" t)
+    (run-tests-of "run-tests" t)
+    (profile-of "profile" t)
+    (macroexpand-of "macroexpand" t)
+    (inspect-of "inspect" t)
+    (soft-reset "reset-session" t)
+    (threads-of "threads" t)
+    (await-evaluation-of "await-evaluation" nil)
+    (backtrace-of "backtrace" nil)
+    (find-definition-of "find-definition" nil)
+    (describe-symbol-of "describe-symbol" nil)
+    (xref-of "xref" nil)
+    (apropos-of "apropos" nil)
+    (list-definitions "list-definitions" nil))
+  "The agent entry points a tool call starts with: (ENTRY TOOL RUNS-CODE).
+RUNS-CODE: held, the call is refused (threads' :list action excepted).
+Calls cl-mcp makes for itself (output slices, cancels, settings) are not
+shown, and never refused.")
+
+(defparameter *watch-queue-limit* 500
+  "Messages waiting for the sender at most; beyond it the oldest are dropped.")
+
+(defparameter *watch-text-limit* 160
+  "Characters of a form or a value a message carries at most.")
+
+(defvar *watchers* '()
+  "The Swank connections of the Emacs that registered (`watch-register').")
+
+(defvar *held* nil
+  "True while the programmer holds the assistant (`watch-hold').")
+
+(defvar *watch-lock* (sb-thread:make-mutex :name "cl-mcp watch")
+  "Guards the queue, the calls in flight and the call counter.")
+
+(defvar *watch-ready* (sb-thread:make-waitqueue :name "cl-mcp watch queue")
+  "Signalled when a message is queued.")
+
+(defvar *watch-queue* '() "Messages waiting for the sender, newest first.")
+
+(defvar *watch-queued* 0 "How many messages `*watch-queue*' holds.")
+
+(defvar *watch-dropped* 0 "Messages dropped since the sender last sent one.")
+
+(defvar *watch-sender* nil "The thread that sends the queued messages.")
+
+(defvar *watch-counter* 0 "The number of the last call watched.")
+
+(defvar *watched-calls* (make-hash-table :test #'equal)
+  "The calls in flight, under (CONNECTION . REQUEST-ID): a plist with :call,
+:tool, :tag, :start and, once the programmer stopped it, :stopped.")
+
+;;;; Reading a request
+
+(defun watch-text (text)
+  "TEXT on one line, cut to `*watch-text-limit*' characters (a cut one ends
+in an ellipsis)."
+  (let ((line (flat-text (string-trim '(#\Space #\Newline #\Tab) text) (1+ *watch-text-limit*))))
+    (if (> (length line) *watch-text-limit*)
+        (concatenate 'string (subseq line 0 (1- *watch-text-limit*)) "...")
+        line)))
+
+(defun request-parts (form)
+  "The entry point, arguments and tag of FORM, a request cl-mcp sent: a
+call, or a call wrapped by `cancellable'."
+  (if (and (consp form) (eq (first form) 'cancellable) (consp (third form)))
+      (values (second (third form)) (nthcdr 3 form) (second form))
+      (values (and (consp form) (first form))
+              (and (consp form) (rest form))
+              (and (consp form) (loop for (key value) on (rest form)
+                                      when (eq key :tag) return value)))))
+
+(defun call-subject (entry arguments)
+  "What a call to ENTRY with ARGUMENTS acts on: a plist of :subject (text)
+and, for a compilation, :file and :line."
+  (let ((first (first arguments)))
+    (case entry
+      (compile-form-of (list :subject (format nil "~A:~A" first (second arguments))
+                             :file first :line (second arguments)))
+      (compile-file-of (list :subject first :file first :line 1))
+      (t (let ((text (find-if #'stringp arguments)))
+           (list :subject (cond (text (watch-text text))
+                                (first (watch-text (prin1-to-string first)))
+                                (t ""))))))))
+
+(defun refused-while-held-p (entry arguments)
+  "Whether a call to ENTRY with ARGUMENTS runs code or changes the image,
+and so waits while the programmer holds the assistant."
+  (let ((known (assoc entry *watched-entry-points*)))
+    (and known (third known)
+         (not (and (eq entry 'threads-of) (eq (first arguments) :list))))))
+
+(defun held-report (tool)
+  "The answer to a call of TOOL while the programmer holds the assistant."
+  (command-error "CL-MCP:PAUSED-BY-PROGRAMMER"
+                 (format nil "The programmer has paused the assistant from Emacs (M-x ~
+                              cl-mcp-hold): ~A, which runs code or changes the image, ~
+                              was not run.  Tools that only read still work; wait for ~
+                              the programmer to release the hold." tool)))
+
+(defun stopped-report ()
+  "The answer to a call the programmer stopped from Emacs."
+  (command-error "CL-MCP:CANCELLED-BY-PROGRAMMER"
+                 "The programmer stopped this call from Emacs (M-x cl-mcp-stop)."))
+
+;;;; Reading an answer
+
+(defun outcome-of (result)
+  "RESULT, a `:return''s (:ok VALUE) or (:abort ...), in one line, and the
+evaluation number it names (or nil)."
+  (let ((value (second result)))
+    (cond ((not (eq (first result) :ok))
+           (values "aborted" nil))
+          ((not (and (consp value) (keywordp (first value)) (evenp (length value))))
+           (values "ok" nil))
+          (t
+           (let ((number (or (getf value :evaluation) (getf value :number))))
+             (values
+              (case (getf value :status)
+                (:ok (let ((values (getf value :values)))
+                       (if (and (consp values) (stringp (first values)))
+                           (watch-text (format nil "~{~A~^, ~}" values))
+                           "ok")))
+                (:error (let ((error (getf value :error)))
+                          (format nil "~A~@[ (waiting at its error)~]"
+                                  (or (and (consp error) (getf error :type)) "error")
+                                  (getf value :evaluation))))
+                (:running "still running")
+                (:aborted "aborted")
+                (t (string-downcase (princ-to-string (getf value :status)))))
+              number))))))
+
+;;;; The queue and its sender
+
+(defun watch-send (message)
+  "Queue MESSAGE (a plist) for every registered Emacs; never waits."
+  (sb-thread:with-mutex (*watch-lock*)
+    (push message *watch-queue*)
+    (if (< *watch-queued* *watch-queue-limit*)
+        (incf *watch-queued*)
+        (progn (setf *watch-queue* (butlast *watch-queue*))
+               (incf *watch-dropped*)))
+    (sb-thread:condition-notify *watch-ready*)))
+
+(defun send-to-watcher (connection message)
+  "Hand MESSAGE to CONNECTION's control thread, as a `:channel-send' Swank
+writes to its Emacs unread (channel 0: emacs/cl-mcp.el's hook takes it)."
+  (let ((swank::*emacs-connection* connection)
+        (swank::*send-counter* 0))  ; never `maybe-slow-down's wait for Emacs
+    (swank::send-to-emacs (list :channel-send 0 (cons :cl-mcp-watch message)))))
+
+(defun watch-sender-loop ()
+  "Send the queued messages, oldest first, to every registered Emacs still
+connected, forgetting the others."
+  (loop
+    (let ((messages '()) (dropped 0))
+      (sb-thread:with-mutex (*watch-lock*)
+        (loop until *watch-queue*
+              do (sb-thread:condition-wait *watch-ready* *watch-lock*))
+        (setf messages (reverse *watch-queue*)
+              *watch-queue* '()
+              *watch-queued* 0
+              dropped (shiftf *watch-dropped* 0)))
+      (let ((watchers (setf *watchers* (intersection *watchers* swank::*connections*))))
+        (when (plusp dropped)
+          (push (list :phase :dropped :count dropped) messages))
+        (dolist (connection watchers)
+          (dolist (message messages)
+            (ignore-errors (send-to-watcher connection message))))))))
+
+;;;; Seeing the calls: Swank's event hook
+
+(defun watch-request (connection event)
+  "EVENT, an `:emacs-rex' from cl-mcp on CONNECTION, starts a tool call:
+record it and tell the watchers; held, and running code, turn it into a
+call of `held-report'."
+  (destructuring-bind (form package thread-id id) (rest event)
+    (declare (ignore package thread-id))
+    (multiple-value-bind (entry arguments tag) (request-parts form)
+      (let ((known (and (symbolp entry) (assoc entry *watched-entry-points*))))
+        (when known
+          (let ((refused (and *held* (refused-while-held-p entry arguments)))
+                (number (sb-thread:with-mutex (*watch-lock*) (incf *watch-counter*))))
+            (when refused
+              (setf (second event) (list 'held-report (second known))
+                    tag nil))
+            (sb-thread:with-mutex (*watch-lock*)
+              (setf (gethash (cons connection id) *watched-calls*)
+                    (list :call number :tool (second known) :tag tag
+                          :start (get-internal-real-time))))
+            (watch-send (list* :phase :start :call number :tool (second known)
+                               :runs-code (and (third known) t)
+                               (call-subject entry arguments)))))))))
+
+(defun watch-return (connection event)
+  "EVENT, a `:return' to cl-mcp on CONNECTION, ends the call it answers:
+tell the watchers its outcome, the one a stopped call's answer is
+replaced with."
+  (destructuring-bind (thread result id) (rest event)
+    (declare (ignore thread))
+    (let ((call (sb-thread:with-mutex (*watch-lock*)
+                  (let ((key (cons connection id)))
+                    (prog1 (gethash key *watched-calls*)
+                      (remhash key *watched-calls*))))))
+      (when call
+        (when (getf call :stopped)
+          (setf result (list :ok (stopped-report))
+                (third event) result))
+        (multiple-value-bind (outcome number) (outcome-of result)
+          (watch-send (list :phase :end :call (getf call :call) :tool (getf call :tool)
+                            :outcome (if (getf call :stopped) "cancelled by the programmer" outcome)
+                            :evaluation number
+                            :waiting (and (consp (second result))
+                                          (keywordp (first (second result)))
+                                          (getf (second result) :evaluation) t)
+                            :ms (round (* 1000 (- (get-internal-real-time) (getf call :start)))
+                                       internal-time-units-per-second))))))))
+
+(defun watch-event-hook (connection event)
+  "Swank's event hook: watch the tool calls on cl-mcp's connections while an
+Emacs watches or the assistant is held.  Always nil, so that Swank goes on
+to dispatch EVENT (which a held call's request was changed in)."
+  (when (and (or *watchers* *held*) (member connection *connections*) (consp event))
+    (ignore-errors
+     (case (first event)
+       (:emacs-rex (watch-request connection event))
+       (:return (watch-return connection event)))))
+  nil)
+
+;;;; Entry points: what emacs/cl-mcp.el calls
+
+(defun watch-register ()
+  "Register the Emacs this request comes from (its SLIME connection) to be
+told of every tool call; start watching.  Return (:held HELD)."
+  (let ((connection swank::*emacs-connection*))
+    (sb-thread:with-mutex (*watch-lock*)
+      (setf *watchers* (adjoin connection (intersection *watchers* swank::*connections*))))
+    (pushnew 'watch-event-hook swank::*event-hook*)
+    (sb-thread:with-mutex (*watch-lock*)
+      (unless (and *watch-sender* (sb-thread:thread-alive-p *watch-sender*))
+        (setf *watch-sender* (make-agent-thread #'watch-sender-loop "cl-mcp watch sender"))))
+    (list :held (and *held* t))))
+
+(defun watch-stop ()
+  "Stop the newest tool call that runs the user's code, as cancelled by the
+programmer: its answer says so.  A sentence saying what was stopped, or
+that nothing was running."
+  (let ((newest-key nil) (newest nil))
+    (sb-thread:with-mutex (*watch-lock*)
+      (maphash (lambda (key call)
+                 (when (and (getf call :tag)
+                            (or (null newest) (> (getf call :call) (getf newest :call))))
+                   (setf newest-key key newest call)))
+               *watched-calls*)
+      (when newest
+        (setf (gethash newest-key *watched-calls*) (list* :stopped t newest))))
+    (cond ((null newest) "No assistant evaluation is running: nothing to stop.")
+          (t (cancel-evaluation (getf newest :tag))
+             (format nil "Stopped call ~D (~A)." (getf newest :call) (getf newest :tool))))))
+
+(defun watch-hold (held)
+  "Hold the assistant when HELD, else release it; tell the watchers.
+Return (:held HELD)."
+  (setf *held* (and held t))
+  (watch-send (list :phase :hold :held *held*))
+  (list :held *held*))
