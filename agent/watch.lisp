@@ -5,8 +5,9 @@
 ;;;; tool call cl-mcp makes is seen where Swank dispatches it, in the
 ;;;; control thread of cl-mcp's connection (`swank::*event-hook*'): its
 ;;;; `:emacs-rex' starts a call, its `:return' ends it.  Each start and end
-;;;; becomes a `:cl-mcp-watch' message in a bounded queue, which one sender
-;;;; thread hands to every registered Emacs as a `:channel-send' event (a
+;;;; becomes a message in a bounded queue, which one sender thread hands,
+;;;; a batch at a time, to every registered Emacs as a `:channel-send' of
+;;;; `:cl-mcp-watch' (a
 ;;;; kind Swank passes through to Emacs; an unknown kind would make Swank
 ;;;; close that Emacs's connection).  Only a registered Emacs is sent one,
 ;;;; and nothing on cl-mcp's path waits for it.
@@ -52,6 +53,11 @@ shown, and never refused.")
 
 (defparameter *watch-queue-limit* 500
   "Messages waiting for the sender at most; beyond it the oldest are dropped.")
+
+(defparameter *watch-gather-seconds* 0.05
+  "How long the sender gathers messages before it sends them, together:
+one Swank event for each batch, not each message, keeps a watching Emacs
+from competing with the calls for the CPU.")
 
 (defparameter *watch-text-limit* 160
   "Characters of a form or a value a message carries at most.")
@@ -168,27 +174,32 @@ evaluation number it names (or nil)."
   "Queue MESSAGE (a plist) for every registered Emacs; never waits."
   (sb-thread:with-mutex (*watch-lock*)
     (push message *watch-queue*)
-    (if (< *watch-queued* *watch-queue-limit*)
-        (incf *watch-queued*)
-        (progn (setf *watch-queue* (butlast *watch-queue*))
-               (incf *watch-dropped*)))
-    (sb-thread:condition-notify *watch-ready*)))
+    (cond ((zerop *watch-queued*)
+           (setf *watch-queued* 1)
+           (sb-thread:condition-notify *watch-ready*))
+          ((< *watch-queued* *watch-queue-limit*)
+           (incf *watch-queued*))
+          (t (setf *watch-queue* (butlast *watch-queue*))
+             (incf *watch-dropped*)))))
 
-(defun send-to-watcher (connection message)
-  "Hand MESSAGE to CONNECTION's control thread, as a `:channel-send' Swank
+(defun send-to-watcher (connection messages)
+  "Hand MESSAGES to CONNECTION's control thread, as one `:channel-send' Swank
 writes to its Emacs unread (channel 0: emacs/cl-mcp.el's hook takes it)."
   (let ((swank::*emacs-connection* connection)
         (swank::*send-counter* 0))  ; never `maybe-slow-down's wait for Emacs
-    (swank::send-to-emacs (list :channel-send 0 (cons :cl-mcp-watch message)))))
+    (swank::send-to-emacs (list :channel-send 0 (cons :cl-mcp-watch messages)))))
 
 (defun watch-sender-loop ()
-  "Send the queued messages, oldest first, to every registered Emacs still
-connected, forgetting the others."
+  "Send the queued messages, oldest first, gathered for
+`*watch-gather-seconds*', to every registered Emacs still connected,
+forgetting the others."
   (loop
     (let ((messages '()) (dropped 0))
       (sb-thread:with-mutex (*watch-lock*)
         (loop until *watch-queue*
-              do (sb-thread:condition-wait *watch-ready* *watch-lock*))
+              do (sb-thread:condition-wait *watch-ready* *watch-lock*)))
+      (sleep *watch-gather-seconds*)
+      (sb-thread:with-mutex (*watch-lock*)
         (setf messages (reverse *watch-queue*)
               *watch-queue* '()
               *watch-queued* 0
@@ -197,8 +208,7 @@ connected, forgetting the others."
         (when (plusp dropped)
           (push (list :phase :dropped :count dropped) messages))
         (dolist (connection watchers)
-          (dolist (message messages)
-            (ignore-errors (send-to-watcher connection message))))))))
+          (ignore-errors (send-to-watcher connection messages)))))))
 
 ;;;; Seeing the calls: Swank's event hook
 
@@ -272,6 +282,13 @@ told of every tool call; start watching.  Return (:held HELD)."
       (unless (and *watch-sender* (sb-thread:thread-alive-p *watch-sender*))
         (setf *watch-sender* (make-agent-thread #'watch-sender-loop "cl-mcp watch sender"))))
     (list :held (and *held* t))))
+
+(defun watch-unregister ()
+  "Tell the Emacs this request comes from of no more calls.  Return t."
+  (let ((connection swank::*emacs-connection*))
+    (sb-thread:with-mutex (*watch-lock*)
+      (setf *watchers* (remove connection *watchers*))))
+  t)
 
 (defun watch-stop ()
   "Stop the newest tool call that runs the user's code, as cancelled by the

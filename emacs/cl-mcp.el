@@ -20,6 +20,8 @@
 ;;   h  `cl-mcp-hold'     refuse every call that runs code or changes the image
 ;;   r  `cl-mcp-release'  end the hold
 ;;   RET `cl-mcp-jump'    go to the line's file and line, or its backtrace
+;; `cl-mcp-unregister' has the images tell this Emacs nothing more, and
+;; `cl-mcp-register' undoes it.
 
 ;;; Code:
 
@@ -47,6 +49,9 @@ cl-mcp agent yet."
 
 (defvar cl-mcp--held nil
   "Whether the image says the assistant is held.")
+
+(defvar cl-mcp--enabled t
+  "Whether this Emacs registers its connections (`cl-mcp-unregister' ends it).")
 
 (defvar cl-mcp--timer nil
   "The timer that registers the connections not registered yet.")
@@ -79,7 +84,8 @@ then CONTINUATION with its value."
 (defun cl-mcp--register-all ()
   "Register every SLIME connection not registered yet."
   (dolist (connection slime-net-processes)
-    (when (and (process-live-p connection)
+    (when (and cl-mcp--enabled
+               (process-live-p connection)
                (not (cl-mcp--registered connection)))
       (cl-mcp--register connection))))
 
@@ -150,34 +156,46 @@ has no agent yet."
                                    ""))))))
     (propertize text 'cl-mcp-call (plist-get event :call) 'cl-mcp-event event)))
 
-(defun cl-mcp--show (event)
-  "Show EVENT, a `:cl-mcp-watch' message, in the `*cl-mcp*' buffer."
+(defvar-local cl-mcp--lines 0
+  "How many lines the `*cl-mcp*' buffer has (counting them each time would
+cost Emacs time on every message).")
+
+(defun cl-mcp--show-1 (event)
+  "Show EVENT, one of the agent's messages, in the current buffer."
+  (pcase (plist-get event :phase)
+    (:hold (cl-mcp--set-held (plist-get event :held))
+           (goto-char (point-max))
+           (insert (if (plist-get event :held)
+                       "-- the programmer holds the assistant --\n"
+                     "-- the programmer released the assistant --\n"))
+           (cl-incf cl-mcp--lines))
+    (:dropped (goto-char (point-max))
+              (insert (format "-- %d messages dropped (Emacs was slow) --\n"
+                              (plist-get event :count)))
+              (cl-incf cl-mcp--lines))
+    (:start (goto-char (point-max))
+            (insert (cl-mcp--line event) "\n")
+            (cl-incf cl-mcp--lines))
+    (:end (if (cl-mcp--find-line (plist-get event :call))
+              (let ((start (get-text-property (point) 'cl-mcp-event)))
+                (delete-region (line-beginning-position) (line-end-position))
+                (insert (cl-mcp--line (append event start))))
+            (goto-char (point-max))
+            (insert (cl-mcp--line event) "\n")
+            (cl-incf cl-mcp--lines)))))
+
+(defun cl-mcp--show (events)
+  "Show EVENTS, a batch of the agent's messages, in the `*cl-mcp*' buffer,
+which keeps its last `cl-mcp-max-lines' lines."
   (with-current-buffer (cl-mcp--buffer)
-    (let ((inhibit-read-only t)
-          (phase (plist-get event :phase)))
+    (let ((inhibit-read-only t))
       (save-excursion
-        (pcase phase
-          (:hold (cl-mcp--set-held (plist-get event :held))
-                 (goto-char (point-max))
-                 (insert (if (plist-get event :held)
-                             "-- the programmer holds the assistant --\n"
-                           "-- the programmer released the assistant --\n")))
-          (:dropped (goto-char (point-max))
-                    (insert (format "-- %d messages dropped (Emacs was slow) --\n"
-                                    (plist-get event :count))))
-          (:start (goto-char (point-max))
-                  (insert (cl-mcp--line event) "\n"))
-          (:end (if (cl-mcp--find-line (plist-get event :call))
-                    (let ((start (get-text-property (point) 'cl-mcp-event)))
-                      (delete-region (line-beginning-position) (line-end-position))
-                      (insert (cl-mcp--line (append event start))))
-                  (goto-char (point-max))
-                  (insert (cl-mcp--line event) "\n"))))
-        (goto-char (point-min))
-        (let ((excess (- (count-lines (point-min) (point-max)) cl-mcp-max-lines)))
-          (when (> excess 0)
-            (forward-line excess)
-            (delete-region (point-min) (point))))))))
+        (mapc #'cl-mcp--show-1 events)
+        (when (> cl-mcp--lines cl-mcp-max-lines)
+          (goto-char (point-min))
+          (forward-line (- cl-mcp--lines cl-mcp-max-lines))
+          (delete-region (point-min) (point))
+          (setq cl-mcp--lines cl-mcp-max-lines))))))
 
 (defun cl-mcp--set-held (held)
   "Record that the assistant is HELD (or not)."
@@ -185,10 +203,10 @@ has no agent yet."
   (force-mode-line-update t))
 
 (defun cl-mcp--event-hook (event)
-  "Take the agent's `:cl-mcp-watch' messages out of SLIME's events."
+  "Take the agent's `:cl-mcp-watch' batches out of SLIME's events."
   (pcase event
-    (`(:channel-send 0 (:cl-mcp-watch . ,message))
-     (cl-mcp--show message)
+    (`(:channel-send 0 (:cl-mcp-watch . ,messages))
+     (cl-mcp--show messages)
      t)))
 
 ;;;; Commands
@@ -196,8 +214,23 @@ has no agent yet."
 (defun cl-mcp-show ()
   "Show the `*cl-mcp*' buffer."
   (interactive)
-  (cl-mcp--start-registering)
   (display-buffer (cl-mcp--buffer)))
+
+(defun cl-mcp-register ()
+  "Have the images of SLIME's connections tell this Emacs of cl-mcp's calls."
+  (interactive)
+  (setq cl-mcp--enabled t)
+  (cl-mcp--start-registering))
+
+(defun cl-mcp-unregister ()
+  "Have the images of SLIME's connections tell this Emacs nothing more."
+  (interactive)
+  (setq cl-mcp--enabled nil)
+  (dolist (connection slime-net-processes)
+    (when (and (process-live-p connection) (cl-mcp--registered connection))
+      (let ((slime-dispatching-connection connection))
+        (cl-mcp--eval "WATCH-UNREGISTER" '()
+                      (lambda (_) (setf (cl-mcp--registered connection) nil)))))))
 
 (defun cl-mcp-stop ()
   "Abort the assistant's running evaluation; cl-mcp answers it as cancelled
