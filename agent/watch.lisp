@@ -170,6 +170,11 @@ evaluation number it names (or nil)."
 
 ;;;; The queue and its sender
 
+(defun live-watchers ()
+  "The registered Emacs still connected, the others forgotten (with
+`*watch-lock*' held)."
+  (setf *watchers* (intersection *watchers* swank::*connections*)))
+
 (defun watch-send (message)
   "Queue MESSAGE (a plist) for every registered Emacs; never waits."
   (sb-thread:with-mutex (*watch-lock*)
@@ -204,13 +209,19 @@ forgetting the others."
               *watch-queue* '()
               *watch-queued* 0
               dropped (shiftf *watch-dropped* 0)))
-      (let ((watchers (setf *watchers* (intersection *watchers* swank::*connections*))))
+      (let ((watchers (sb-thread:with-mutex (*watch-lock*) (live-watchers))))
         (when (plusp dropped)
           (push (list :phase :dropped :count dropped) messages))
         (dolist (connection watchers)
           (ignore-errors (send-to-watcher connection messages)))))))
 
 ;;;; Seeing the calls: Swank's event hook
+
+(defun still-held-p ()
+  "Whether the assistant is still held: a hold ends when no Emacs that
+could release it is connected any more."
+  (or (sb-thread:with-mutex (*watch-lock*) (live-watchers))
+      (setf *held* nil)))
 
 (defun watch-request (connection event)
   "EVENT, an `:emacs-rex' from cl-mcp on CONNECTION, starts a tool call:
@@ -221,7 +232,7 @@ call of `held-report'."
     (multiple-value-bind (entry arguments tag) (request-parts form)
       (let ((known (and (symbolp entry) (assoc entry *watched-entry-points*))))
         (when known
-          (let ((refused (and *held* (refused-while-held-p entry arguments)))
+          (let ((refused (and *held* (refused-while-held-p entry arguments) (still-held-p)))
                 (number (sb-thread:with-mutex (*watch-lock*) (incf *watch-counter*))))
             (when refused
               (setf (second event) (list 'held-report (second known))
@@ -276,7 +287,7 @@ to dispatch EVENT (which a held call's request was changed in)."
 told of every tool call; start watching.  Return (:held HELD)."
   (let ((connection swank::*emacs-connection*))
     (sb-thread:with-mutex (*watch-lock*)
-      (setf *watchers* (adjoin connection (intersection *watchers* swank::*connections*))))
+      (setf *watchers* (adjoin connection (live-watchers))))
     (pushnew 'watch-event-hook swank::*event-hook*)
     (sb-thread:with-mutex (*watch-lock*)
       (unless (and *watch-sender* (sb-thread:thread-alive-p *watch-sender*))

@@ -61,17 +61,23 @@ class Shared:
         self.watching = Emacs(home)
         stack.callback(self.watching.stop)
         self.watching.connect(server.port)
+        self.second = Emacs(home)
+        stack.callback(self.second.stop)
+        self.second.connect(server.port)
         self.plain = Emacs(home)
         stack.callback(self.plain.stop)
         self.plain.connect(server.port)
         # Loaded before cl-mcp attaches: the package registers once the agent is there.
-        self.watching.eval(f'(progn (setq cl-mcp-register-interval 0.3) (load "{PACKAGE}") t)')
+        for emacs in (self.watching, self.second):
+            emacs.eval(f'(progn (setq cl-mcp-register-interval 0.3) (load "{PACKAGE}") t)')
         self.process = McpProcess("--connect", str(server.port), env={"HOME": str(home)})
         stack.callback(self.process.close)
         self.process.initialize()
-        wait_for(lambda: self.watching.eval("(if (cl-mcp--registered) 1 0)") == "1",
-                 "the package registered")
+        for emacs in (self.watching, self.second):
+            wait_for(lambda: emacs.eval("(if (cl-mcp--registered) 1 0)") == "1",
+                     "the package registered")
         self.repl = self.watching.repl_text()
+        self.home = home
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +106,7 @@ def test_each_call_is_a_line_with_its_tool_form_outcome_and_time(shared):
     assert found is not None
     line = line_of(emacs, "evaluate-lisp", "(+ 40 2)")
     assert "=>  42  (" in line and " ms, evaluation " in line
+    assert "=>  42  (" in line_of(shared.second, "evaluate-lisp", "(+ 40 2)")  # every Emacs registered
     assert line_of(emacs, "find-definition", "cl-user::no-such-function-here")
     failed = process.call("evaluate-lisp", code='(error "boom")')
     assert failed["isError"]
@@ -159,6 +166,32 @@ def test_hold_refuses_code_and_lets_reading_go_on_until_release(shared):
     assert process.eval("(+ 2 3)") == ("=> 5", False)
 
 
+def jump_from(emacs: Emacs, tool: str, subject: str) -> None:
+    """`cl-mcp-jump` on the line of TOOL's call on SUBJECT."""
+    line_of(emacs, tool, subject)
+    emacs.eval('(with-current-buffer "*cl-mcp*" (goto-char (point-max)) '
+               f"(search-backward {json.dumps(subject)}) (cl-mcp-jump))")
+
+
+def test_jump_goes_to_the_form_s_file_and_line_or_the_waiting_backtrace(shared):
+    process, emacs = shared.process, shared.watching
+    path = shared.home / "jump-here.lisp"
+    path.write_text("(in-package #:cl-user)\n\n(defun jumped-to (x)\n  (* x 2))\n")
+    compiled = process.call("compile-form", path=str(path), line=4)
+    assert not compiled["isError"], compiled
+    jump_from(emacs, "compile-form", f"{path}:4")
+    assert json.loads(emacs.eval("(buffer-file-name (window-buffer (selected-window)))")) == str(path)
+    assert emacs.eval("(with-current-buffer (window-buffer (selected-window)) (line-number-at-pos))") == "4"
+    failed = process.call("evaluate-lisp", code='(error "jump to my backtrace")')
+    assert failed["isError"]
+    jump_from(emacs, "evaluate-lisp", "jump to my backtrace")
+    wait_for(lambda: "waiting at its error" in text_of(emacs, '(get-buffer "*cl-mcp backtrace*")'),
+             "the backtrace buffer")
+    assert "ERROR" in text_of(emacs, '(get-buffer "*cl-mcp backtrace*")').upper()
+    assert emacs.debugger_windows() == 0
+    process.call("invoke-restart", restart="abort")
+
+
 def test_an_emacs_without_the_package_sees_no_event(shared):
     process, plain = shared.process, shared.plain
     process.call("evaluate-lisp", code="(list :seen-by-the-watching-emacs-only)")
@@ -169,3 +202,17 @@ def test_an_emacs_without_the_package_sees_no_event(shared):
     assert "channel" not in messages.lower() and "error" not in messages.lower(), messages
     # The package's own events reached SLIME's log in the watching Emacs.
     assert "cl-mcp-watch" in text_of(shared.watching, "(slime-events-buffer)")
+
+
+def test_a_hold_ends_when_no_emacs_that_could_release_it_is_connected(shared):
+    """Last: it disconnects the Emacs that watch."""
+    process = shared.process
+    holds = watch_buffer(shared.watching).count("holds the assistant")
+    shared.second.eval("(cl-mcp-hold)")
+    wait_for(lambda: watch_buffer(shared.watching).count("holds the assistant") > holds, "the hold")
+    assert "PAUSED-BY-PROGRAMMER" in text(process.call("evaluate-lisp", code="(+ 1 2)"))
+    for emacs in (shared.watching, shared.second):
+        emacs.eval("(slime-disconnect-all)")
+    wait_for(lambda: "PAUSED" not in text(process.call("evaluate-lisp", code="(+ 3 4)")),
+             "the hold ended")
+    assert process.eval("(+ 3 4)") == ("=> 7", False)
