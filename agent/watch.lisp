@@ -84,9 +84,15 @@ from competing with the calls for the CPU.")
 
 (defvar *watch-counter* 0 "The number of the last call watched.")
 
+(defvar *stopped-evaluations* '()
+  "The numbers of the background evaluations the programmer stopped, newest
+first (at most 50): the await-evaluation that takes one's outcome is
+answered as stopped.")
+
 (defvar *watched-calls* (make-hash-table :test #'equal)
   "The calls in flight, under (CONNECTION . REQUEST-ID): a plist with :call,
-:tool, :tag, :start and, once the programmer stopped it, :stopped.")
+:tool, :tag, :start, :awaits (the evaluation an await-evaluation takes)
+and, once the programmer stopped it, :stopped.")
 
 ;;;; Reading a request
 
@@ -136,10 +142,17 @@ and so waits while the programmer holds the assistant."
                               was not run.  Tools that only read still work; wait for ~
                               the programmer to release the hold." tool)))
 
-(defun stopped-report ()
-  "The answer to a call the programmer stopped from Emacs."
-  (command-error "CL-MCP:CANCELLED-BY-PROGRAMMER"
-                 "The programmer stopped this call from Emacs (M-x cl-mcp-stop)."))
+(defun stopped-report (report)
+  "REPORT, the answer to a call the programmer stopped from Emacs, made an
+error that says so; its number, output and warnings kept."
+  (let ((kept (if (and (consp report) (keywordp (first report))) (copy-list report) '())))
+    (dolist (key '(:status :error :restarts :evaluation))
+      (remf kept key))
+    (list* :status :error
+           :error (list :type "CL-MCP:CANCELLED-BY-PROGRAMMER"
+                        :message "The programmer stopped this call from Emacs (M-x cl-mcp-stop)."
+                        :backtrace nil)
+           (or kept (list :stdout "" :stderr "" :warnings '())))))
 
 ;;;; Reading an answer
 
@@ -238,9 +251,11 @@ call of `held-report'."
               (setf (second event) (list 'held-report (second known))
                     tag nil))
             (sb-thread:with-mutex (*watch-lock*)
-              (setf (gethash (cons connection id) *watched-calls*)
-                    (list :call number :tool (second known) :tag tag
-                          :start (get-internal-real-time))))
+              (let ((awaits (and (eq entry 'await-evaluation-of) (first arguments))))
+                (setf (gethash (cons connection id) *watched-calls*)
+                      (list :call number :tool (second known) :tag tag :awaits awaits
+                            :stopped (and awaits (member awaits *stopped-evaluations*) t)
+                            :start (get-internal-real-time)))))
             (watch-send (list* :phase :start :call number :tool (second known)
                                :runs-code (and (third known) t)
                                (call-subject entry arguments)))))))))
@@ -251,17 +266,22 @@ tell the watchers its outcome, the one a stopped call's answer is
 replaced with."
   (destructuring-bind (thread result id) (rest event)
     (declare (ignore thread))
-    (let ((call (sb-thread:with-mutex (*watch-lock*)
+    (let ((stopped nil)
+          (call (sb-thread:with-mutex (*watch-lock*)
                   (let ((key (cons connection id)))
                     (prog1 (gethash key *watched-calls*)
                       (remhash key *watched-calls*))))))
       (when call
-        (when (getf call :stopped)
-          (setf result (list :ok (stopped-report))
+        (setf stopped (and (getf call :stopped)
+                           (not (and (eq (first result) :ok) (consp (second result))
+                                     (keywordp (first (second result)))
+                                     (eq (getf (second result) :status) :running)))))
+        (when stopped
+          (setf result (list :ok (stopped-report (second result)))
                 (third event) result))
         (multiple-value-bind (outcome number) (outcome-of result)
           (watch-send (list :phase :end :call (getf call :call) :tool (getf call :tool)
-                            :outcome (if (getf call :stopped) "cancelled by the programmer" outcome)
+                            :outcome (if stopped "cancelled by the programmer" outcome)
                             :evaluation number
                             :waiting (and (consp (second result))
                                           (keywordp (first (second result)))
@@ -301,10 +321,28 @@ told of every tool call; start watching.  Return (:held HELD)."
       (setf *watchers* (remove connection *watchers*))))
   t)
 
+(defun stop-in-background ()
+  "Stop the newest evaluation running in the background, the await-evaluation
+that takes its outcome answered as stopped; its number, or nil."
+  (let ((evaluation (first (background-running))))
+    (when evaluation
+      (let ((number (evaluation-id evaluation)))
+        (sb-thread:with-mutex (*watch-lock*)
+          (push number *stopped-evaluations*)
+          (when (nthcdr 50 *stopped-evaluations*)
+            (setf *stopped-evaluations* (subseq *stopped-evaluations* 0 50)))
+          (maphash (lambda (key call)
+                     (when (eql (getf call :awaits) number)
+                       (setf (gethash key *watched-calls*) (list* :stopped t call))))
+                   *watched-calls*))
+        (stop-background evaluation)
+        number))))
+
 (defun watch-stop ()
-  "Stop the newest tool call that runs the user's code, as cancelled by the
-programmer: its answer says so.  A sentence saying what was stopped, or
-that nothing was running."
+  "Stop the newest tool call that runs the user's code, or else the newest
+evaluation running in the background, as cancelled by the programmer: its
+answer says so.  A sentence saying what was stopped, or that nothing was
+running."
   (let ((newest-key nil) (newest nil))
     (sb-thread:with-mutex (*watch-lock*)
       (maphash (lambda (key call)
@@ -314,9 +352,13 @@ that nothing was running."
                *watched-calls*)
       (when newest
         (setf (gethash newest-key *watched-calls*) (list* :stopped t newest))))
-    (cond ((null newest) "No assistant evaluation is running: nothing to stop.")
-          (t (cancel-evaluation (getf newest :tag))
-             (format nil "Stopped call ~D (~A)." (getf newest :call) (getf newest :tool))))))
+    (if newest
+        (progn (cancel-evaluation (getf newest :tag))
+               (format nil "Stopped call ~D (~A)." (getf newest :call) (getf newest :tool)))
+        (let ((number (stop-in-background)))
+          (if number
+              (format nil "Stopped evaluation ~D, which ran in the background." number)
+              "No assistant evaluation is running: nothing to stop.")))))
 
 (defun watch-hold (held)
   "Hold the assistant when HELD, else release it; tell the watchers.

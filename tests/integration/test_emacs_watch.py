@@ -142,6 +142,21 @@ def test_stop_cancels_the_running_evaluation_as_the_programmer_s(shared):
     assert process.eval("(+ 1 1)") == ("=> 2", False)
 
 
+def test_stop_cancels_an_evaluation_running_in_the_background(shared):
+    process, emacs = shared.process, shared.watching
+    running = process.call("evaluate-lisp", code="(sleep 60)", **{"answer-within": 1})
+    number = running["structuredContent"]["number"]
+    assert running["structuredContent"].get("running"), running
+    line_of(emacs, "evaluate-lisp", "(sleep 60)")
+    emacs.eval("(cl-mcp-stop)")
+    wait_for(lambda: f"Stopped evaluation {number}" in text_of(emacs, '(get-buffer "*Messages*")'),
+             "Stop's message")
+    outcome = process.call("await-evaluation", evaluation=number, wait=30)
+    assert outcome["isError"] and "CL-MCP:CANCELLED-BY-PROGRAMMER" in text(outcome), outcome
+    assert "cancelled by the programmer" in line_of(emacs, "await-evaluation", str(number))
+    assert process.eval("(+ 1 1)") == ("=> 2", False)
+
+
 def test_hold_refuses_code_and_lets_reading_go_on_until_release(shared):
     process, emacs = shared.process, shared.watching
     emacs.eval("(cl-mcp-hold)")
