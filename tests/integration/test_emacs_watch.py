@@ -61,15 +61,17 @@ class Shared:
         self.watching = Emacs(home)
         stack.callback(self.watching.stop)
         self.watching.connect(server.port)
-        self.second = Emacs(home)
-        stack.callback(self.second.stop)
-        self.second.connect(server.port)
         self.plain = Emacs(home)
         stack.callback(self.plain.stop)
         self.plain.connect(server.port)
-        # Loaded before cl-mcp attaches: the package registers once the agent is there.
-        for emacs in (self.watching, self.second):
-            emacs.eval(f'(progn (setq cl-mcp-register-interval 0.3) (load "{PACKAGE}") t)')
+        # Loaded before cl-mcp attaches (and, in the second, before SLIME
+        # connects): the package registers once the agent is there.
+        load = f'(progn (setq cl-mcp-register-interval 0.3) (load "{PACKAGE}") t)'
+        self.watching.eval(load)
+        self.second = Emacs(home)
+        stack.callback(self.second.stop)
+        self.second.eval(load)
+        self.second.connect(server.port)
         self.process = McpProcess("--connect", str(server.port), env={"HOME": str(home)})
         stack.callback(self.process.close)
         self.process.initialize()
