@@ -10,7 +10,8 @@
 ;;;; `:cl-mcp-watch' (a
 ;;;; kind Swank passes through to Emacs; an unknown kind would make Swank
 ;;;; close that Emacs's connection).  Only a registered Emacs is sent one,
-;;;; and nothing on cl-mcp's path waits for it.
+;;;; and nothing on cl-mcp's path waits for it; an Emacs that does not keep
+;;;; up has at most `*watch-backlog-limit*' batches waiting in Swank.
 ;;;;
 ;;;; The programmer, from Emacs, can stop the running call
 ;;;; (`watch-stop', through `cancel-evaluation'), and hold the assistant
@@ -79,6 +80,15 @@ from competing with the calls for the CPU.")
 (defvar *watch-queued* 0 "How many messages `*watch-queue*' holds.")
 
 (defvar *watch-dropped* 0 "Messages dropped since the sender last sent one.")
+
+(defparameter *watch-backlog-limit* 4
+  "Batches a registered Emacs may have waiting in Swank (sent, not yet
+written to it) at most; while it has that many, its messages are dropped,
+counted, so that a slow or stopped Emacs keeps no more in the image.")
+
+(defvar *watch-backlogs* (make-hash-table :test #'eq)
+  "For each registered Emacs's connection, (WAITING . DROPPED): its batches
+sent and not yet written, and the messages dropped since it last got one.")
 
 (defvar *watch-sender* nil "The thread that sends the queued messages.")
 
@@ -186,7 +196,13 @@ evaluation number it names (or nil)."
 (defun live-watchers ()
   "The registered Emacs still connected, the others forgotten (with
 `*watch-lock*' held)."
-  (setf *watchers* (intersection *watchers* swank::*connections*)))
+  (setf *watchers* (intersection *watchers* swank::*connections*))
+  (maphash (lambda (connection backlog)
+             (declare (ignore backlog))
+             (unless (member connection *watchers*)
+               (remhash connection *watch-backlogs*)))
+           *watch-backlogs*)
+  *watchers*)
 
 (defun watch-send (message)
   "Queue MESSAGE (a plist) for every registered Emacs; never waits."
@@ -226,7 +242,33 @@ forgetting the others."
         (when (plusp dropped)
           (push (list :phase :dropped :count dropped) messages))
         (dolist (connection watchers)
-          (ignore-errors (send-to-watcher connection messages)))))))
+          (let ((batch (batch-for connection messages)))
+            (when batch
+              (ignore-errors (send-to-watcher connection batch)))))))))
+
+(defun batch-for (connection messages)
+  "MESSAGES as CONNECTION's next batch, after the count of those it was not
+sent; nil (and counted) while it has `*watch-backlog-limit*' batches
+waiting."
+  (sb-thread:with-mutex (*watch-lock*)
+    (let ((backlog (or (gethash connection *watch-backlogs*)
+                       (setf (gethash connection *watch-backlogs*) (cons 0 0)))))
+      (cond ((>= (car backlog) *watch-backlog-limit*)
+             (incf (cdr backlog) (length messages))
+             nil)
+            (t
+             (incf (car backlog))
+             (let ((dropped (shiftf (cdr backlog) 0)))
+               (if (plusp dropped)
+                   (cons (list :phase :dropped :count dropped) messages)
+                   messages)))))))
+
+(defun batch-written (connection)
+  "CONNECTION's control thread takes one of its batches to write it."
+  (sb-thread:with-mutex (*watch-lock*)
+    (let ((backlog (gethash connection *watch-backlogs*)))
+      (when (and backlog (plusp (car backlog)))
+        (decf (car backlog))))))
 
 ;;;; Seeing the calls: Swank's event hook
 
@@ -291,13 +333,18 @@ replaced with."
 
 (defun watch-event-hook (connection event)
   "Swank's event hook: watch the tool calls on cl-mcp's connections while an
-Emacs watches or the assistant is held.  Always nil, so that Swank goes on
+Emacs watches or the assistant is held, and count the batches a watching
+Emacs's control thread takes to write.  Always nil, so that Swank goes on
 to dispatch EVENT (which a held call's request was changed in)."
-  (when (and (or *watchers* *held*) (member connection *connections*) (consp event))
+  (when (and (or *watchers* *held*) (consp event))
     (ignore-errors
      (case (first event)
-       (:emacs-rex (watch-request connection event))
-       (:return (watch-return connection event)))))
+       (:channel-send (when (and (consp (third event)) (eq (first (third event)) :cl-mcp-watch))
+                        (batch-written connection)))
+       (:emacs-rex (when (member connection *connections*)
+                     (watch-request connection event)))
+       (:return (when (member connection *connections*)
+                  (watch-return connection event))))))
   nil)
 
 ;;;; Entry points: what emacs/cl-mcp.el calls

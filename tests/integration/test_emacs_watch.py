@@ -221,6 +221,31 @@ def test_an_emacs_without_the_package_sees_no_event(shared):
     assert "cl-mcp-watch" in text_of(shared.watching, "(slime-events-buffer)")
 
 
+def test_a_stalled_emacs_costs_cl_mcp_nothing_and_its_messages_are_bounded(shared):
+    process, stalled = shared.process, shared.second
+    # The second Emacs's connection stops writing for 6 s: its control thread sleeps.
+    stalled.eval("(slime-eval-async (quote (cl:let ((c swank::*emacs-connection*)) "
+                 "(sb-thread:interrupt-thread (swank::mconn.control-thread c) "
+                 "(cl:lambda () (cl:sleep 6))) t)))")
+    time.sleep(0.5)  # the interrupt is asynchronous: let the control thread take it
+    slowest = 0.0
+    for index in range(20):  # more batches (one per 50 ms) than its backlog limit, 4
+        started = time.monotonic()
+        assert process.eval(f"(list :while-stalled {index})")[1] is False
+        slowest = max(slowest, time.monotonic() - started)
+        time.sleep(0.1)
+    assert slowest < 3, slowest
+    line_of(shared.watching, "evaluate-lisp", ":while-stalled 19")
+    assert "dropped" not in watch_buffer(shared.watching)
+    # Once it writes again, its next batch says how many it missed.
+
+    def told() -> bool:
+        process.eval("(list :after-the-stall)")
+        return "messages dropped" in watch_buffer(stalled)
+    wait_for(told, "the dropped messages' count")
+    line_of(stalled, "evaluate-lisp", ":after-the-stall")
+
+
 def test_a_hold_ends_when_no_emacs_that_could_release_it_is_connected(shared):
     """Last: it disconnects the Emacs that watch."""
     process = shared.process
