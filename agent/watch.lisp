@@ -7,9 +7,8 @@
 ;;;; `:emacs-rex' starts a call, its `:return' ends it.  Each start and end
 ;;;; becomes a message in a bounded queue, which one sender thread hands,
 ;;;; a batch at a time, to every registered Emacs as a `:channel-send' of
-;;;; `:cl-mcp-watch' (a
-;;;; kind Swank passes through to Emacs; an unknown kind would make Swank
-;;;; close that Emacs's connection).  Only a registered Emacs is sent one,
+;;;; `:cl-mcp-watch' (a kind Swank passes through to Emacs; an unknown kind
+;;;; would make Swank close that Emacs's connection).  Only a registered Emacs is sent one,
 ;;;; and nothing on cl-mcp's path waits for it; an Emacs that does not keep
 ;;;; up has at most `*watch-backlog-limit*' batches waiting in Swank.
 ;;;;
@@ -278,6 +277,19 @@ could release it is connected any more."
   (or (sb-thread:with-mutex (*watch-lock*) (live-watchers))
       (setf *held* nil)))
 
+(defparameter *watched-calls-prune-threshold* 64
+  "Calls in flight beyond which those on closed connections are forgotten.")
+
+(defun forget-lost-calls ()
+  "Forget the calls in flight whose connection closed before their answer
+(with `*watch-lock*' held), once there are many."
+  (when (> (hash-table-count *watched-calls*) *watched-calls-prune-threshold*)
+    (maphash (lambda (key call)
+               (declare (ignore call))
+               (unless (member (car key) swank::*connections*)
+                 (remhash key *watched-calls*)))
+             *watched-calls*)))
+
 (defun watch-request (connection event)
   "EVENT, an `:emacs-rex' from cl-mcp on CONNECTION, starts a tool call:
 record it and tell the watchers; held, and running code, turn it into a
@@ -293,6 +305,7 @@ call of `held-report'."
               (setf (second event) (list 'held-report (second known))
                     tag nil))
             (sb-thread:with-mutex (*watch-lock*)
+              (forget-lost-calls)
               (let ((awaits (and (eq entry 'await-evaluation-of) (first arguments))))
                 (setf (gethash (cons connection id) *watched-calls*)
                       (list :call number :tool (second known) :tag tag :awaits awaits
