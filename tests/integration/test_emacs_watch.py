@@ -168,7 +168,8 @@ def test_hold_refuses_code_and_lets_reading_go_on_until_release(shared):
         assert held["isError"]
         assert "CL-MCP:PAUSED-BY-PROGRAMMER" in text(held) and "paused" in text(held)
         for tool, arguments in (("macroexpand", {"form": "(when t 1)"}),
-                                ("inspect", {"code": "(list 1 2)"})):
+                                ("inspect", {"code": "(list 1 2)"}),
+                                ("reset-session", {})):
             refused = process.call(tool, **arguments)
             assert refused["isError"] and "PAUSED-BY-PROGRAMMER" in text(refused), (tool, refused)
         found = process.call("find-definition", symbol="cl:car")
