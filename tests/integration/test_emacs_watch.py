@@ -227,8 +227,9 @@ def test_a_stalled_emacs_costs_cl_mcp_nothing_and_its_messages_are_bounded(share
     # The second Emacs's connection stops writing for 6 s: its control thread sleeps.
     stalled.eval("(slime-eval-async (quote (cl:let ((c swank::*emacs-connection*)) "
                  "(sb-thread:interrupt-thread (swank::mconn.control-thread c) "
-                 "(cl:lambda () (cl:sleep 6))) t)))")
-    time.sleep(0.5)  # the interrupt is asynchronous: let the control thread take it
+                 "(cl:lambda () (cl:setf (cl:get :cl-mcp-test :stalled) t) (cl:sleep 6))) t)))")
+    wait_for(lambda: process.eval("(get :cl-mcp-test :stalled)") == ("=> T", False),
+             "the control thread stalled")
     slowest = 0.0
     for index in range(20):  # more batches (one per 50 ms) than its backlog limit, 4
         started = time.monotonic()
