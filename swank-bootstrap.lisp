@@ -49,6 +49,10 @@
 ;;;   swank::send-to-emacs            `answer-directly' sends a `:return'
 ;;;                                   and `deliver-thread-news' a
 ;;;                                   `:cl-mcp-threads' event
+;;;                                   (and `send-to-watcher' a registered
+;;;                                   Emacs its `:cl-mcp-watch' messages)
+;;;   swank::*event-hook*             `watch-event-hook' sees cl-mcp's
+;;;                                   requests and answers (agent/watch.lisp)
 ;;;   swank::connection.socket-io     a connection's socket stream
 ;;;   swank::authenticate-client      checks the secret, the first message
 ;;;   swank::slime-secret             redefined to return the run's secret
@@ -60,6 +64,7 @@
 ;;;   swank::with-connection          the lane thread's Swank environment
 ;;;   swank::handle-requests          reads and runs the lane's requests
 ;;;   swank::*send-counter*           set so that Swank never pings the lane
+;;;                                   (nor a watching Emacs)
 ;;;   swank::*enable-event-history*   bound to nil in the lane thread
 ;;;   swank::*pre-reply-hook*         runs `prune-swank-mailboxes' and
 ;;;                                   `deliver-thread-news'
@@ -358,7 +363,8 @@ cl-mcp after loading them, so that attaching again does not reload them.")
     "threads"      ; the image's threads: list, backtrace, interrupt, kill
     "user-threads" ; user threads' output kept, their errors stopped at
     "profile"      ; profile: code under SB-SPROF or SB-PROFILE, a report
-    "setup")       ; setting an image up, resetting a session
+    "setup"        ; setting an image up, resetting a session
+    "watch")       ; the programmer's Emacs sees, stops and holds the calls
   "The agent's parts (agent/NAME.lisp), in loading order: each uses only
 what the parts before it define.")
 

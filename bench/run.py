@@ -34,6 +34,7 @@ import devtools  # noqa: E402  (bench/devtools.py, beside this file)
 from devtools import timed  # noqa: E402
 import pure  # noqa: E402  (bench/pure.py, beside this file)
 import results  # noqa: E402  (bench/results.py, beside this file)
+import watch  # noqa: E402  (bench/watch.py, beside this file)
 from cl_mcp import sexp  # noqa: E402
 from cl_mcp.config import ImageConfig  # noqa: E402
 from cl_mcp.image import LispImage  # noqa: E402
@@ -381,6 +382,8 @@ def main() -> None:
     for each in devtools.rows(tools, args.quick):
         row(*each)
     tools.close()
+    for each in watch.rows(lambda extra: Server(CL_MCP + extra), args.quick):
+        row(*each)
     row("cl-mcp resident memory", f"{server.resident_mib():.0f} MiB", f"SDK server {sdk_rss:.0f} MiB")
     server.close()
 

@@ -464,8 +464,13 @@ class AttachedLink:
         """Nothing to do: the programmer's image is theirs to exit."""
 
     async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> None:
-        """A soft reset: only what the session created goes."""
-        await call([Symbol("cl-mcp-agent:soft-reset")])
+        """A soft reset: only what the session created goes.  An error
+        report instead of t (the programmer holds the assistant from Emacs,
+        agent/watch.lisp) is the call's error."""
+        answer = await call([Symbol("cl-mcp-agent:soft-reset")])
+        if isinstance(answer, list):
+            error = sexp.plist_named(sexp.plist_named(answer).get("error") or [])
+            raise SessionError(str(error.get("type")), str(error.get("message")))
 
     def take_notice(self) -> str | None:
         return None

@@ -1,0 +1,428 @@
+;;;; agent/watch.lisp --- the programmer sees, and can stop, cl-mcp's calls
+;;;;
+;;;; In a shared image, an Emacs that loaded emacs/cl-mcp.el registers its
+;;;; own SLIME connection here (`watch-register').  From then on, every
+;;;; tool call cl-mcp makes is seen where Swank dispatches it, in the
+;;;; control thread of cl-mcp's connection (`swank::*event-hook*'): its
+;;;; `:emacs-rex' starts a call, its `:return' ends it.  Each start and end
+;;;; becomes a message in a bounded queue, which one sender thread hands,
+;;;; a batch at a time, to every registered Emacs as a `:channel-send' of
+;;;; `:cl-mcp-watch' (a kind Swank passes through to Emacs; an unknown kind
+;;;; would make Swank close that Emacs's connection).  Only a registered Emacs is sent one,
+;;;; and nothing on cl-mcp's path waits for it; an Emacs that does not keep
+;;;; up has at most `*watch-backlog-limit*' batches waiting in Swank.
+;;;;
+;;;; The programmer, from Emacs, can stop the running call
+;;;; (`watch-stop', through `cancel-evaluation'), and hold the assistant
+;;;; (`watch-hold'): while held, a call that would run code or change the
+;;;; image is answered with CL-MCP:PAUSED-BY-PROGRAMMER instead of being
+;;;; run, one check here for every tool.
+;;;;
+;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
+;;;; in swank-bootstrap.lisp; it uses only what the parts before it
+;;;; define.
+
+(in-package #:cl-mcp-agent)
+
+;;;; What is watched
+
+(defparameter *watched-entry-points*
+  '((evaluate "evaluate-lisp" t)
+    (invoke-restart-of "invoke-restart" t)
+    (eval-in-frame-of "eval-in-frame" t)
+    (compile-form-of "compile-form" t)
+    (compile-file-of "compile-file" t)
+    (load-system "load-system" t)
+    (run-tests-of "run-tests" t)
+    (profile-of "profile" t)
+    (macroexpand-of "macroexpand" t)
+    (inspect-of "inspect" t)
+    (soft-reset "reset-session" t)
+    (threads-of "threads" t)
+    (await-evaluation-of "await-evaluation" nil)
+    (backtrace-of "backtrace" nil)
+    (find-definition-of "find-definition" nil)
+    (describe-symbol-of "describe-symbol" nil)
+    (xref-of "xref" nil)
+    (apropos-of "apropos" nil)
+    (list-definitions "list-definitions" nil))
+  "The agent entry points a tool call starts with: (ENTRY TOOL RUNS-CODE).
+RUNS-CODE: held, the call is refused (threads' :list action excepted).
+Calls cl-mcp makes for itself (output slices, cancels, settings) are not
+shown, and never refused.")
+
+(defparameter *watch-queue-limit* 500
+  "Messages waiting for the sender at most; beyond it the oldest are dropped.")
+
+(defparameter *watch-gather-seconds* 0.05
+  "How long the sender gathers messages before it sends them, together:
+one Swank event for each batch, not each message, keeps a watching Emacs
+from competing with the calls for the CPU.")
+
+(defparameter *watch-text-limit* 160
+  "Characters of a form or a value a message carries at most.")
+
+(defvar *watchers* '()
+  "The Swank connections of the Emacs that registered (`watch-register').")
+
+(defvar *held* nil
+  "True while the programmer holds the assistant (`watch-hold').")
+
+(defvar *watch-lock* (sb-thread:make-mutex :name "cl-mcp watch")
+  "Guards the queue, the calls in flight and the call counter.")
+
+(defvar *watch-ready* (sb-thread:make-waitqueue :name "cl-mcp watch queue")
+  "Signalled when a message is queued.")
+
+(defvar *watch-queue* '() "Messages waiting for the sender, newest first.")
+
+(defvar *watch-queued* 0 "How many messages `*watch-queue*' holds.")
+
+(defvar *watch-dropped* 0 "Messages dropped since the sender last sent one.")
+
+(defparameter *watch-backlog-limit* 4
+  "Batches a registered Emacs may have waiting in Swank (sent, not yet
+written to it) at most; while it has that many, its messages are dropped,
+counted, so that a slow or stopped Emacs keeps no more in the image.")
+
+(defvar *watch-backlogs* (make-hash-table :test #'eq)
+  "For each registered Emacs's connection, (WAITING . DROPPED): its batches
+sent and not yet written, and the messages dropped since it last got one.")
+
+(defvar *watch-sender* nil "The thread that sends the queued messages.")
+
+(defvar *watch-counter* 0 "The number of the last call watched.")
+
+(defvar *stopped-evaluations* '()
+  "The numbers of the background evaluations the programmer stopped, newest
+first (at most 50): the await-evaluation that takes one's outcome is
+answered as stopped.")
+
+(defvar *watched-calls* (make-hash-table :test #'equal)
+  "The calls in flight, under (CONNECTION . REQUEST-ID): a plist with :call,
+:tool, :tag, :start, :awaits (the evaluation an await-evaluation takes)
+and, once the programmer stopped it, :stopped.")
+
+;;;; Reading a request
+
+(defun watch-text (text)
+  "TEXT on one line, cut to `*watch-text-limit*' characters (a cut one ends
+in an ellipsis)."
+  (let ((line (flat-text (string-trim '(#\Space #\Newline #\Tab) text) (1+ *watch-text-limit*))))
+    (if (> (length line) *watch-text-limit*)
+        (concatenate 'string (subseq line 0 (1- *watch-text-limit*)) "...")
+        line)))
+
+(defun request-parts (form)
+  "The entry point, arguments and tag of FORM, a request cl-mcp sent: a
+call, or a call wrapped by `cancellable'."
+  (if (and (consp form) (eq (first form) 'cancellable) (consp (third form)))
+      (values (second (third form)) (nthcdr 3 form) (second form))
+      (values (and (consp form) (first form))
+              (and (consp form) (rest form))
+              (and (consp form) (loop for (key value) on (rest form)
+                                      when (eq key :tag) return value)))))
+
+(defun call-subject (entry arguments)
+  "What a call to ENTRY with ARGUMENTS acts on: a plist of :subject (text)
+and, for a compilation, :file and :line."
+  (let ((first (first arguments)))
+    (case entry
+      (compile-form-of (list :subject (format nil "~A:~A" first (second arguments))
+                             :file first :line (second arguments)))
+      (compile-file-of (list :subject first :file first :line 1))
+      (t (let ((text (find-if #'stringp arguments)))
+           (list :subject (cond (text (watch-text text))
+                                (first (watch-text (prin1-to-string first)))
+                                (t ""))))))))
+
+(defun refused-while-held-p (entry arguments)
+  "Whether a call to ENTRY with ARGUMENTS runs code or changes the image,
+and so waits while the programmer holds the assistant."
+  (let ((known (assoc entry *watched-entry-points*)))
+    (and known (third known)
+         (not (and (eq entry 'threads-of) (eq (first arguments) :list))))))
+
+(defun held-report (tool)
+  "The answer to a call of TOOL while the programmer holds the assistant."
+  (command-error "CL-MCP:PAUSED-BY-PROGRAMMER"
+                 (format nil "The programmer has paused the assistant from Emacs (M-x ~
+                              cl-mcp-hold): ~A, which runs code or changes the image, ~
+                              was not run.  Tools that only read still work; wait for ~
+                              the programmer to release the hold." tool)))
+
+(defun stopped-report (report)
+  "REPORT, the answer to a call the programmer stopped from Emacs, made an
+error that says so; its number, output and warnings kept."
+  (let ((kept (if (and (consp report) (keywordp (first report))) (copy-list report) '())))
+    (dolist (key '(:status :error :restarts :evaluation))
+      (remf kept key))
+    (list* :status :error
+           :error (list :type "CL-MCP:CANCELLED-BY-PROGRAMMER"
+                        :message "The programmer stopped this call from Emacs (M-x cl-mcp-stop)."
+                        :backtrace nil)
+           (or kept (list :stdout "" :stderr "" :warnings '())))))
+
+;;;; Reading an answer
+
+(defun outcome-of (result)
+  "RESULT, a `:return''s (:ok VALUE) or (:abort ...), in one line, and the
+evaluation number it names (or nil)."
+  (let ((value (second result)))
+    (cond ((not (eq (first result) :ok))
+           (values "aborted" nil))
+          ((not (and (consp value) (keywordp (first value)) (evenp (length value))))
+           (values "ok" nil))
+          (t
+           (let ((number (or (getf value :evaluation) (getf value :number))))
+             (values
+              (case (getf value :status)
+                (:ok (let ((values (getf value :values)))
+                       (if (and (consp values) (stringp (first values)))
+                           (watch-text (format nil "~{~A~^, ~}" values))
+                           "ok")))
+                (:error (let ((error (getf value :error)))
+                          (format nil "~A~@[ (waiting at its error)~]"
+                                  (or (and (consp error) (getf error :type)) "error")
+                                  (getf value :evaluation))))
+                (:running "still running")
+                (:aborted "aborted")
+                (t (string-downcase (princ-to-string (getf value :status)))))
+              number))))))
+
+;;;; The queue and its sender
+
+(defun live-watchers ()
+  "The registered Emacs still connected, the others forgotten (with
+`*watch-lock*' held)."
+  (setf *watchers* (intersection *watchers* swank::*connections*))
+  (maphash (lambda (connection backlog)
+             (declare (ignore backlog))
+             (unless (member connection *watchers*)
+               (remhash connection *watch-backlogs*)))
+           *watch-backlogs*)
+  *watchers*)
+
+(defun watch-send (message)
+  "Queue MESSAGE (a plist) for every registered Emacs; never waits."
+  (sb-thread:with-mutex (*watch-lock*)
+    (push message *watch-queue*)
+    (cond ((zerop *watch-queued*)
+           (setf *watch-queued* 1)
+           (sb-thread:condition-notify *watch-ready*))
+          ((< *watch-queued* *watch-queue-limit*)
+           (incf *watch-queued*))
+          (t (setf *watch-queue* (butlast *watch-queue*))
+             (incf *watch-dropped*)))))
+
+(defun send-to-watcher (connection messages)
+  "Hand MESSAGES to CONNECTION's control thread, as one `:channel-send' Swank
+writes to its Emacs unread (channel 0: emacs/cl-mcp.el's hook takes it)."
+  (let ((swank::*emacs-connection* connection)
+        (swank::*send-counter* 0))  ; never `maybe-slow-down's wait for Emacs
+    (swank::send-to-emacs (list :channel-send 0 (cons :cl-mcp-watch messages)))))
+
+(defun watch-sender-loop ()
+  "Send the queued messages, oldest first, gathered for
+`*watch-gather-seconds*', to every registered Emacs still connected,
+forgetting the others."
+  (loop
+    (let ((messages '()) (dropped 0))
+      (sb-thread:with-mutex (*watch-lock*)
+        (loop until *watch-queue*
+              do (sb-thread:condition-wait *watch-ready* *watch-lock*)))
+      (sleep *watch-gather-seconds*)
+      (sb-thread:with-mutex (*watch-lock*)
+        (setf messages (reverse *watch-queue*)
+              *watch-queue* '()
+              *watch-queued* 0
+              dropped (shiftf *watch-dropped* 0)))
+      (let ((watchers (sb-thread:with-mutex (*watch-lock*) (live-watchers))))
+        (when (plusp dropped)
+          (push (list :phase :dropped :count dropped) messages))
+        (dolist (connection watchers)
+          (let ((batch (batch-for connection messages)))
+            (when batch
+              (ignore-errors (send-to-watcher connection batch)))))))))
+
+(defun batch-for (connection messages)
+  "MESSAGES as CONNECTION's next batch, after the count of those it was not
+sent; nil (and counted) while it has `*watch-backlog-limit*' batches
+waiting."
+  (sb-thread:with-mutex (*watch-lock*)
+    (let ((backlog (or (gethash connection *watch-backlogs*)
+                       (setf (gethash connection *watch-backlogs*) (cons 0 0)))))
+      (cond ((>= (car backlog) *watch-backlog-limit*)
+             (incf (cdr backlog) (length messages))
+             nil)
+            (t
+             (incf (car backlog))
+             (let ((dropped (shiftf (cdr backlog) 0)))
+               (if (plusp dropped)
+                   (cons (list :phase :dropped :count dropped) messages)
+                   messages)))))))
+
+(defun batch-written (connection)
+  "CONNECTION's control thread takes one of its batches to write it."
+  (sb-thread:with-mutex (*watch-lock*)
+    (let ((backlog (gethash connection *watch-backlogs*)))
+      (when (and backlog (plusp (car backlog)))
+        (decf (car backlog))))))
+
+;;;; Seeing the calls: Swank's event hook
+
+(defun still-held-p ()
+  "Whether the assistant is still held: a hold ends when no Emacs that
+could release it is connected any more."
+  (or (sb-thread:with-mutex (*watch-lock*) (live-watchers))
+      (setf *held* nil)))
+
+(defparameter *watched-calls-prune-threshold* 64
+  "Calls in flight beyond which those on closed connections are forgotten.")
+
+(defun forget-lost-calls ()
+  "Forget the calls in flight whose connection closed before their answer
+(with `*watch-lock*' held), once there are many."
+  (when (> (hash-table-count *watched-calls*) *watched-calls-prune-threshold*)
+    (maphash (lambda (key call)
+               (declare (ignore call))
+               (unless (member (car key) swank::*connections*)
+                 (remhash key *watched-calls*)))
+             *watched-calls*)))
+
+(defun watch-request (connection event)
+  "EVENT, an `:emacs-rex' from cl-mcp on CONNECTION, starts a tool call:
+record it and tell the watchers; held, and running code, turn it into a
+call of `held-report'."
+  (destructuring-bind (form package thread-id id) (rest event)
+    (declare (ignore package thread-id))
+    (multiple-value-bind (entry arguments tag) (request-parts form)
+      (let ((known (and (symbolp entry) (assoc entry *watched-entry-points*))))
+        (when known
+          (let ((refused (and *held* (refused-while-held-p entry arguments) (still-held-p)))
+                (number (sb-thread:with-mutex (*watch-lock*) (incf *watch-counter*))))
+            (when refused
+              (setf (second event) (list 'held-report (second known))
+                    tag nil))
+            (sb-thread:with-mutex (*watch-lock*)
+              (forget-lost-calls)
+              (let ((awaits (and (eq entry 'await-evaluation-of) (first arguments))))
+                (setf (gethash (cons connection id) *watched-calls*)
+                      (list :call number :tool (second known) :tag tag :awaits awaits
+                            :stopped (and awaits (member awaits *stopped-evaluations*) t)
+                            :start (get-internal-real-time)))))
+            (watch-send (list* :phase :start :call number :tool (second known)
+                               :runs-code (and (third known) t)
+                               (call-subject entry arguments)))))))))
+
+(defun watch-return (connection event)
+  "EVENT, a `:return' to cl-mcp on CONNECTION, ends the call it answers:
+tell the watchers its outcome, the one a stopped call's answer is
+replaced with."
+  (destructuring-bind (thread result id) (rest event)
+    (declare (ignore thread))
+    (let ((stopped nil)
+          (call (sb-thread:with-mutex (*watch-lock*)
+                  (let ((key (cons connection id)))
+                    (prog1 (gethash key *watched-calls*)
+                      (remhash key *watched-calls*))))))
+      (when call
+        (setf stopped (and (getf call :stopped)
+                           (not (and (eq (first result) :ok) (consp (second result))
+                                     (keywordp (first (second result)))
+                                     (eq (getf (second result) :status) :running)))))
+        (when stopped
+          (setf result (list :ok (stopped-report (second result)))
+                (third event) result))
+        (multiple-value-bind (outcome number) (outcome-of result)
+          (watch-send (list :phase :end :call (getf call :call) :tool (getf call :tool)
+                            :outcome (if stopped "cancelled by the programmer" outcome)
+                            :evaluation number
+                            :waiting (and (consp (second result))
+                                          (keywordp (first (second result)))
+                                          (getf (second result) :evaluation) t)
+                            :ms (round (* 1000 (- (get-internal-real-time) (getf call :start)))
+                                       internal-time-units-per-second))))))))
+
+(defun watch-event-hook (connection event)
+  "Swank's event hook: watch the tool calls on cl-mcp's connections while an
+Emacs watches or the assistant is held, and count the batches a watching
+Emacs's control thread takes to write.  Always nil, so that Swank goes on
+to dispatch EVENT (which a held call's request was changed in)."
+  (when (and (or *watchers* *held*) (consp event))
+    (ignore-errors
+     (case (first event)
+       (:channel-send (when (and (consp (third event)) (eq (first (third event)) :cl-mcp-watch))
+                        (batch-written connection)))
+       (:emacs-rex (when (member connection *connections*)
+                     (watch-request connection event)))
+       (:return (when (member connection *connections*)
+                  (watch-return connection event))))))
+  nil)
+
+;;;; Entry points: what emacs/cl-mcp.el calls
+
+(defun watch-register ()
+  "Register the Emacs this request comes from (its SLIME connection) to be
+told of every tool call; start watching.  Return (:held HELD)."
+  (let ((connection swank::*emacs-connection*))
+    (sb-thread:with-mutex (*watch-lock*)
+      (setf *watchers* (adjoin connection (live-watchers))))
+    (pushnew 'watch-event-hook swank::*event-hook*)
+    (sb-thread:with-mutex (*watch-lock*)
+      (unless (and *watch-sender* (sb-thread:thread-alive-p *watch-sender*))
+        (setf *watch-sender* (make-agent-thread #'watch-sender-loop "cl-mcp watch sender"))))
+    (list :held (and *held* t))))
+
+(defun watch-unregister ()
+  "Tell the Emacs this request comes from of no more calls.  Return t."
+  (let ((connection swank::*emacs-connection*))
+    (sb-thread:with-mutex (*watch-lock*)
+      (setf *watchers* (remove connection *watchers*))))
+  t)
+
+(defun stop-in-background ()
+  "Stop the newest evaluation running in the background, the await-evaluation
+that takes its outcome answered as stopped; its number, or nil."
+  (let ((evaluation (first (background-running))))
+    (when evaluation
+      (let ((number (evaluation-id evaluation)))
+        (sb-thread:with-mutex (*watch-lock*)
+          (push number *stopped-evaluations*)
+          (when (nthcdr 50 *stopped-evaluations*)
+            (setf *stopped-evaluations* (subseq *stopped-evaluations* 0 50)))
+          (maphash (lambda (key call)
+                     (when (eql (getf call :awaits) number)
+                       (setf (gethash key *watched-calls*) (list* :stopped t call))))
+                   *watched-calls*))
+        (stop-background evaluation)
+        number))))
+
+(defun watch-stop ()
+  "Stop the newest tool call that runs the user's code, or else the newest
+evaluation running in the background, as cancelled by the programmer: its
+answer says so.  A sentence saying what was stopped, or that nothing was
+running."
+  (let ((newest-key nil) (newest nil))
+    (sb-thread:with-mutex (*watch-lock*)
+      (maphash (lambda (key call)
+                 (when (and (getf call :tag)
+                            (or (null newest) (> (getf call :call) (getf newest :call))))
+                   (setf newest-key key newest call)))
+               *watched-calls*)
+      (when newest
+        (setf (gethash newest-key *watched-calls*) (list* :stopped t newest))))
+    (if newest
+        (progn (cancel-evaluation (getf newest :tag))
+               (format nil "Stopped call ~D (~A)." (getf newest :call) (getf newest :tool)))
+        (let ((number (stop-in-background)))
+          (if number
+              (format nil "Stopped evaluation ~D, which ran in the background." number)
+              "No assistant evaluation is running: nothing to stop.")))))
+
+(defun watch-hold (held)
+  "Hold the assistant when HELD, else release it; tell the watchers.
+Return (:held HELD)."
+  (setf *held* (and held t))
+  (watch-send (list :phase :hold :held *held*))
+  (list :held *held*))

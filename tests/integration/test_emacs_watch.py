@@ -1,0 +1,262 @@
+"""The programmer sees, and can stop, what the assistant does in their
+image: a real Emacs with SLIME and emacs/cl-mcp.el, connected to the image
+cl-mcp attaches to, shows each tool call in its `*cl-mcp*` buffer, and
+stops or holds the assistant; a second Emacs without the package is told
+nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
+from tests.integration.conftest import McpProcess
+
+PACKAGE = (Path(__file__).parents[2] / "emacs" / "cl-mcp.el").resolve()
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Wait until CONDITION holds, failing after TIMEOUT seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout} s"
+        time.sleep(0.1)
+
+
+def text_of(emacs: Emacs, buffer: str) -> str:
+    """The text of EMACS's BUFFER (a form that names it), empty when there is
+    none; emacsclient prints it as an Emacs Lisp string, read here as JSON."""
+    return json.loads(emacs.eval(f"(let ((b {buffer})) (if b (with-current-buffer b "
+                                 '(buffer-substring-no-properties (point-min) (point-max))) ""))'),
+                      strict=False)
+
+
+def watch_buffer(emacs: Emacs) -> str:
+    """The text of EMACS's `*cl-mcp*` buffer."""
+    return text_of(emacs, '(get-buffer "*cl-mcp*")')
+
+
+def buffer_lines(emacs: Emacs) -> list[str]:
+    """The lines of EMACS's `*cl-mcp*` buffer."""
+    return [line for line in watch_buffer(emacs).split("\n") if line]
+
+
+def text(result: dict) -> str:
+    return result["content"][0]["text"]
+
+
+class Shared:
+    """The image, an Emacs watching with the package, one without it, and
+    cl-mcp attached after the first had loaded the package."""
+
+    def __init__(self, stack: ExitStack) -> None:
+        home = temporary_home()
+        server = SwankServer(home)
+        stack.callback(server.stop)
+        self.watching = Emacs(home)
+        stack.callback(self.watching.stop)
+        self.watching.connect(server.port)
+        self.plain = Emacs(home)
+        stack.callback(self.plain.stop)
+        self.plain.connect(server.port)
+        # Loaded before cl-mcp attaches (and, in the second, before SLIME
+        # connects): the package registers once the agent is there.
+        load = f'(progn (setq cl-mcp-register-interval 0.3) (load "{PACKAGE}") t)'
+        self.watching.eval(load)
+        self.second = Emacs(home)
+        stack.callback(self.second.stop)
+        self.second.eval(load)
+        self.second.connect(server.port)
+        self.process = McpProcess("--connect", str(server.port), env={"HOME": str(home)})
+        stack.callback(self.process.close)
+        self.process.initialize()
+        for emacs in (self.watching, self.second):
+            wait_for(lambda: emacs.eval("(if (cl-mcp--registered) 1 0)") == "1",
+                     "the package registered")
+        self.repl = self.watching.repl_text()
+        self.home = home
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Shared]:
+    with ExitStack() as stack:
+        yield Shared(stack)
+
+
+def line_of(emacs: Emacs, tool: str, subject: str) -> str:
+    """The finished line of the call of TOOL on SUBJECT, once it is there."""
+    found: list[str] = []
+
+    def finished() -> bool:
+        found[:] = [line for line in buffer_lines(emacs)
+                    if f" {tool} " in line and subject in line and "running..." not in line]
+        return bool(found)
+    wait_for(finished, f"a finished line of {tool} on {subject}")
+    return found[-1]
+
+
+def test_each_call_is_a_line_with_its_tool_form_outcome_and_time(shared):
+    process, emacs = shared.process, shared.watching
+    done = process.call("evaluate-lisp", code="(+ 40 2)")
+    assert not done["isError"]
+    found = process.call("find-definition", symbol="cl-user::no-such-function-here")
+    assert found is not None
+    line = line_of(emacs, "evaluate-lisp", "(+ 40 2)")
+    assert "=>  42  (" in line and " ms, evaluation " in line
+    assert "=>  42  (" in line_of(shared.second, "evaluate-lisp", "(+ 40 2)")  # every Emacs registered
+    assert line_of(emacs, "find-definition", "cl-user::no-such-function-here")
+    failed = process.call("evaluate-lisp", code='(error "boom")')
+    assert failed["isError"]
+    assert "SIMPLE-ERROR (waiting at its error)" in line_of(emacs, "evaluate-lisp", '(error "boom")')
+    long = process.call("evaluate-lisp", code="(make-string 5000 :initial-element #\\x)")
+    assert not long["isError"]
+    assert max(len(line) for line in buffer_lines(emacs)) < 600  # long values are cut
+    # Nothing in the programmer's REPL, no debugger.
+    assert emacs.repl_text() == shared.repl
+    assert emacs.debugger_windows() == 0
+    shared.process.call("invoke-restart", restart="abort")
+
+
+def test_stop_cancels_the_running_evaluation_as_the_programmer_s(shared):
+    process, emacs = shared.process, shared.watching
+    request = process.start_request("tools/call", {"name": "evaluate-lisp",
+                                                   "arguments": {"code": "(sleep 30)"}})
+    wait_for(lambda: any("(sleep 30)" in line and "running..." in line
+                         for line in buffer_lines(emacs)), "the running line")
+    started = time.monotonic()
+    emacs.eval("(cl-mcp-stop)")
+    answer = process.response(request, timeout=60)["result"]
+    assert time.monotonic() - started < 25
+    assert answer["isError"]
+    assert "CL-MCP:CANCELLED-BY-PROGRAMMER" in text(answer)
+    assert "programmer stopped" in text(answer)
+    assert "cancelled by the programmer" in line_of(emacs, "evaluate-lisp", "(sleep 30)")
+    # Nothing runs now: Stop says so.
+    emacs.eval("(cl-mcp-stop)")
+    wait_for(lambda: "nothing to stop" in text_of(emacs, '(get-buffer "*Messages*")'),
+             "Stop's message")
+    assert emacs.repl_text() == shared.repl
+    assert process.eval("(+ 1 1)") == ("=> 2", False)
+
+
+def test_stop_cancels_an_evaluation_running_in_the_background(shared):
+    process, emacs = shared.process, shared.watching
+    running = process.call("evaluate-lisp", code="(sleep 60)", **{"answer-within": 1})
+    number = running["structuredContent"]["number"]
+    assert running["structuredContent"].get("running"), running
+    line_of(emacs, "evaluate-lisp", "(sleep 60)")
+    emacs.eval("(cl-mcp-stop)")
+    wait_for(lambda: f"Stopped evaluation {number}" in text_of(emacs, '(get-buffer "*Messages*")'),
+             "Stop's message")
+    outcome = process.call("await-evaluation", evaluation=number, wait=30)
+    assert outcome["isError"] and "CL-MCP:CANCELLED-BY-PROGRAMMER" in text(outcome), outcome
+    assert "cancelled by the programmer" in line_of(emacs, "await-evaluation", str(number))
+    assert process.eval("(+ 1 1)") == ("=> 2", False)
+
+
+def test_hold_refuses_code_and_lets_reading_go_on_until_release(shared):
+    process, emacs = shared.process, shared.watching
+    emacs.eval("(cl-mcp-hold)")
+    wait_for(lambda: "holds the assistant" in watch_buffer(emacs), "the hold")
+    try:
+        held = process.call("evaluate-lisp", code="(defvar cl-user::*held-ran* t)")
+        assert held["isError"]
+        assert "CL-MCP:PAUSED-BY-PROGRAMMER" in text(held) and "paused" in text(held)
+        for tool, arguments in (("macroexpand", {"form": "(when t 1)"}),
+                                ("inspect", {"code": "(list 1 2)"}),
+                                ("reset-session", {})):
+            refused = process.call(tool, **arguments)
+            assert refused["isError"] and "PAUSED-BY-PROGRAMMER" in text(refused), (tool, refused)
+        found = process.call("find-definition", symbol="cl:car")
+        assert not found["isError"], found
+        described = process.call("describe-symbol", symbol="cl:car")
+        assert not described["isError"], described
+        assert not process.call("threads", action="list")["isError"]
+    finally:
+        emacs.eval("(cl-mcp-release)")
+    wait_for(lambda: "released the assistant" in watch_buffer(emacs), "the release")
+    assert process.eval("(boundp 'cl-user::*held-ran*)") == ("=> NIL", False)
+    assert process.eval("(+ 2 3)") == ("=> 5", False)
+
+
+def jump_from(emacs: Emacs, tool: str, subject: str) -> None:
+    """`cl-mcp-jump` on the line of TOOL's call on SUBJECT."""
+    line_of(emacs, tool, subject)
+    emacs.eval('(with-current-buffer "*cl-mcp*" (goto-char (point-max)) '
+               f"(search-backward {json.dumps(subject)}) (cl-mcp-jump))")
+
+
+def test_jump_goes_to_the_form_s_file_and_line_or_the_waiting_backtrace(shared):
+    process, emacs = shared.process, shared.watching
+    path = shared.home / "jump-here.lisp"
+    path.write_text("(in-package #:cl-user)\n\n(defun jumped-to (x)\n  (* x 2))\n")
+    compiled = process.call("compile-form", path=str(path), line=4)
+    assert not compiled["isError"], compiled
+    jump_from(emacs, "compile-form", f"{path}:4")
+    assert json.loads(emacs.eval("(buffer-file-name (window-buffer (selected-window)))")) == str(path)
+    assert emacs.eval("(with-current-buffer (window-buffer (selected-window)) (line-number-at-pos))") == "4"
+    failed = process.call("evaluate-lisp", code='(error "jump to my backtrace")')
+    assert failed["isError"]
+    jump_from(emacs, "evaluate-lisp", "jump to my backtrace")
+    wait_for(lambda: "waiting at its error" in text_of(emacs, '(get-buffer "*cl-mcp backtrace*")'),
+             "the backtrace buffer")
+    assert "ERROR" in text_of(emacs, '(get-buffer "*cl-mcp backtrace*")').upper()
+    assert emacs.debugger_windows() == 0
+    process.call("invoke-restart", restart="abort")
+
+
+def test_an_emacs_without_the_package_sees_no_event(shared):
+    process, plain = shared.process, shared.plain
+    process.call("evaluate-lisp", code="(list :seen-by-the-watching-emacs-only)")
+    line_of(shared.watching, "evaluate-lisp", ":seen-by-the-watching-emacs-only")
+    assert plain.eval("(if (slime-connected-p) 1 0)") == "1"
+    assert "cl-mcp-watch" not in text_of(plain, "(slime-events-buffer)")
+    messages = text_of(plain, '(get-buffer "*Messages*")')
+    assert "channel" not in messages.lower() and "error" not in messages.lower(), messages
+    # The package's own events reached SLIME's log in the watching Emacs.
+    assert "cl-mcp-watch" in text_of(shared.watching, "(slime-events-buffer)")
+
+
+def test_a_stalled_emacs_costs_cl_mcp_nothing_and_its_messages_are_bounded(shared):
+    process, stalled = shared.process, shared.second
+    # The second Emacs's connection stops writing for 6 s: its control thread sleeps.
+    stalled.eval("(slime-eval-async (quote (cl:let ((c swank::*emacs-connection*)) "
+                 "(sb-thread:interrupt-thread (swank::mconn.control-thread c) "
+                 "(cl:lambda () (cl:setf (cl:get :cl-mcp-test :stalled) t) (cl:sleep 6))) t)))")
+    wait_for(lambda: process.eval("(get :cl-mcp-test :stalled)") == ("=> T", False),
+             "the control thread stalled")
+    slowest = 0.0
+    for index in range(20):  # more batches (one per 50 ms) than its backlog limit, 4
+        started = time.monotonic()
+        assert process.eval(f"(list :while-stalled {index})")[1] is False
+        slowest = max(slowest, time.monotonic() - started)
+        time.sleep(0.1)
+    assert slowest < 3, slowest
+    line_of(shared.watching, "evaluate-lisp", ":while-stalled 19")
+    assert "dropped" not in watch_buffer(shared.watching)
+    # Once it writes again, its next batch says how many it missed.
+
+    def told() -> bool:
+        process.eval("(list :after-the-stall)")
+        return "messages dropped" in watch_buffer(stalled)
+    wait_for(told, "the dropped messages' count")
+    line_of(stalled, "evaluate-lisp", ":after-the-stall")
+
+
+def test_a_hold_ends_when_no_emacs_that_could_release_it_is_connected(shared):
+    """Last: it disconnects the Emacs that watch."""
+    process = shared.process
+    holds = watch_buffer(shared.watching).count("holds the assistant")
+    shared.second.eval("(cl-mcp-hold)")
+    wait_for(lambda: watch_buffer(shared.watching).count("holds the assistant") > holds, "the hold")
+    assert "PAUSED-BY-PROGRAMMER" in text(process.call("evaluate-lisp", code="(+ 1 2)"))
+    for emacs in (shared.watching, shared.second):
+        emacs.eval("(slime-disconnect-all)")
+    wait_for(lambda: "PAUSED" not in text(process.call("evaluate-lisp", code="(+ 3 4)")),
+             "the hold ended")
+    assert process.eval("(+ 3 4)") == ("=> 7", False)
