@@ -32,6 +32,7 @@
     (eval-in-frame-of "eval-in-frame" t)
     (compile-form-of "compile-form" t)
     (compile-file-of "compile-file" t)
+    (edit-form-of "edit-form" t)
     (load-system "load-system" t)
     (run-tests-of "run-tests" t)
     (profile-of "profile" t)
@@ -45,7 +46,8 @@
     (describe-symbol-of "describe-symbol" nil)
     (xref-of "xref" nil)
     (apropos-of "apropos" nil)
-    (list-definitions "list-definitions" nil))
+    (list-definitions "list-definitions" nil)
+    (read-lisp-file-of "read-lisp-file" nil))
   "The agent entry points a tool call starts with: (ENTRY TOOL RUNS-CODE).
 RUNS-CODE: held, the call is refused (threads' :list action excepted).
 Calls cl-mcp makes for itself (output slices, cancels, settings) are not
@@ -131,6 +133,11 @@ and, for a compilation, :file and :line."
       (compile-form-of (list :subject (format nil "~A:~A" first (second arguments))
                              :file first :line (second arguments)))
       (compile-file-of (list :subject first :file first :line 1))
+      ((edit-form-of read-lisp-file-of)
+       (let ((line (getf (rest arguments) :line))
+             (target (getf (rest arguments) :target)))
+         (list :subject (watch-text (format nil "~A~@[:~A~]~@[ ~A~]" first line target))
+               :file first :line (or line 1))))
       (t (let ((text (find-if #'stringp arguments)))
            (list :subject (cond (text (watch-text text))
                                 (first (watch-text (prin1-to-string first)))

@@ -12,7 +12,7 @@ from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_text
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, SExp, Symbol
-from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict
+from cl_mcp.tools.agent import DEADLINE_GRACE, call_cancellable, result_dict
 from cl_mcp.tools.forms import render_compiled_form
 
 # The camelCase names of the agent's place keys, for structuredContent.
@@ -43,12 +43,15 @@ def target_form(arguments: dict[str, Any], answer: dict[str, Any]) -> list[SExp]
     return [Keyword("line"), arguments["line"]]
 
 
-async def call_agent(session: LispSession, form: SExp, deadline: float) -> dict[str, Any]:
-    """FORM's plist from the agent, a session failure as a :status :error
-    one (ask_agent would drop a refusal's problem and candidates)."""
+async def call_agent(session: LispSession, form: list[SExp], deadline: float,
+                     runs_code: bool = False) -> dict[str, Any]:
+    """FORM's plist from the agent (`call_cancellable` when it RUNS_CODE: an
+    edit's compile runs the user's macros), a session failure as a :status
+    :error one (ask_agent would drop a refusal's problem and candidates)."""
     try:
         async with session.turn():
-            return result_dict(await session.call(form, deadline))
+            return result_dict(await (call_cancellable(session, form, deadline) if runs_code
+                                      else session.call(form, deadline)))
     except SessionError as error:
         return {"status": "error", "error": {"type": error.kind, "message": error.message}}
 
@@ -75,7 +78,7 @@ async def edit_form(session: LispSession, arguments: dict[str, Any]) -> Rendered
             Keyword("action"), Keyword(arguments.get("action", "replace")),
             Keyword("text"), arguments.get("text", ""),
             Keyword("compile"), bool(arguments.get("compile", True))]
-    result = await call_agent(session, form, session.config.load_timeout + DEADLINE_GRACE)
+    result = await call_agent(session, form, session.config.load_timeout + DEADLINE_GRACE, runs_code=True)
     if result.get("status") != "ok":
         return agent_error(result, {"written": False})
     return render_edit(result)

@@ -167,11 +167,19 @@ def test_hold_refuses_code_and_lets_reading_go_on_until_release(shared):
         held = process.call("evaluate-lisp", code="(defvar cl-user::*held-ran* t)")
         assert held["isError"]
         assert "CL-MCP:PAUSED-BY-PROGRAMMER" in text(held) and "paused" in text(held)
+        edited = shared.home / "held-edit.lisp"
+        source = "(in-package #:cl-user)\n\n(defun held-edit () 1)\n"
+        edited.write_text(source)
         for tool, arguments in (("macroexpand", {"form": "(when t 1)"}),
                                 ("inspect", {"code": "(list 1 2)"}),
+                                ("edit-form", {"path": str(edited), "form": "defun held-edit",
+                                               "text": "(defun held-edit () 2)"}),
                                 ("reset-session", {})):
             refused = process.call(tool, **arguments)
             assert refused["isError"] and "PAUSED-BY-PROGRAMMER" in text(refused), (tool, refused)
+        assert edited.read_text() == source
+        outline = process.call("read-lisp-file", path=str(edited))
+        assert not outline["isError"], outline
         found = process.call("find-definition", symbol="cl:car")
         assert not found["isError"], found
         described = process.call("describe-symbol", symbol="cl:car")
