@@ -221,67 +221,95 @@ Swank pre-reply hook; `answer-directly' calls it too)."
 
 ;;;; The streams user threads write to
 
+(defvar *detached* nil
+  "True in a shared image once the last cl-mcp connection has gone (see
+`detach-from-image'): the threads watched before then write, and stop at
+their errors, as they would have without cl-mcp.")
+
 (defclass thread-output-stream (sb-gray:fundamental-character-output-stream)
   ((kind :initarg :kind :reader kind
          :documentation ":stdout or :stderr: which news text it adds to.")
    (fallback :initarg :fallback :reader fallback
-             :documentation "Where the writes of other threads go."))
+             :documentation "Where the writes of other threads go.")
+   (own-variable :initarg :own-variable :reader own-variable
+                 :documentation "The stream variable it stands for: its global
+value is where a user's thread writes once cl-mcp has detached."))
   (:documentation "What a user's thread writes is kept in the news; what
 cl-mcp's, Swank's or SBCL's own threads write goes on to FALLBACK, as
 before (in an image cl-mcp owns, its log)."))
 
+(defun passed-on (stream)
+  "Where the current thread's write to STREAM goes, or nil when the news
+keeps it: another thread's goes to the fallback, and once cl-mcp has
+detached, a user's thread's goes to the stream it would have had without
+cl-mcp (the global value of the variable STREAM stands for)."
+  (cond ((not (eq (owner-by-name sb-thread:*current-thread*) :user)) (fallback stream))
+        (*detached*
+         (let ((own (sb-ext:symbol-global-value (own-variable stream))))
+           (if (eq own stream) (fallback stream) own)))))
+
 (defmethod sb-gray:stream-write-string ((stream thread-output-stream) string
                                         &optional (start 0) end)
   "Keep a user thread's STRING; pass another's on."
-  (let ((thread sb-thread:*current-thread*))
-    (if (eq (owner-by-name thread) :user)
-        (record-output (kind stream) thread string start (or end (length string)))
-        (write-string string (fallback stream) :start start :end end))
+  (let ((destination (passed-on stream)))
+    (if destination
+        (write-string string destination :start start :end end)
+        (record-output (kind stream) sb-thread:*current-thread* string start
+                       (or end (length string))))
     string))
 
 (defmethod sb-gray:stream-write-char ((stream thread-output-stream) char)
   "Keep a user thread's CHAR; pass another's on."
-  (let ((thread sb-thread:*current-thread*))
-    (if (eq (owner-by-name thread) :user)
-        (record-output (kind stream) thread (string char) 0 1)
-        (write-char char (fallback stream)))
+  (let ((destination (passed-on stream)))
+    (if destination
+        (write-char char destination)
+        (record-output (kind stream) sb-thread:*current-thread* (string char) 0 1))
     char))
 
 (defmethod sb-gray:stream-line-column ((stream thread-output-stream))
   "0 at the start of a line of the threads' output, as when nothing is
-kept since cl-mcp last heard (what comes next begins a line); else unknown."
+kept since cl-mcp last heard (what comes next begins a line); else unknown.
+Once cl-mcp has detached, a user's thread's column is its stream's."
   (let ((news *news*))
-    (if (or (null news)
-            (news-text-line-start (if (eq (kind stream) :stdout) (news-stdout news) (news-stderr news))))
-        0
-        nil)))
+    (cond ((and *detached* (eq (owner-by-name sb-thread:*current-thread*) :user))
+           (sb-kernel:charpos (passed-on stream)))
+          ((or (null news)
+               (news-text-line-start (if (eq (kind stream) :stdout) (news-stdout news) (news-stderr news))))
+           0))))
 
 (defmethod sb-gray:stream-finish-output ((stream thread-output-stream))
-  "Another thread's output goes on to FALLBACK now."
-  (unless (eq (owner-by-name sb-thread:*current-thread*) :user)
-    (finish-output (fallback stream)))
+  "Output passed on goes out now."
+  (let ((destination (passed-on stream)))
+    (when destination (finish-output destination)))
   nil)
 
 (defmethod sb-gray:stream-force-output ((stream thread-output-stream))
-  "Another thread's output goes on to FALLBACK soon."
-  (unless (eq (owner-by-name sb-thread:*current-thread*) :user)
-    (force-output (fallback stream)))
+  "Output passed on goes out soon."
+  (let ((destination (passed-on stream)))
+    (when destination (force-output destination)))
   nil)
 
 (defvar *thread-stdout* nil
   "The `thread-output-stream' user threads' standard output goes to.")
 
 (defvar *thread-stderr* nil
-  "The `thread-output-stream' user threads' error and trace output go to.")
+  "The `thread-output-stream' user threads' error output goes to (and
+their trace output, in an image cl-mcp owns).")
+
+(defvar *thread-trace* nil
+  "The `thread-output-stream' the trace output of the threads watched in a
+shared image goes to.")
 
 (defun make-thread-streams ()
-  "Make `*thread-stdout*' and `*thread-stderr*', passing other threads'
-writes on to the global output streams of now; once."
-  (unless *thread-stdout*
-    (setf *thread-stdout* (make-instance 'thread-output-stream :kind :stdout
-                                         :fallback (sb-ext:symbol-global-value '*standard-output*))
-          *thread-stderr* (make-instance 'thread-output-stream :kind :stderr
-                                         :fallback (sb-ext:symbol-global-value '*error-output*)))))
+  "Make `*thread-stdout*', `*thread-stderr*' and `*thread-trace*', passing
+other threads' writes on to the global output streams of now; once."
+  (unless *thread-trace*
+    (flet ((make (kind variable)
+             (make-instance 'thread-output-stream :kind kind :own-variable variable
+                                                  :fallback (sb-ext:symbol-global-value variable))))
+      (setf *thread-stdout* (make :stdout '*standard-output*)
+            *thread-stderr* (make :stderr '*error-output*)
+            *thread-trace* (make :stderr '*trace-output*)))))
 
 ;;;; A user thread stopped at its error
 
@@ -347,15 +375,28 @@ and backtrace kept in the news."
 (defun thread-debugger-hook (condition hook)
   "SB-EXT:*INVOKE-DEBUGGER-HOOK* for the threads watched here: a user's
 thread stops at its error (`stop-user-thread'), unless the user bound a
-debugger hook of their own, which then has it; in a shared image with no
-cl-mcp connection left, Swank's debugger has it, as before cl-mcp came.
+debugger hook of their own, which then has it; in a shared image cl-mcp
+has detached from, the image's own hooks have it, as before cl-mcp came.
 Errors in cl-mcp's or Swank's threads are logged (`log-background-error')."
   (cond ((not (eq (owner-by-name sb-thread:*current-thread*) :user))
          (log-background-error condition hook))
         (*debugger-hook* nil)  ; the user's own: SBCL calls it next
-        ((and *track-session* (null (intersection *connections* swank::*connections*)))
-         (swank:swank-debugger-hook condition hook))
+        (*detached* (call-global-debugger-hooks condition))
         (t (stop-user-thread condition))))
+
+(defun call-global-debugger-hooks (condition)
+  "Have CONDITION go where it would without cl-mcp's hook bound in this
+thread: the image's global SB-EXT:*INVOKE-DEBUGGER-HOOK*, then its global
+`*debugger-hook*' (Swank's debugger, with SLIME); when neither takes it,
+SBCL's own debugger does, as INVOKE-DEBUGGER goes on."
+  (let ((invoke (sb-ext:symbol-global-value 'sb-ext:*invoke-debugger-hook*))
+        (debugger (sb-ext:symbol-global-value '*debugger-hook*)))
+    (when (and invoke (not (eq invoke #'thread-debugger-hook)))
+      (let ((sb-ext:*invoke-debugger-hook* nil))
+        (funcall invoke condition invoke)))
+    (when debugger
+      (let ((*debugger-hook* nil))
+        (funcall debugger condition debugger)))))
 
 ;;;; Watching threads
 
@@ -368,7 +409,7 @@ started), in a shared image.")
 user's thread's are here."
   (let ((*standard-output* *thread-stdout*)
         (*error-output* *thread-stderr*)
-        (*trace-output* *thread-stderr*)
+        (*trace-output* *thread-trace*)
         (sb-ext:*invoke-debugger-hook* #'thread-debugger-hook)
         (*debugger-hook* nil)
         (*started-by-cl-mcp* t))
@@ -401,3 +442,11 @@ by wrapping SB-THREAD:MAKE-THREAD as TRACE wraps a function; once."
       ;; By name: an agent loaded again (a new version) takes over.
       (sb-int:encapsulate 'sb-thread:make-thread 'watched 'make-thread-watched)))
   (pushnew 'deliver-thread-news swank::*pre-reply-hook*))
+
+(defun unwatch-threads ()
+  "In a shared image cl-mcp detaches from: SB-THREAD:MAKE-THREAD as it was,
+no news delivered, and the news nobody will read dropped."
+  (sb-ext:without-package-locks
+    (sb-int:unencapsulate 'sb-thread:make-thread 'watched))
+  (setf swank::*pre-reply-hook* (remove 'deliver-thread-news swank::*pre-reply-hook*))
+  (with-news-lock (setf *news* nil)))
