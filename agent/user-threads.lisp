@@ -420,7 +420,10 @@ user's thread's are here."
 a cl-mcp evaluation, or from a thread one started, runs FUNCTION through
 `call-watched'; every other thread is made as before."
   (if (and (or *inside-evaluation* *started-by-cl-mcp*) (not *making-agent-thread*))
-      (apply make-thread (lambda (&rest arguments) (call-watched function arguments)) options)
+      (let ((thread (apply make-thread (lambda (&rest arguments) (call-watched function arguments))
+                           options)))
+        (setf (gethash thread *threads-started-by-cl-mcp*) t)
+        thread)
       (apply make-thread function options)))
 
 (defun watch-user-threads ()
