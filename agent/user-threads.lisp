@@ -328,49 +328,60 @@ other threads' writes on to the global output streams of now; once."
 (defun stop-user-thread (condition)
   "In a user's thread, at an error no handler took: wait there under an
 evaluation number, as an evaluation waits at its error, and tell cl-mcp.
-A restart the model invokes takes the thread on from its error; past
-`*max-suspended*' or `*suspend-seconds*' the thread is aborted, its error
-and backtrace kept in the news."
+A restart the model invokes takes the thread on from its error; its ABORT
+(listed in place of the thread's own) ends the thread and answers that it
+was aborted; past `*max-suspended*' or `*suspend-seconds*' the thread is
+aborted, its error and backtrace kept in the news."
   (let* ((thread sb-thread:*current-thread*)
-         (restarts (thread-restarts (compute-restarts condition)))
+         (own-restarts (thread-restarts (compute-restarts condition)))
          (frames (error-frames))
          (evaluation (make-evaluation :may-wait t :code :thread-error :thread thread))
-         (waiting (register-suspended evaluation))
-         (entry (list :thread (thread-label thread) :id (thread-id thread)
-                      :evaluation (and waiting (evaluation-id evaluation))
-                      :type (condition-type-name condition)
-                      :message (condition-message condition)
-                      :restarts (restart-entries restarts)
-                      :backtrace (frame-lines frames condition *backtrace-frame-limit*)))
+         (entry nil)
          (left nil))
     (setf (evaluation-stdout evaluation) (make-capped-output-stream *inline-output*)
           (evaluation-stderr evaluation) (make-capped-output-stream *inline-output*)
           (evaluation-condition evaluation) condition
-          (evaluation-frames evaluation) frames
-          (evaluation-restarts evaluation) restarts)
-    (record-stop thread entry)
-    (unless waiting
-      (record-end entry :no-waiting)
-      (end-thread restarts))
+          (evaluation-frames evaluation) frames)
     (unwind-protect
          (restart-case
-             (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
-               (setf (evaluation-abort-restart evaluation) (find-restart 'give-up))
-               (with-debugger-calling ((lambda (c) (stop-at-error evaluation c)))
-                 (command-loop evaluation)))
+             (let ((restarts (append (if (and own-restarts (eq (restart-name (car (last own-restarts))) 'abort))
+                                         (butlast own-restarts)
+                                         own-restarts)
+                                     (list (find-restart 'abort))))
+                   (waiting (register-suspended evaluation)))
+               (setf (evaluation-restarts evaluation) restarts
+                     entry (list :thread (thread-label thread) :id (thread-id thread)
+                                 :evaluation (and waiting (evaluation-id evaluation))
+                                 :type (condition-type-name condition)
+                                 :message (condition-message condition)
+                                 :restarts (restart-entries restarts)
+                                 :backtrace (frame-lines frames condition *backtrace-frame-limit*)))
+               (record-stop thread entry)
+               (if waiting
+                   (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
+                     (setf (evaluation-abort-restart evaluation) (find-restart 'give-up))
+                     (with-debugger-calling ((lambda (c) (stop-at-error evaluation c)))
+                       (command-loop evaluation)))
+                   (setf left :no-waiting)))
            (give-up (&optional timed-out)
              :report "Stop waiting at the error."
-             (setf left (if timed-out :timed-out :aborted))))
+             (setf left (if timed-out :timed-out :aborted)))
+           (abort ()
+             :report "Abort the thread: it ends."
+             (setf left :ended)))
       (stop-deadline evaluation)
       (forget-evaluation evaluation)
-      (unless left
+      (case left
         ;; A restart the model invoked took the thread on: its caller hears.
-        (post-report evaluation
-                     (list :status :ok :number (evaluation-id evaluation)
-                           :values (list (format nil "; thread ~S left its error and runs on"
-                                                 (thread-label thread)))))))
-    (record-end entry left)
-    (end-thread restarts)))
+        ((nil) (post-report evaluation
+                            (list :status :ok :number (evaluation-id evaluation)
+                                  :values (list (format nil "; thread ~S left its error and runs on"
+                                                        (thread-label thread))))))
+        (:ended (post-report evaluation
+                             (list :status :aborted :number (evaluation-id evaluation))))))
+    (unless (eq left :ended)  ; the model that aborted it hears it from its call
+      (record-end entry left))
+    (end-thread own-restarts)))
 
 (defun thread-debugger-hook (condition hook)
   "SB-EXT:*INVOKE-DEBUGGER-HOOK* for the threads watched here: a user's

@@ -201,3 +201,31 @@ def test_past_the_limits_a_stopped_thread_is_aborted_and_its_error_kept(mode):
         stderr = lisp.call("read-output", evaluation=number, stream="stderr")["content"][0]["text"]
         assert "[tn-first] stopped at SIMPLE-ERROR: tn first" in stderr, stderr
         assert thread_entry(lisp, "tn-first") is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stopped_threads_never_push_out_nor_stand_in_for_the_models_evaluations(mode):
+    with cl_mcp_in(mode, "--max-suspended", "1") as lisp:
+        text = lisp.call("evaluate-lisp", code='(error "tn mine")')["content"][0]["text"]
+        mine = int(re.search(r"Evaluation (\d+) is waiting", text).group(1))
+        notice = notices_until(lisp, 'Thread "tn-worker" stopped', start(
+            lisp, '(sb-thread:make-thread (lambda () (error "tn worker fails")) :name "tn-worker")'))
+        worker = waiting_evaluation(notice, "tn-worker")
+        # The model's evaluation still waits, and is the one a call without
+        # a number reaches.
+        where = lisp.call("eval-in-frame", frame=0, code="(sb-thread:thread-name sb-thread:*current-thread*)")
+        assert not where["isError"] and "tn-worker" not in where["content"][0]["text"], where
+        aborted = lisp.call("invoke-restart", evaluation=mine, restart="ABORT")
+        assert aborted["content"][0]["text"].startswith("The evaluation was aborted."), aborted
+        unnamed = lisp.call("invoke-restart", restart="ABORT")
+        assert unnamed["isError"], unnamed
+        assert f"wait as evaluations {worker}: name one" in unnamed["content"][0]["text"], unnamed
+        # Aborting the stopped thread answers so, and the thread ends.
+        ended = lisp.call("invoke-restart", evaluation=worker, restart="ABORT")
+        assert ended["content"][0]["text"].startswith("The evaluation was aborted."), ended
+        for _ in range(50):
+            if thread_entry(lisp, "tn-worker") is None:
+                break
+            time.sleep(0.05)
+        assert thread_entry(lisp, "tn-worker") is None
+
