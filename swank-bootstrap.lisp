@@ -157,7 +157,7 @@
 ;;;   sb-int:encapsulate, sb-int:encapsulated-p, sb-int:unencapsulate
 ;;;                                   run-tests' hooks on FiveAM's
 ;;;                                   RUN and RT's DO-ENTRY (as TRACE wraps);
-;;;                                   SB-THREAD:MAKE-THREAD in a shared image
+;;;                                   SB-THREAD:MAKE-THREAD
 ;;;                                   (`watch-threads-started-by-cl-mcp');
 ;;;                                   taken off by `detach-from-image'
 ;;;   sb-kernel:charpos               a stream's column, for a watched

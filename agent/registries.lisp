@@ -33,8 +33,8 @@ make room for a new one.")
 aborts itself.")
 
 (defvar *inside-evaluation* nil
-  "True in the code an evaluation runs: an evaluate called from there is
-nested, and its request belongs to the outer evaluation.")
+  "The evaluation whose code runs here, or nil: an evaluate called from
+there is nested, and its request belongs to the outer evaluation.")
 
 (defvar *registry-lock* (sb-thread:make-mutex :name "cl-mcp evaluations")
   "Guards the image-wide records: the counter, `*suspended*', `*running*'

@@ -68,13 +68,16 @@ debugger nobody will open."
 (defun prepare-embedded-image (secret)
   "Settings for an image cl-mcp owns: Swank demands SECRET (a string) from
 the one client, never opens its debugger, user threads' output is kept
-and their errors stop them (`watch-user-threads'), and errors in its own
-threads are logged.  Return t."
+and their errors stop them (`watch-user-threads'), a thread an evaluation
+starts is known as that evaluation's, and errors in its own threads are
+logged.  Return t."
   (setf (fdefinition 'swank::slime-secret) (lambda () secret))
   (setf swank:*global-debugger* nil
         swank::*configure-emacs-indentation* nil
         *debugger-hook* nil)
   (watch-user-threads)
+  ;; To know which evaluation started a thread (`hurry-evaluation').
+  (watch-threads-started-by-cl-mcp)
   (install-mailbox-pruning)
   t)
 

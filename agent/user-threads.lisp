@@ -325,6 +325,28 @@ other threads' writes on to the global output streams of now; once."
         (invoke-restart thread-abort)
         (sb-thread:abort-thread))))
 
+(defvar *started-by-cl-mcp* nil
+  "In a thread a cl-mcp evaluation started (or one such a thread started),
+a weak pointer to that evaluation: a thread that lives on must not keep
+the evaluation's output.")
+
+(defun hurry-evaluation (evaluation)
+  "EVALUATION (or nil) started the thread that has just stopped at its
+error, and may be waiting for it (JOIN-THREAD): while its caller still
+waits for it, answer \"still running\" now, as at an answer window's close
+(`run-in-background', with the news of the stop), its deadline left where
+it was.  The stretch's deadline token is swapped for an answer window that
+closes now, so that it still lands only in that stretch."
+  (let* ((token (and evaluation (evaluation-deadline evaluation)))
+         (hurried (and token
+                       (or (eq (second token) :answer) (evaluation-continuation evaluation))
+                       (list (first token) :answer
+                             (/ (- (get-internal-real-time) (first (evaluation-readings evaluation)))
+                                internal-time-units-per-second)))))
+    (when (and hurried
+               (eq token (sb-ext:compare-and-swap (evaluation-deadline evaluation) token hurried)))
+      (interrupt-at-deadline evaluation hurried))))
+
 (defun stop-user-thread (condition)
   "In a user's thread, at an error no handler took: wait there under an
 evaluation number, as an evaluation waits at its error, and tell cl-mcp.
@@ -357,6 +379,8 @@ aborted, its error and backtrace kept in the news."
                                  :restarts (restart-entries restarts)
                                  :backtrace (frame-lines frames condition *backtrace-frame-limit*)))
                (record-stop thread entry)
+               (when (and waiting *started-by-cl-mcp*)
+                 (hurry-evaluation (sb-ext:weak-pointer-value *started-by-cl-mcp*)))
                (if waiting
                    (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
                      (setf (evaluation-abort-restart evaluation) (find-restart 'give-up))
@@ -411,31 +435,32 @@ SBCL's own debugger does, as INVOKE-DEBUGGER goes on."
 
 ;;;; Watching threads
 
-(defvar *started-by-cl-mcp* nil
-  "True in a thread a cl-mcp evaluation started (or one such a thread
-started), in a shared image.")
-
-(defun call-watched (function arguments)
+(defun call-watched (function arguments origin)
   "Call FUNCTION on ARGUMENTS with output kept and errors stopped as a
-user's thread's are here."
+user's thread's are here, in a thread the evaluation ORIGIN (a weak
+pointer to it) started."
   (let ((*standard-output* *thread-stdout*)
         (*error-output* *thread-stderr*)
         (*trace-output* *thread-trace*)
         (sb-ext:*invoke-debugger-hook* #'thread-debugger-hook)
         (*debugger-hook* nil)
-        (*started-by-cl-mcp* t))
+        (*started-by-cl-mcp* origin))
     (apply function arguments)))
 
 (defun make-thread-watched (make-thread function &rest options)
-  "SB-THREAD:MAKE-THREAD, wrapped (in a shared image): a thread started from
-a cl-mcp evaluation, or from a thread one started, runs FUNCTION through
+  "SB-THREAD:MAKE-THREAD, wrapped: a thread started from a cl-mcp
+evaluation, or from a thread one started, runs FUNCTION through
 `call-watched'; every other thread is made as before."
-  (if (and (or *inside-evaluation* *started-by-cl-mcp*) (not *making-agent-thread*))
-      (let ((thread (apply make-thread (lambda (&rest arguments) (call-watched function arguments))
-                           options)))
-        (setf (gethash thread *threads-started-by-cl-mcp*) t)
-        thread)
-      (apply make-thread function options)))
+  (let ((origin (if *inside-evaluation*
+                    (sb-ext:make-weak-pointer *inside-evaluation*)
+                    *started-by-cl-mcp*)))
+    (if (and origin (not *making-agent-thread*))
+        (let ((thread (apply make-thread (lambda (&rest arguments)
+                                           (call-watched function arguments origin))
+                             options)))
+          (setf (gethash thread *threads-started-by-cl-mcp*) t)
+          thread)
+        (apply make-thread function options))))
 
 (defun watch-user-threads ()
   "In an image cl-mcp owns: every user thread's output is kept and its
@@ -448,8 +473,9 @@ errors stop it, through the global streams and debugger hook."
   (pushnew 'deliver-thread-news swank::*pre-reply-hook*))
 
 (defun watch-threads-started-by-cl-mcp ()
-  "In a shared image: the threads cl-mcp's evaluations start are watched,
-by wrapping SB-THREAD:MAKE-THREAD as TRACE wraps a function; once."
+  "The threads cl-mcp's evaluations start are watched (in a shared image,
+only those), and know the evaluation that started them, by wrapping
+SB-THREAD:MAKE-THREAD as TRACE wraps a function; once."
   (make-thread-streams)
   (unless (sb-int:encapsulated-p 'sb-thread:make-thread 'watched)
     (sb-ext:without-package-locks

@@ -229,3 +229,21 @@ def test_stopped_threads_never_push_out_nor_stand_in_for_the_models_evaluations(
             time.sleep(0.05)
         assert thread_entry(lisp, "tn-worker") is None
 
+
+@pytest.mark.parametrize("limits", [{}, {"timeout": 120}], ids=["deadline-first", "window-first"])
+def test_an_evaluation_waiting_on_a_thread_that_stopped_answers_at_once(lisp, limits):
+    """It used to wait silently until its deadline (30 s by default) or its
+    answer window (45 s) closed."""
+    started = time.monotonic()
+    result = lisp.call("evaluate-lisp", code='(sb-thread:join-thread (sb-thread:make-thread '
+                                             '(lambda () (error "tn joined fails")) :name "tn-joined"))',
+                       **limits)
+    assert time.monotonic() - started < 20, result
+    text = result["content"][0]["text"]
+    assert not result["isError"] and result["structuredContent"]["running"], result
+    number = result["structuredContent"]["number"]
+    assert text.startswith(f"[running] Evaluation {number} "), text
+    stopped = waiting_evaluation(notice_of(result), "tn-joined")
+    assert "SIMPLE-ERROR: tn joined fails" in notice_of(result), text
+    lisp.call("invoke-restart", evaluation=stopped, restart="ABORT")
+    lisp.call("await-evaluation", evaluation=number, abort=True)
