@@ -5,6 +5,7 @@ cl-mcp's evaluation started stays cl-mcp's to act on."""
 
 from __future__ import annotations
 
+import re
 import time
 
 from tests.integration.conftest import McpProcess
@@ -45,6 +46,8 @@ def test_the_programmers_threads_are_listed_read_only_and_never_touched():
                 assert refused["isError"], refused
                 assert "NOT-CL-MCPS-THREAD" in refused["content"][0]["text"], refused
             assert listed(process, name)["id"] == entry["id"]
+        text = checked_call(process, "threads", action="list")["content"][0]["text"]
+        assert re.search(r'"programmers-loop" user \S+ read-only: the programmer\'s', text), text
         # The programmer's debugger still answers.
         emacs.quit_debuggers()
         text, is_error = process.eval('(sb-thread:make-thread (lambda () (loop (sleep 0.05)))'
