@@ -353,7 +353,8 @@ evaluation number, as an evaluation waits at its error, and tell cl-mcp.
 A restart the model invokes takes the thread on from its error; its ABORT
 (listed in place of the thread's own) ends the thread and answers that it
 was aborted; past `*max-suspended*' or `*suspend-seconds*' the thread is
-aborted, its error and backtrace kept in the news."
+aborted, its error and backtrace kept in the news; once cl-mcp has
+detached, its error goes to the image's own debugger hooks instead."
   (let* ((thread sb-thread:*current-thread*)
          (own-restarts (thread-restarts (compute-restarts condition)))
          (frames (error-frames))
@@ -403,8 +404,10 @@ aborted, its error and backtrace kept in the news."
                                                         (thread-label thread))))))
         (:ended (post-report evaluation
                              (list :status :aborted :number (evaluation-id evaluation))))))
-    (unless (eq left :ended)  ; the model that aborted it hears it from its call
-      (record-end entry left))
+    (cond ((eq left :ended))  ; the model that aborted it hears it from its call
+          ;; cl-mcp has gone: the error goes where it would have without it.
+          (*detached* (call-global-debugger-hooks condition))
+          (t (record-end entry left)))
     (end-thread own-restarts)))
 
 (defun thread-debugger-hook (condition hook)

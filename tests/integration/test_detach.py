@@ -2,7 +2,8 @@
 goes (cl-mcp killed, or closed), the image is as it would be without
 cl-mcp, seen from Emacs: no make-thread wrapper, no hooks of cl-mcp's, the
 dead connection forgotten, a thread cl-mcp started printing to the stream
-it would have had and stopping in Emacs's debugger; attaching again puts
+it would have had and stopping in Emacs's debugger (one stopped for cl-mcp
+then too); attaching again puts
 the wrapper and the hooks back."""
 
 from __future__ import annotations
@@ -67,6 +68,14 @@ def test_killing_cl_mcp_leaves_the_image_as_without_it_and_attaching_again_resto
     with shared_with_emacs() as (server, emacs, process, home):
         text, is_error = process.eval(TICKER)
         assert not is_error, text
+        # A thread of cl-mcp's that stops at its error waits for cl-mcp.
+        text, is_error = process.eval('(sb-thread:make-thread (lambda () (error "stopped for cl-mcp"))'
+                                      ' :name "stopper")')
+        assert not is_error, text
+        deadline = time.monotonic() + 10
+        while "stopped-at-error" not in process.call("threads", action="list")["content"][0]["text"]:
+            assert time.monotonic() < deadline, "the stopper never stopped"
+            time.sleep(0.05)
         assert emacs.slime_eval(MARKS) == ATTACHED
         process.proc.kill()  # SIGKILL: cl-mcp says no goodbye
         process.proc.wait()
@@ -74,13 +83,14 @@ def test_killing_cl_mcp_leaves_the_image_as_without_it_and_attaching_again_resto
         # The ticker prints where it would have without cl-mcp, and nothing
         # piles up for a cl-mcp that is gone.
         assert emacs.slime_eval(CATCH_TICKS) == "(t nil)"
-        # Its error goes to Emacs's debugger.
-        emacs.slime_eval("(cl:setf cl-user::*tick-fail* cl:t)")
-        deadline = time.monotonic() + 10
-        while emacs.debugger_windows() == 0:
-            assert time.monotonic() < deadline, "the ticker's error never reached Emacs"
-            time.sleep(0.1)
-        emacs.quit_debuggers()
+        # The stopper's error, and the ticker's, go to Emacs's debugger.
+        for what in ("the stopper's", "the ticker's"):
+            deadline = time.monotonic() + 10
+            while emacs.debugger_windows() == 0:
+                assert time.monotonic() < deadline, f"{what} error never reached Emacs"
+                time.sleep(0.1)
+            emacs.quit_debuggers()
+            emacs.slime_eval("(cl:setf cl-user::*tick-fail* cl:t)")
         # A cl-mcp attaching again puts its marks back; closing it takes
         # them off again.
         again = McpProcess("--connect", str(server.port), env={"HOME": str(home)})
