@@ -121,9 +121,9 @@ goes.  Return t."
   "Leave the image as without cl-mcp (the caller holds `*attach-lock*'):
 the threads cl-mcp's evaluations started write to, and stop at their
 errors in, what they would have without it (`*detached*'), those waiting
-at an error for cl-mcp included; no make-thread
-wrapper, no hook of cl-mcp's before Swank's replies or on its connections,
-and the test frameworks unwrapped."
+at an error for cl-mcp included; no make-thread wrapper, no hook of
+cl-mcp's before Swank's replies or on its connections, and the test
+frameworks unwrapped."
   (setf *detached* t)
   ;; Threads stopped at their errors for cl-mcp go to the image's debugger.
   (dolist (stop (sb-thread:with-mutex (*registry-lock*) (remove-if-not #'thread-stop-p *suspended*)))

@@ -232,7 +232,9 @@ it (a user's thread; in a shared image, one cl-mcp's evaluations started)."
                    (when stopped
                      (forget-evaluation stopped)
                      (post-command stopped (list :abort))))
-                 (sb-thread:terminate-thread target)
+                 ;; A thread let go from its error may have ended already.
+                 (handler-case (sb-thread:terminate-thread target)
+                   (sb-thread:interrupt-thread-error () nil))
                  (sb-thread:join-thread target :default nil :timeout *thread-answer-seconds*)
                  ;; An ended thread has no Linux id any more: give the one it had.
                  (list :status :ok :thread (list* :id thread (cddr (thread-entry target)))))))))

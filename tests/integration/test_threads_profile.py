@@ -146,7 +146,8 @@ def test_a_thread_waiting_at_an_error_is_not_interrupted_again(lisp):
     assert "STOPPED-AT-ERROR" in refused["content"][0]["text"], refused
     assert f"evaluation {entry['evaluation']}" in refused["content"][0]["text"], refused
     assert lisp.eval("(+ 1 2)") == ("=> 3", False)
-    assert not checked_call(lisp, "threads", action="kill", thread=entry["id"])["isError"]
+    killed = checked_call(lisp, "threads", action="kill", thread=entry["id"])
+    assert not killed["isError"], killed
 
 
 def test_kill_ends_a_user_thread_and_refuses_cl_mcps_own(lisp):
