@@ -43,10 +43,18 @@ def notices_until(lisp, wanted: str, seen: str = "", calls: int = 100) -> str:
 
 
 def start(lisp, code: str) -> str:
-    """Evaluate CODE (which starts threads); the notice its result carries."""
+    """Evaluate CODE (which starts threads) to its end; the notices its
+    results carry (answered "running" when a thread it started stopped at
+    an error first, it is awaited)."""
     result = lisp.call("evaluate-lisp", code=code)
     assert not result["isError"], result
-    return notice_of(result)
+    notice = notice_of(result)
+    if result["structuredContent"].get("running"):
+        result = lisp.request("tools/call", {"name": "await-evaluation", "arguments": {
+            "evaluation": result["structuredContent"]["number"], "wait": 30}})["result"]
+        assert not result["isError"], result
+        notice += notice_of(result)
+    return notice
 
 
 def waiting_evaluation(notice: str, thread: str) -> int:
@@ -164,14 +172,8 @@ def test_cl_mcps_own_output_never_goes_to_the_threads(lisp):
 
 
 def test_a_flood_of_erring_threads_stays_bounded(lisp):
-    result = lisp.call("evaluate-lisp", code='(dotimes (i 40) (sb-thread:make-thread (lambda () '
-                                             '(error "tn flood")) :name (format nil "tn-flood-~D" i)))')
-    notice = notice_of(result)
-    if result["structuredContent"].get("running"):  # answered at the first stop: let it finish
-        done = lisp.request("tools/call", {"name": "await-evaluation", "arguments": {
-            "evaluation": result["structuredContent"]["number"], "wait": 30}})["result"]
-        assert not done["isError"], done
-        notice += notice_of(done)
+    notice = start(lisp, '(dotimes (i 40) (sb-thread:make-thread (lambda () (error "tn flood")) '
+                         ':name (format nil "tn-flood-~D" i)))')
     for _ in range(100):
         threads = lisp.call("threads", action="list")
         notice += notice_of(threads)
