@@ -68,8 +68,8 @@
 ;;;   swank::*enable-event-history*   bound to nil in the lane thread
 ;;;   swank::*pre-reply-hook*         runs `prune-swank-mailboxes' and
 ;;;                                   `deliver-thread-news'
-;;;   swank:swank-debugger-hook       a watched thread's error when no
-;;;                                   cl-mcp is attached any more
+;;;   swank::*connection-closed-hook* runs `forget-connection', which
+;;;                                   detaches when cl-mcp's last goes
 ;;;   swank::*configure-emacs-indentation*   nil in an embedded image
 ;;;   swank::parse-symbol             a name looked up, never interned
 ;;;   swank::xref-doit                `xref-of': the who-* cross-references
@@ -182,10 +182,14 @@
 ;;;                                   (`*sprof-heading*', `*profile-heading*')
 ;;;   ALLOC-TRAMP, LIST-ALLOC-TRAMP   the allocation trampolines' names in an
 ;;;                                   alloc report (`trampoline-share')
-;;;   sb-int:encapsulate, sb-int:encapsulated-p   run-tests' hooks on FiveAM's
+;;;   sb-int:encapsulate, sb-int:encapsulated-p, sb-int:unencapsulate
+;;;                                   run-tests' hooks on FiveAM's
 ;;;                                   RUN and RT's DO-ENTRY (as TRACE wraps);
-;;;                                   SB-THREAD:MAKE-THREAD in a shared image
-;;;                                   (`watch-threads-started-by-cl-mcp')
+;;;                                   SB-THREAD:MAKE-THREAD
+;;;                                   (`watch-threads-started-by-cl-mcp');
+;;;                                   taken off by `detach-from-image'
+;;;   sb-kernel:charpos               a stream's column, for a watched
+;;;                                   thread's fresh-line once detached
 ;;;
 ;;; Foreign calls and constants (Linux, x86-64)
 ;;;   setsockopt(fd, IPPROTO_TCP = 6, TCP_NODELAY = 1, &1, 4)

@@ -185,7 +185,7 @@ that ends without waiting at an error."
                         ;; The deadline ends while the handlers still stand, so
                         ;; an interrupt that lands as the code finishes is
                         ;; either a timeout like any other or nothing.
-                        (unwind-protect (let ((*inside-evaluation* t))
+                        (unwind-protect (let ((*inside-evaluation* evaluation))
                                           (read-and-evaluate evaluation))
                           (stop-deadline evaluation)))))))))
         (stop-deadline evaluation)

@@ -33,8 +33,8 @@ make room for a new one.")
 aborts itself.")
 
 (defvar *inside-evaluation* nil
-  "True in the code an evaluation runs: an evaluate called from there is
-nested, and its request belongs to the outer evaluation.")
+  "The evaluation whose code runs here, or nil: an evaluate called from
+there is nested, and its request belongs to the outer evaluation.")
 
 (defvar *registry-lock* (sb-thread:make-mutex :name "cl-mcp evaluations")
   "Guards the image-wide records: the counter, `*suspended*', `*running*'
@@ -171,16 +171,27 @@ code), say so instead; the report that comes after all is dropped."
 
 (defvar *suspended* '() "Evaluations waiting at an error, newest first.")
 
+(defun thread-stop-p (evaluation)
+  "Whether EVALUATION is a user's thread stopped at its own error
+(`stop-user-thread'), rather than one of the model's: such stops have a
+limit of their own and are never the newest by default."
+  (eq (evaluation-code evaluation) :thread-error))
+
 (defun register-suspended (evaluation)
   "Record EVALUATION as waiting; true unless waiting is switched off.  The
-oldest waiting evaluation is aborted when there are too many."
+oldest waiting evaluation of its kind (`thread-stop-p') is aborted when
+there are too many of that kind: failing user threads never push out the
+model's evaluations."
   (when (plusp *max-suspended*)
-    (let ((evicted '()))
+    (let ((evicted '())
+          (kind (thread-stop-p evaluation)))
       (with-agent-lock (*registry-lock*)
         (push evaluation *suspended*)
-        (loop while (> (length *suspended*) *max-suspended*)
-              do (push (car (last *suspended*)) evicted)
-                 (setf *suspended* (butlast *suspended*))))
+        (let* ((same (remove kind *suspended* :key #'thread-stop-p :test-not #'eq))
+               (excess (- (length same) *max-suspended*)))
+          (when (plusp excess)
+            (setf evicted (last same excess)
+                  *suspended* (remove-if (lambda (each) (member each evicted)) *suspended*)))))
       (dolist (old evicted)
         (post-command old (list :abort)))
       t)))
@@ -191,19 +202,25 @@ oldest waiting evaluation is aborted when there are too many."
     (setf *suspended* (remove evaluation *suspended*))))
 
 (defun find-suspended (id)
-  "The waiting evaluation numbered ID, or the newest when ID is nil."
+  "The waiting evaluation numbered ID, or when ID is nil the newest that is
+not a user thread's stop."
   (with-agent-lock (*registry-lock*)
     (if id
         (find id *suspended* :key #'evaluation-id)
-        (first *suspended*))))
+        (find-if-not #'thread-stop-p *suspended*))))
 
 (defun no-suspended-report (id)
-  "The report that no evaluation ID (or none at all, when ID is nil) waits."
+  "The report that no evaluation ID (or none at all, when ID is nil) waits;
+without ID, it names the user threads' stops, which wait only for a call
+that names them."
   (command-error "CL-MCP:NO-SUSPENDED-EVALUATION"
                  (if id
                      (format nil "No evaluation ~D is waiting at an error (it finished, ~
                                   was aborted, or its time ran out)." id)
-                     "No evaluation is waiting at an error.")))
+                     (format nil "No evaluation is waiting at an error.~@[ Threads stopped at ~
+                                  their errors wait as evaluations ~{~D~^, ~}: name one.~]"
+                             (with-agent-lock (*registry-lock*)
+                               (mapcar #'evaluation-id (remove-if-not #'thread-stop-p *suspended*)))))))
 
 (defmacro with-suspended ((evaluation id) &body body)
   "Run BODY with EVALUATION bound to the waiting evaluation ID (the newest

@@ -68,34 +68,83 @@ debugger nobody will open."
 (defun prepare-embedded-image (secret)
   "Settings for an image cl-mcp owns: Swank demands SECRET (a string) from
 the one client, never opens its debugger, user threads' output is kept
-and their errors stop them (`watch-user-threads'), and errors in its own
-threads are logged.  Return t."
+and their errors stop them (`watch-user-threads'), a thread an evaluation
+starts is known as that evaluation's, and errors in its own threads are
+logged.  Return t."
   (setf (fdefinition 'swank::slime-secret) (lambda () secret))
   (setf swank:*global-debugger* nil
         swank::*configure-emacs-indentation* nil
         *debugger-hook* nil)
   (watch-user-threads)
+  ;; To know which evaluation started a thread (`hurry-evaluation').
+  (watch-threads-started-by-cl-mcp)
   (install-mailbox-pruning)
   t)
+
+(defvar *attach-lock* (sb-thread:make-mutex :name "cl-mcp attach")
+  "Guards `*connections*' and cl-mcp's marks on a shared image while a
+connection comes or goes.")
 
 (defun prepare-attached-connection ()
   "Settings for cl-mcp's connection to an image the programmer shares:
 remember what the session creates, and stand aside so that Swank keeps
 sending the debugger of the programmer's own threads to Emacs (Swank sends
-it to the newest connection, which would otherwise be cl-mcp's).  Return t."
+it to the newest connection, which would otherwise be cl-mcp's); put on
+the image what `detach-from-image' takes off once cl-mcp's last connection
+goes.  Return t."
   (setf *track-session* t)
   ;; A new session: what earlier ones created belongs to the image now.
   (with-agent-lock (*registry-lock*)
     (setf *session-symbols* '()
           *session-created-packages* '()))
-  (let ((ours swank::*emacs-connection*))
-    (setf *connections* (cons ours (intersection *connections* swank::*connections*)))
-    (setf swank::*connections*
-          (append (remove ours swank::*connections*) (list ours))))
+  (sb-thread:with-mutex (*attach-lock*)
+    (let ((ours swank::*emacs-connection*))
+      (setf *connections* (cons ours (intersection *connections* swank::*connections*)))
+      (setf swank::*connections*
+            (append (remove ours swank::*connections*) (list ours))))
+    (install-mailbox-pruning)
+    (watch-threads-started-by-cl-mcp)
+    (pushnew 'forget-connection swank::*connection-closed-hook*)
+    (setf *detached* nil))
   (set-connection-nodelay)
-  (install-mailbox-pruning)
-  (watch-threads-started-by-cl-mcp)
   t)
+
+;;;; Detaching: the image as it was without cl-mcp
+;;;
+;;; Swank runs `*connection-closed-hook*' in its sentinel thread for every
+;;; connection that ends, however it ends: closed by cl-mcp, or its socket
+;;; at end of file because cl-mcp was killed.  When the last of cl-mcp's
+;;; goes, what cl-mcp put on the image comes off, and the next
+;;; `prepare-attached-connection' puts it back.
+
+(defun detach-from-image ()
+  "Leave the image as without cl-mcp (the caller holds `*attach-lock*'):
+the threads cl-mcp's evaluations started write to, and stop at their
+errors in, what they would have without it (`*detached*'), those waiting
+at an error for cl-mcp included; no make-thread wrapper, no hook of
+cl-mcp's before Swank's replies or on its connections, and the test
+frameworks unwrapped."
+  (setf *detached* t)
+  ;; Threads stopped at their errors for cl-mcp go to the image's debugger.
+  (dolist (stop (with-agent-lock (*registry-lock*) (remove-if-not #'thread-stop-p *suspended*)))
+    (forget-evaluation stop)
+    (post-command stop (list :abort)))
+  (unwatch-threads)
+  (setf swank::*pre-reply-hook* (remove 'prune-swank-mailboxes swank::*pre-reply-hook*)
+        swank::*connection-closed-hook* (remove 'forget-connection swank::*connection-closed-hook*))
+  (remove-hooks))
+
+(defun forget-connection (connection)
+  "Swank's `*connection-closed-hook*': CONNECTION has ended; once no cl-mcp
+connection is left, `detach-from-image'.  It runs in Swank's sentinel,
+which must never meet an error."
+  (handler-case
+      (sb-thread:with-mutex (*attach-lock*)
+        (setf *connections* (remove connection *connections*))
+        (unless (intersection *connections* swank::*connections*)
+          (detach-from-image)))
+    (error (condition)
+      (log-note "could not detach from the image: ~A" condition))))
 
 (defun defined-by-a-file-p (package)
   "Whether PACKAGE's `defpackage' was in a file that was loaded (ASDF may

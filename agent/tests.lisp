@@ -80,12 +80,23 @@ hooks record only inside one.")
   "The symbol NAME of PACKAGE when that package exists, else nil."
   (and (find-package package) (find-symbol name package)))
 
+(defvar *hooked* '()
+  "The framework functions `encapsulate-once' wrapped.")
+
 (defun encapsulate-once (symbol hook)
   "Wrap SYMBOL's function with HOOK (called with the function and the
 arguments), once per image: `sb-int:encapsulate', as TRACE does."
   (when (and symbol (fboundp symbol)
              (not (sb-int:encapsulated-p symbol 'cl-mcp-run-tests)))
-    (sb-int:encapsulate symbol 'cl-mcp-run-tests hook)))
+    (sb-int:encapsulate symbol 'cl-mcp-run-tests hook)
+    (pushnew symbol *hooked*)))
+
+(defun remove-hooks ()
+  "Unwrap the framework functions `install-hooks' wrapped (the next run
+wraps them again)."
+  (dolist (symbol (shiftf *hooked* '()))
+    (when (sb-int:encapsulated-p symbol 'cl-mcp-run-tests)
+      (sb-int:unencapsulate symbol 'cl-mcp-run-tests))))
 
 (defun rt-packages ()
   "The names of the packages that hold an RT: SB-RT, RT, and a copy of

@@ -58,6 +58,20 @@ evaluation is cl-mcp's, but a user's thread stopped at its error, or by
         :cl-mcp
         (owner-by-name thread))))
 
+(defvar *threads-started-by-cl-mcp*
+  (make-hash-table :test #'eq :weakness :key :synchronized t)
+  "The threads `make-thread-watched' started, in a shared image: the only
+user threads there the threads tool may interrupt or kill.")
+
+(defun hands-off-reason (thread)
+  "Why the threads tool may not interrupt or kill THREAD, a user's, or
+nil: in a shared image, a thread no cl-mcp evaluation started is the
+programmer's (stopped in SLDB, an interrupt would leave SLDB without
+answers; ended, the programmer's work is lost)."
+  (and *track-session*
+       (not (gethash thread *threads-started-by-cl-mcp*))
+       "the programmer's (not started by cl-mcp's evaluations)"))
+
 (defun task-file-line (thread file)
   "The first line of /proc/self/task/TID/FILE for THREAD, or nil."
   (let ((id (thread-id thread)))
@@ -83,12 +97,17 @@ evaluation is cl-mcp's, but a user's thread stopped at its error, or by
 
 (defun thread-entry (thread)
   "THREAD as a plist: :id, :name, :owner, :state, and :evaluation (the
-number it waits at an error under) or :lock (the lock it waits for)."
+number it waits at an error under) or :lock (the lock it waits for), and
+:read-only (why it may not be interrupted or killed) for a user's thread
+that is not cl-mcp's to touch."
   (multiple-value-bind (evaluation suspended) (evaluation-of-thread thread)
   (let* ((waiting-for (sb-thread::thread-waiting-for thread))
-         (entry (list :id (thread-id thread)
-                      :name (or (sb-thread:thread-name thread) "")
-                      :owner (thread-owner thread))))
+         (owner (thread-owner thread))
+         (entry (list* :id (thread-id thread)
+                       :name (or (sb-thread:thread-name thread) "")
+                       :owner owner
+                       (let ((reason (and (eq owner :user) (hands-off-reason thread))))
+                         (and reason (list :read-only reason))))))
     (append entry
             (cond ((not (sb-thread:thread-alive-p thread)) (list :state :finished))
                   (suspended
@@ -179,8 +198,9 @@ on.  However it leaves, no deadline stays armed to stop it again."
 (defun threads-of (action &key thread (count *backtrace-frame-limit*))
   "ACTION on the image's threads: :list gives :threads, a `thread-entry'
 each; with THREAD (an id), :backtrace gives its first COUNT frames,
-:interrupt stops it as at an error (a user's thread only; the report of
-the error it waits at, numbered), :kill ends it (a user's thread only).
+:interrupt stops it as at an error (a user's thread not waiting at an
+error already; the report of the error it waits at, numbered), :kill ends
+it (a user's thread; in a shared image, one cl-mcp's evaluations started).
 CL-MCP:NOT-IMPLEMENTED when this image lacks an internal it needs."
   (let ((missing (missing-internals-error :threads)))
     (when missing
@@ -202,6 +222,18 @@ CL-MCP:NOT-IMPLEMENTED when this image lacks an internal it needs."
                              thread (sb-thread:thread-name target)
                              (ecase (thread-owner target) (:cl-mcp "cl-mcp") (:swank "Swank") (:sbcl "SBCL"))
                              (if (eq action :kill) "kill" "interrupt")))
+              ((hands-off-reason target)
+               (error-report "CL-MCP:NOT-CL-MCPS-THREAD"
+                             "Thread ~D (~S) is ~A: it is listed and its backtrace can be read, ~
+                              but only a thread cl-mcp's evaluations started can be ~(~A~)ed."
+                             thread (sb-thread:thread-name target) (hands-off-reason target)
+                             (if (eq action :kill) "kill" "interrupt")))
+              ((and (eq action :interrupt) (nth-value 1 (evaluation-of-thread target)))
+               (error-report "CL-MCP:STOPPED-AT-ERROR"
+                             "Thread ~D already waits at an error, as evaluation ~D: use ~
+                              backtrace, eval-in-frame or invoke-restart on that evaluation, ~
+                              or kill the thread."
+                             thread (evaluation-id (evaluation-of-thread target))))
               ((eq action :interrupt) (interrupt-user-thread target))
               (t (let ((stopped (evaluation-of-thread target)))
                    ;; Stopped by an interrupt, it waits with interrupts
@@ -209,7 +241,9 @@ CL-MCP:NOT-IMPLEMENTED when this image lacks an internal it needs."
                    (when stopped
                      (forget-evaluation stopped)
                      (post-command stopped (list :abort))))
-                 (sb-thread:terminate-thread target)
+                 ;; A thread let go from its error may have ended already.
+                 (handler-case (sb-thread:terminate-thread target)
+                   (sb-thread:interrupt-thread-error () nil))
                  (sb-thread:join-thread target :default nil :timeout *thread-answer-seconds*)
                  ;; An ended thread has no Linux id any more: give the one it had.
                  (list :status :ok :thread (list* :id thread (cddr (thread-entry target)))))))))

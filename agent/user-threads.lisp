@@ -218,67 +218,95 @@ Swank pre-reply hook; `answer-directly' calls it too)."
 
 ;;;; The streams user threads write to
 
+(defvar *detached* nil
+  "True in a shared image once the last cl-mcp connection has gone (see
+`detach-from-image'): the threads watched before then write, and stop at
+their errors, as they would have without cl-mcp.")
+
 (defclass thread-output-stream (sb-gray:fundamental-character-output-stream)
   ((kind :initarg :kind :reader kind
          :documentation ":stdout or :stderr: which news text it adds to.")
    (fallback :initarg :fallback :reader fallback
-             :documentation "Where the writes of other threads go."))
+             :documentation "Where the writes of other threads go.")
+   (own-variable :initarg :own-variable :reader own-variable
+                 :documentation "The stream variable it stands for: its global
+value is where a user's thread writes once cl-mcp has detached."))
   (:documentation "What a user's thread writes is kept in the news; what
 cl-mcp's, Swank's or SBCL's own threads write goes on to FALLBACK, as
 before (in an image cl-mcp owns, its log)."))
 
+(defun passed-on (stream)
+  "Where the current thread's write to STREAM goes, or nil when the news
+keeps it: another thread's goes to the fallback, and once cl-mcp has
+detached, a user's thread's goes to the stream it would have had without
+cl-mcp (the global value of the variable STREAM stands for)."
+  (cond ((not (eq (owner-by-name sb-thread:*current-thread*) :user)) (fallback stream))
+        (*detached*
+         (let ((own (sb-ext:symbol-global-value (own-variable stream))))
+           (if (eq own stream) (fallback stream) own)))))
+
 (defmethod sb-gray:stream-write-string ((stream thread-output-stream) string
                                         &optional (start 0) end)
   "Keep a user thread's STRING; pass another's on."
-  (let ((thread sb-thread:*current-thread*))
-    (if (eq (owner-by-name thread) :user)
-        (record-output (kind stream) thread string start (or end (length string)))
-        (write-string string (fallback stream) :start start :end end))
+  (let ((destination (passed-on stream)))
+    (if destination
+        (write-string string destination :start start :end end)
+        (record-output (kind stream) sb-thread:*current-thread* string start
+                       (or end (length string))))
     string))
 
 (defmethod sb-gray:stream-write-char ((stream thread-output-stream) char)
   "Keep a user thread's CHAR; pass another's on."
-  (let ((thread sb-thread:*current-thread*))
-    (if (eq (owner-by-name thread) :user)
-        (record-output (kind stream) thread (string char) 0 1)
-        (write-char char (fallback stream)))
+  (let ((destination (passed-on stream)))
+    (if destination
+        (write-char char destination)
+        (record-output (kind stream) sb-thread:*current-thread* (string char) 0 1))
     char))
 
 (defmethod sb-gray:stream-line-column ((stream thread-output-stream))
   "0 at the start of a line of the threads' output, as when nothing is
-kept since cl-mcp last heard (what comes next begins a line); else unknown."
+kept since cl-mcp last heard (what comes next begins a line); else unknown.
+Once cl-mcp has detached, a user's thread's column is its stream's."
   (let ((news *news*))
-    (if (or (null news)
-            (news-text-line-start (if (eq (kind stream) :stdout) (news-stdout news) (news-stderr news))))
-        0
-        nil)))
+    (cond ((and *detached* (eq (owner-by-name sb-thread:*current-thread*) :user))
+           (sb-kernel:charpos (passed-on stream)))
+          ((or (null news)
+               (news-text-line-start (if (eq (kind stream) :stdout) (news-stdout news) (news-stderr news))))
+           0))))
 
 (defmethod sb-gray:stream-finish-output ((stream thread-output-stream))
-  "Another thread's output goes on to FALLBACK now."
-  (unless (eq (owner-by-name sb-thread:*current-thread*) :user)
-    (finish-output (fallback stream)))
+  "Output passed on goes out now."
+  (let ((destination (passed-on stream)))
+    (when destination (finish-output destination)))
   nil)
 
 (defmethod sb-gray:stream-force-output ((stream thread-output-stream))
-  "Another thread's output goes on to FALLBACK soon."
-  (unless (eq (owner-by-name sb-thread:*current-thread*) :user)
-    (force-output (fallback stream)))
+  "Output passed on goes out soon."
+  (let ((destination (passed-on stream)))
+    (when destination (force-output destination)))
   nil)
 
 (defvar *thread-stdout* nil
   "The `thread-output-stream' user threads' standard output goes to.")
 
 (defvar *thread-stderr* nil
-  "The `thread-output-stream' user threads' error and trace output go to.")
+  "The `thread-output-stream' user threads' error output goes to (and
+their trace output, in an image cl-mcp owns).")
+
+(defvar *thread-trace* nil
+  "The `thread-output-stream' the trace output of the threads watched in a
+shared image goes to.")
 
 (defun make-thread-streams ()
-  "Make `*thread-stdout*' and `*thread-stderr*', passing other threads'
-writes on to the global output streams of now; once."
-  (unless *thread-stdout*
-    (setf *thread-stdout* (make-instance 'thread-output-stream :kind :stdout
-                                         :fallback (sb-ext:symbol-global-value '*standard-output*))
-          *thread-stderr* (make-instance 'thread-output-stream :kind :stderr
-                                         :fallback (sb-ext:symbol-global-value '*error-output*)))))
+  "Make `*thread-stdout*', `*thread-stderr*' and `*thread-trace*', passing
+other threads' writes on to the global output streams of now; once."
+  (unless *thread-trace*
+    (flet ((make (kind variable)
+             (make-instance 'thread-output-stream :kind kind :own-variable variable
+                                                  :fallback (sb-ext:symbol-global-value variable))))
+      (setf *thread-stdout* (make :stdout '*standard-output*)
+            *thread-stderr* (make :stderr '*error-output*)
+            *thread-trace* (make :stderr '*trace-output*)))))
 
 ;;;; A user thread stopped at its error
 
@@ -294,90 +322,145 @@ writes on to the global output streams of now; once."
         (invoke-restart thread-abort)
         (sb-thread:abort-thread))))
 
+(defvar *started-by-cl-mcp* nil
+  "In a thread a cl-mcp evaluation started (or one such a thread started),
+a weak pointer to that evaluation: a thread that lives on must not keep
+the evaluation's output.")
+
+(defun hurry-evaluation (evaluation)
+  "EVALUATION (or nil) started the thread that has just stopped at its
+error, and may be waiting for it (JOIN-THREAD): while its caller still
+waits for it, answer \"still running\" now, as at an answer window's close
+(`run-in-background', with the news of the stop), its deadline left where
+it was.  The stretch's deadline token is swapped for an answer window that
+closes now, so that it still lands only in that stretch."
+  (let* ((token (and evaluation (evaluation-deadline evaluation)))
+         (hurried (and token
+                       (or (eq (second token) :answer) (evaluation-continuation evaluation))
+                       (list (first token) :answer
+                             (/ (- (get-internal-real-time) (first (evaluation-readings evaluation)))
+                                internal-time-units-per-second)))))
+    (when (and hurried
+               (eq token (sb-ext:compare-and-swap (evaluation-deadline evaluation) token hurried)))
+      (interrupt-at-deadline evaluation hurried))))
+
 (defun stop-user-thread (condition)
   "In a user's thread, at an error no handler took: wait there under an
 evaluation number, as an evaluation waits at its error, and tell cl-mcp.
-A restart the model invokes takes the thread on from its error; past
-`*max-suspended*' or `*suspend-seconds*' the thread is aborted, its error
-and backtrace kept in the news."
+A restart the model invokes takes the thread on from its error; its ABORT
+(listed in place of the thread's own) ends the thread and answers that it
+was aborted; past `*max-suspended*' or `*suspend-seconds*' the thread is
+aborted, its error and backtrace kept in the news; once cl-mcp has
+detached, its error goes to the image's own debugger hooks instead."
   (let* ((thread sb-thread:*current-thread*)
-         (restarts (thread-restarts (compute-restarts condition)))
+         (own-restarts (thread-restarts (compute-restarts condition)))
          (frames (error-frames))
          (evaluation (make-evaluation :may-wait t :code :thread-error :thread thread))
-         (waiting (register-suspended evaluation))
-         (entry (list :thread (thread-label thread) :id (thread-id thread)
-                      :evaluation (and waiting (evaluation-id evaluation))
-                      :type (condition-type-name condition)
-                      :message (condition-message condition)
-                      :restarts (restart-entries restarts)
-                      :backtrace (frame-lines frames condition *backtrace-frame-limit*)))
+         (entry nil)
          (left nil))
     (setf (evaluation-stdout evaluation) (make-capped-output-stream *inline-output*)
           (evaluation-stderr evaluation) (make-capped-output-stream *inline-output*)
           (evaluation-condition evaluation) condition
-          (evaluation-frames evaluation) frames
-          (evaluation-restarts evaluation) restarts)
-    (record-stop thread entry)
-    (unless waiting
-      (record-end entry :no-waiting)
-      (end-thread restarts))
+          (evaluation-frames evaluation) frames)
     (unwind-protect
          (restart-case
-             (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
-               (setf (evaluation-abort-restart evaluation) (find-restart 'give-up))
-               (with-debugger-calling ((lambda (c) (stop-at-error evaluation c)))
-                 (command-loop evaluation)))
+             (let ((restarts (append (if (and own-restarts (eq (restart-name (car (last own-restarts))) 'abort))
+                                         (butlast own-restarts)
+                                         own-restarts)
+                                     (list (find-restart 'abort))))
+                   (waiting (register-suspended evaluation)))
+               (setf (evaluation-restarts evaluation) restarts
+                     entry (list :thread (thread-label thread) :id (thread-id thread)
+                                 :evaluation (and waiting (evaluation-id evaluation))
+                                 :type (condition-type-name condition)
+                                 :message (condition-message condition)
+                                 :restarts (restart-entries restarts)
+                                 :backtrace (frame-lines frames condition *backtrace-frame-limit*)))
+               (record-stop thread entry)
+               (when (and waiting *started-by-cl-mcp*)
+                 (hurry-evaluation (sb-ext:weak-pointer-value *started-by-cl-mcp*)))
+               (if waiting
+                   (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
+                     (setf (evaluation-abort-restart evaluation) (find-restart 'give-up))
+                     (with-debugger-calling ((lambda (c) (stop-at-error evaluation c)))
+                       (command-loop evaluation)))
+                   (setf left :no-waiting)))
            (give-up (&optional timed-out)
              :report "Stop waiting at the error."
-             (setf left (if timed-out :timed-out :aborted))))
+             (setf left (if timed-out :timed-out :aborted)))
+           (abort ()
+             :report "Abort the thread: it ends."
+             (setf left :ended)))
       (stop-deadline evaluation)
       (forget-evaluation evaluation)
-      (unless left
+      (case left
         ;; A restart the model invoked took the thread on: its caller hears.
-        (post-report evaluation
-                     (list :status :ok :number (evaluation-id evaluation)
-                           :values (list (format nil "; thread ~S left its error and runs on"
-                                                 (thread-label thread)))))))
-    (record-end entry left)
-    (end-thread restarts)))
+        ((nil) (post-report evaluation
+                            (list :status :ok :number (evaluation-id evaluation)
+                                  :values (list (format nil "; thread ~S left its error and runs on"
+                                                        (thread-label thread))))))
+        (:ended (post-report evaluation
+                             (list :status :aborted :number (evaluation-id evaluation))))))
+    (cond ((eq left :ended))  ; the model that aborted it hears it from its call
+          ;; cl-mcp has gone: the error goes where it would have without it.
+          (*detached* (call-global-debugger-hooks condition))
+          (t (record-end entry left)))
+    (end-thread own-restarts)))
 
 (defun thread-debugger-hook (condition hook)
   "SB-EXT:*INVOKE-DEBUGGER-HOOK* for the threads watched here: a user's
 thread stops at its error (`stop-user-thread'), unless the user bound a
-debugger hook of their own, which then has it; in a shared image with no
-cl-mcp connection left, Swank's debugger has it, as before cl-mcp came.
+debugger hook of their own, which then has it; in a shared image cl-mcp
+has detached from, the image's own hooks have it, as before cl-mcp came.
 Errors in cl-mcp's or Swank's threads are logged (`log-background-error')."
   (cond ((not (eq (owner-by-name sb-thread:*current-thread*) :user))
          (log-background-error condition hook))
         (*debugger-hook* nil)  ; the user's own: SBCL calls it next
-        ((and *track-session* (null (intersection *connections* swank::*connections*)))
-         (swank:swank-debugger-hook condition hook))
+        (*detached* (call-global-debugger-hooks condition))
         (t (stop-user-thread condition))))
+
+(defun call-global-debugger-hooks (condition)
+  "Have CONDITION go where it would without cl-mcp's hook bound in this
+thread: the image's global SB-EXT:*INVOKE-DEBUGGER-HOOK*, then its global
+`*debugger-hook*' (Swank's debugger, with SLIME); when neither takes it,
+SBCL's own debugger does, as INVOKE-DEBUGGER goes on."
+  (let ((invoke (sb-ext:symbol-global-value 'sb-ext:*invoke-debugger-hook*))
+        (debugger (sb-ext:symbol-global-value '*debugger-hook*)))
+    (when (and invoke (not (eq invoke #'thread-debugger-hook)))
+      (let ((sb-ext:*invoke-debugger-hook* nil))
+        (funcall invoke condition invoke)))
+    (when debugger
+      (let ((*debugger-hook* nil))
+        (funcall debugger condition debugger)))))
 
 ;;;; Watching threads
 
-(defvar *started-by-cl-mcp* nil
-  "True in a thread a cl-mcp evaluation started (or one such a thread
-started), in a shared image.")
-
-(defun call-watched (function arguments)
+(defun call-watched (function arguments origin)
   "Call FUNCTION on ARGUMENTS with output kept and errors stopped as a
-user's thread's are here."
+user's thread's are here, in a thread the evaluation ORIGIN (a weak
+pointer to it) started."
   (let ((*standard-output* *thread-stdout*)
         (*error-output* *thread-stderr*)
-        (*trace-output* *thread-stderr*)
+        (*trace-output* *thread-trace*)
         (sb-ext:*invoke-debugger-hook* #'thread-debugger-hook)
         (*debugger-hook* nil)
-        (*started-by-cl-mcp* t))
+        (*started-by-cl-mcp* origin))
     (apply function arguments)))
 
 (defun make-thread-watched (make-thread function &rest options)
-  "SB-THREAD:MAKE-THREAD, wrapped (in a shared image): a thread started from
-a cl-mcp evaluation, or from a thread one started, runs FUNCTION through
+  "SB-THREAD:MAKE-THREAD, wrapped: a thread started from a cl-mcp
+evaluation, or from a thread one started, runs FUNCTION through
 `call-watched'; every other thread is made as before."
-  (if (and (or *inside-evaluation* *started-by-cl-mcp*) (not *making-agent-thread*))
-      (apply make-thread (lambda (&rest arguments) (call-watched function arguments)) options)
-      (apply make-thread function options)))
+  (let ((origin (if *inside-evaluation*
+                    (sb-ext:make-weak-pointer *inside-evaluation*)
+                    *started-by-cl-mcp*)))
+    (if (and origin (not *making-agent-thread*))
+        (let ((thread (apply make-thread (lambda (&rest arguments)
+                                           (call-watched function arguments origin))
+                             options)))
+          (setf (gethash thread *threads-started-by-cl-mcp*) t)
+          thread)
+        (apply make-thread function options))))
 
 (defun watch-user-threads ()
   "In an image cl-mcp owns: every user thread's output is kept and its
@@ -390,11 +473,20 @@ errors stop it, through the global streams and debugger hook."
   (pushnew 'deliver-thread-news swank::*pre-reply-hook*))
 
 (defun watch-threads-started-by-cl-mcp ()
-  "In a shared image: the threads cl-mcp's evaluations start are watched,
-by wrapping SB-THREAD:MAKE-THREAD as TRACE wraps a function; once."
+  "The threads cl-mcp's evaluations start are watched (in a shared image,
+only those), and know the evaluation that started them, by wrapping
+SB-THREAD:MAKE-THREAD as TRACE wraps a function; once."
   (make-thread-streams)
   (unless (sb-int:encapsulated-p 'sb-thread:make-thread 'watched)
     (sb-ext:without-package-locks
       ;; By name: an agent loaded again (a new version) takes over.
       (sb-int:encapsulate 'sb-thread:make-thread 'watched 'make-thread-watched)))
   (pushnew 'deliver-thread-news swank::*pre-reply-hook*))
+
+(defun unwatch-threads ()
+  "In a shared image cl-mcp detaches from: SB-THREAD:MAKE-THREAD as it was,
+no news delivered, and the news nobody will read dropped."
+  (sb-ext:without-package-locks
+    (sb-int:unencapsulate 'sb-thread:make-thread 'watched))
+  (setf swank::*pre-reply-hook* (remove 'deliver-thread-news swank::*pre-reply-hook*))
+  (with-news-lock (setf *news* nil)))

@@ -21,7 +21,7 @@ MAX_LINES = 20  # notices in one result
 
 END_REASONS = {
     "timed-out": "it waited longer than --suspend-timeout",
-    "aborted": "more evaluations waited than --max-suspended allows, or a reset or threads kill ended it",
+    "aborted": "more stopped threads waited than --max-suspended allows, or a reset or threads kill ended it",
     "no-waiting": "--max-suspended is 0, so nothing waits at an error",
 }
 

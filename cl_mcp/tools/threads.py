@@ -24,7 +24,7 @@ def thread_structure(entry: dict[str, Any]) -> dict[str, Any]:
     """One thread as the outputSchema has it."""
     thread = {"id": entry["id"], "name": entry["name"], "owner": entry["owner"],
               "state": entry["state"]}
-    for key in ("evaluation", "lock"):
+    for key in ("evaluation", "lock", "read-only"):
         if key in entry:
             thread[key] = entry[key]
     return thread
@@ -37,6 +37,8 @@ def thread_line(thread: dict[str, Any]) -> str:
         line += f' (evaluation {thread["evaluation"]})'
     if "lock" in thread:
         line += f' (lock "{thread["lock"]}")'
+    if "read-only" in thread:
+        line += f' read-only: {thread["read-only"]}'
     return line
 
 

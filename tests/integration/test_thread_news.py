@@ -43,10 +43,18 @@ def notices_until(lisp, wanted: str, seen: str = "", calls: int = 100) -> str:
 
 
 def start(lisp, code: str) -> str:
-    """Evaluate CODE (which starts threads); the notice its result carries."""
+    """Evaluate CODE (which starts threads) to its end; the notices its
+    results carry (answered "running" when a thread it started stopped at
+    an error first, it is awaited)."""
     result = lisp.call("evaluate-lisp", code=code)
     assert not result["isError"], result
-    return notice_of(result)
+    notice = notice_of(result)
+    if result["structuredContent"].get("running"):
+        result = lisp.request("tools/call", {"name": "await-evaluation", "arguments": {
+            "evaluation": result["structuredContent"]["number"], "wait": 30}})["result"]
+        assert not result["isError"], result
+        notice += notice_of(result)
+    return notice
 
 
 def waiting_evaluation(notice: str, thread: str) -> int:
@@ -190,7 +198,7 @@ def test_past_the_limits_a_stopped_thread_is_aborted_and_its_error_kept(mode):
         seen = notices_until(lisp, 'Thread "tn-first" (evaluation', first + start(
             lisp, '(sb-thread:make-thread (lambda () (error "tn second")) :name "tn-second")'))
         assert re.search(r'Thread "tn-first" \(evaluation \d+\) was aborted at its error, '
-                         r"SIMPLE-ERROR: tn first, because more evaluations waited", seen), seen
+                         r"SIMPLE-ERROR: tn first, because more stopped threads waited", seen), seen
         kept = re.search(r'Its error and backtrace are kept: read-output (\{[^}]*\})', seen)
         assert kept, seen
         # The second waits past --suspend-timeout.
@@ -201,3 +209,49 @@ def test_past_the_limits_a_stopped_thread_is_aborted_and_its_error_kept(mode):
         stderr = lisp.call("read-output", evaluation=number, stream="stderr")["content"][0]["text"]
         assert "[tn-first] stopped at SIMPLE-ERROR: tn first" in stderr, stderr
         assert thread_entry(lisp, "tn-first") is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stopped_threads_never_push_out_nor_stand_in_for_the_models_evaluations(mode):
+    with cl_mcp_in(mode, "--max-suspended", "1") as lisp:
+        text = lisp.call("evaluate-lisp", code='(error "tn mine")')["content"][0]["text"]
+        mine = int(re.search(r"Evaluation (\d+) is waiting", text).group(1))
+        notice = notices_until(lisp, 'Thread "tn-worker" stopped', start(
+            lisp, '(sb-thread:make-thread (lambda () (error "tn worker fails")) :name "tn-worker")'))
+        worker = waiting_evaluation(notice, "tn-worker")
+        # The model's evaluation still waits, and is the one a call without
+        # a number reaches.
+        where = lisp.call("eval-in-frame", frame=0, code="(sb-thread:thread-name sb-thread:*current-thread*)")
+        assert not where["isError"] and "tn-worker" not in where["content"][0]["text"], where
+        aborted = lisp.call("invoke-restart", evaluation=mine, restart="ABORT")
+        assert aborted["content"][0]["text"].startswith("The evaluation was aborted."), aborted
+        unnamed = lisp.call("invoke-restart", restart="ABORT")
+        assert unnamed["isError"], unnamed
+        assert f"wait as evaluations {worker}: name one" in unnamed["content"][0]["text"], unnamed
+        # Aborting the stopped thread answers so, and the thread ends.
+        ended = lisp.call("invoke-restart", evaluation=worker, restart="ABORT")
+        assert ended["content"][0]["text"].startswith("The evaluation was aborted."), ended
+        for _ in range(50):
+            if thread_entry(lisp, "tn-worker") is None:
+                break
+            time.sleep(0.05)
+        assert thread_entry(lisp, "tn-worker") is None
+
+
+@pytest.mark.parametrize("limits", [{}, {"timeout": 120}], ids=["deadline-first", "window-first"])
+def test_an_evaluation_waiting_on_a_thread_that_stopped_answers_at_once(lisp, limits):
+    """It used to wait silently until its deadline (30 s by default) or its
+    answer window (45 s) closed."""
+    started = time.monotonic()
+    result = lisp.call("evaluate-lisp", code='(sb-thread:join-thread (sb-thread:make-thread '
+                                             '(lambda () (error "tn joined fails")) :name "tn-joined"))',
+                       **limits)
+    assert time.monotonic() - started < 20, result
+    text = result["content"][0]["text"]
+    assert not result["isError"] and result["structuredContent"]["running"], result
+    number = result["structuredContent"]["number"]
+    assert text.startswith(f"[running] Evaluation {number} "), text
+    stopped = waiting_evaluation(notice_of(result), "tn-joined")
+    assert "SIMPLE-ERROR: tn joined fails" in notice_of(result), text
+    lisp.call("invoke-restart", evaluation=stopped, restart="ABORT")
+    lisp.call("await-evaluation", evaluation=number, abort=True)

@@ -97,6 +97,8 @@ def test_interrupt_stops_a_thread_where_the_debugger_tools_reach_it(lisp):
     local = lisp.call("eval-in-frame", evaluation=number, frame=0,
                       code="(sb-thread:thread-name sb-thread:*current-thread*)")
     assert '"tp-stopped"' in local["content"][0]["text"], local
+    again = checked_call(lisp, "threads", action="interrupt", thread=thread)
+    assert again["isError"] and "STOPPED-AT-ERROR" in again["content"][0]["text"], again
     continued = lisp.call("invoke-restart", evaluation=number, restart="continue")
     assert not continued["isError"], continued
     time.sleep(0.3)
@@ -126,6 +128,26 @@ def test_a_thread_interrupted_while_it_prints_holds_up_no_reply(lisp):
                               restart="continue")
         assert not continued["isError"], continued
     assert not lisp.call("threads", action="kill", thread=thread)["isError"]
+
+
+def test_a_thread_waiting_at_an_error_is_not_interrupted_again(lisp):
+    """A second stop nested in the first once left the image unresponsive
+    (embedded, cl-mcp then restarted it and the session was lost)."""
+    text, is_error = lisp.eval('(sb-thread:make-thread (lambda () (error "tp fails")) :name "tp-failed")')
+    assert not is_error, text
+    deadline = time.monotonic() + 10
+    while not (stopped := [t for t in thread_list(lisp)
+                           if t["name"] == "tp-failed" and t["state"] == "stopped-at-error"]):
+        assert time.monotonic() < deadline, thread_list(lisp)
+        time.sleep(0.05)
+    [entry] = stopped
+    refused = checked_call(lisp, "threads", action="interrupt", thread=entry["id"])
+    assert refused["isError"], refused
+    assert "STOPPED-AT-ERROR" in refused["content"][0]["text"], refused
+    assert f"evaluation {entry['evaluation']}" in refused["content"][0]["text"], refused
+    assert lisp.eval("(+ 1 2)") == ("=> 3", False)
+    killed = checked_call(lisp, "threads", action="kill", thread=entry["id"])
+    assert not killed["isError"], killed
 
 
 def test_kill_ends_a_user_thread_and_refuses_cl_mcps_own(lisp):

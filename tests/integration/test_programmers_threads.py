@@ -1,0 +1,58 @@
+"""Attach mode: the threads tool lists the programmer's own threads read-only,
+with the reason, and never interrupts or kills them (one waiting in Emacs's
+debugger once got no answer there after cl-mcp interrupted it); a thread
+cl-mcp's evaluation started stays cl-mcp's to act on."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from tests.integration.conftest import McpProcess
+from tests.integration.devtools import check_results_of, checked_call, shared_with_emacs
+
+
+def listed(process: McpProcess, name: str) -> dict:
+    """NAME's entry in the thread list, once it is there with its id."""
+    deadline = time.monotonic() + 10
+    while True:
+        threads = checked_call(process, "threads", action="list")["structuredContent"]["threads"]
+        found = [t for t in threads if t["name"] == name and t["id"]]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, threads
+        time.sleep(0.05)
+
+
+def test_the_programmers_threads_are_listed_read_only_and_never_touched():
+    with shared_with_emacs() as (_server, emacs, process, _home):
+        check_results_of(process, "threads")
+        # Attached, with its agent loaded (loading it holds SBCL's world lock,
+        # which would delay Emacs's debugger).
+        assert process.eval("(+ 1 2)") == ("=> 3", False)
+        emacs.slime_eval('(cl:progn (sb-thread:make-thread (cl:lambda () (cl:loop (cl:sleep 0.05)))'
+                         ' :name "programmers-loop") cl:t)')
+        emacs.slime_eval('(cl:progn (sb-thread:make-thread (cl:lambda () (cl:error "programmers error"))'
+                         ' :name "programmers-failed") cl:t)')
+        deadline = time.monotonic() + 10
+        while emacs.debugger_windows() == 0:
+            assert time.monotonic() < deadline, "the programmer's error never reached Emacs"
+            time.sleep(0.1)
+        for name in ("programmers-loop", "programmers-failed"):
+            entry = listed(process, name)
+            assert entry["owner"] == "user" and "the programmer's" in entry["read-only"], entry
+            for action in ("interrupt", "kill"):
+                refused = checked_call(process, "threads", action=action, thread=entry["id"])
+                assert refused["isError"], refused
+                assert "NOT-CL-MCPS-THREAD" in refused["content"][0]["text"], refused
+            assert listed(process, name)["id"] == entry["id"]
+        text = checked_call(process, "threads", action="list")["content"][0]["text"]
+        assert re.search(r'"programmers-loop" user \S+ read-only: the programmer\'s', text), text
+        # The programmer's debugger still answers.
+        emacs.quit_debuggers()
+        text, is_error = process.eval('(sb-thread:make-thread (lambda () (loop (sleep 0.05)))'
+                                      ' :name "assistants-loop")')
+        assert not is_error, text
+        ours = listed(process, "assistants-loop")
+        assert "read-only" not in ours, ours
+        assert not checked_call(process, "threads", action="kill", thread=ours["id"])["isError"]
