@@ -143,8 +143,9 @@ class Link(Protocol):
     async def image_exiting(self) -> None:
         """The user's code asked the image to exit (SB-EXT:EXIT)."""
 
-    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> None:
-        """Forget the session's state; CALL runs a form in the image."""
+    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> SExp | None:
+        """Forget the session's state; CALL runs a form in the image.  What
+        the agent says it removed and kept, or None for a fresh image."""
 
     def take_notice(self) -> str | None:
         """Once, the notice that the session's state was lost since the
@@ -290,10 +291,11 @@ class EmbeddedLink:
         self._next_image_notice = (f"The Lisp image exited ({exit_text(exit_code)}) at the "
                                    "previous call's request, so this call ran in a fresh image.")
 
-    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> None:
+    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> SExp | None:
         await self._discard("session reset", lost=False)
         self._notice = self._next_image_notice = None
         await self._control_ready()
+        return None
 
     def take_notice(self) -> str | None:
         notice, self._notice = self._notice, None
@@ -463,9 +465,9 @@ class AttachedLink:
     async def image_exiting(self) -> None:
         """Nothing to do: the programmer's image is theirs to exit."""
 
-    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> None:
+    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> SExp | None:
         """A soft reset: only what the session created goes."""
-        await call([Symbol("cl-mcp-agent:soft-reset")])
+        return await call([Symbol("cl-mcp-agent:soft-reset")])
 
     def take_notice(self) -> str | None:
         return None

@@ -160,15 +160,17 @@ class LispSession:
         next call (the caller has the turn)."""
         await self._link.image_exiting()
 
-    async def reset(self) -> None:
+    async def reset(self) -> SExp | None:
         """Embedded: a fresh image, nothing of the old session survives.
-        Attached: only what the session created goes (soft reset)."""
+        Attached: only what the session created goes (soft reset); what the
+        agent says went and stayed is returned."""
         async with self._turns:
-            await self._link.reset(lambda form: self.call(form, self.config.eval_timeout))
+            done = await self._link.reset(lambda form: self.call(form, self.config.eval_timeout))
             self.package = DEFAULT_PACKAGE
             self.outputs.clear()
             self.background.clear()
             self.news.clear()
+            return done
 
     def _hear_news(self, value: SExp) -> None:
         """The image's news of the user's threads: keep their output for
