@@ -149,7 +149,8 @@
 ;;;   sb-sys:without-interrupts, with-interrupts
 ;;;                                   `answer-directly', `interrupt-at-deadline'
 ;;;   sb-kernel:dynamic-usage         bytes of heap in use: kept values give
-;;;                                   way past half of it (`give-way')
+;;;                                   way past half of it after a collection
+;;;                                   (`note-heap-after-gc')
 ;;;   sb-sys:wait-until-fd-usable     the lane's and the listeners' waits
 ;;;   sb-sys:fd-stream-fd             a socket stream's file descriptor
 ;;;   asdf/find-component:missing-requires   the system a load missed (not
