@@ -326,16 +326,17 @@ class LispImage:
         return await self._spawn([sbcl], loading_forms(slime_dir, bootstrap, cache) + serving_forms())
 
     async def _await_core(self, sbcl: str, slime_dir: Path, bootstrap: Path, core: Path) -> None:
-        """Build CORE (or join this process's build of it under way) and wait
-        for it as long as a start may take.  A build still running then (a
-        busy machine) goes on, within a timeout of its own, for the next
-        start; this one starts from fasls."""
-        build = _builds.get(core)
-        if build is None:
-            build = asyncio.create_task(build_core(sbcl, slime_dir, bootstrap, core,
-                                                   self._config.core_build_timeout))
-            _builds[core] = build
-            build.add_done_callback(lambda _: _builds.pop(core, None))
+        """Build CORE and wait for it as long as a start may take.  A build
+        still running then (a busy machine) goes on, within a timeout of its
+        own, for the next start; this one starts from fasls, and so does a
+        start while it runs (a reset), without waiting again."""
+        if core in _builds:
+            log.info("the core is still being saved; starting from fasls meanwhile")
+            return
+        build = asyncio.create_task(build_core(sbcl, slime_dir, bootstrap, core,
+                                               self._config.core_build_timeout))
+        _builds[core] = build
+        build.add_done_callback(lambda _: _builds.pop(core, None))
         try:
             await asyncio.wait_for(asyncio.shield(build), self._config.startup_timeout)
         except asyncio.TimeoutError:
@@ -419,7 +420,7 @@ class LispImage:
 
 
 # This process's core builds under way, by core: a start while one runs (a
-# reset) waits for it rather than build again.
+# reset) neither builds again nor waits.
 _builds: dict[Path, asyncio.Task[None]] = {}
 
 
