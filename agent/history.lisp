@@ -214,6 +214,7 @@ has given way since.")
   (setf *crowded-after-gc*
         (> (sb-kernel:dynamic-usage) (* *crowded-fraction* (sb-ext:dynamic-space-size)))))
 
+;;; Installed as the agent loads (a saved core keeps it), in both modes.
 (pushnew 'note-heap-after-gc sb-ext:*after-gc-hooks*)
 
 (defun weaken-oldest-half ()

@@ -111,8 +111,8 @@ error, and drop the objects the inspect tool keeps for their handles, the
 sources of the definitions find-definition keeps, cl-mcp's own values of
 the REPL's variables (`*', `+', `/' ...) and the values `value' keeps.
 What loading made stays, so that no system or module is left called loaded
-without its packages: an evaluation that loaded one recorded nothing (see
-`call-tracking-session'), and a package defined by a file is kept.
+without its packages: what an evaluation that loaded one created is recorded
+apart (see `call-tracking-session'), and a package defined by a file is kept.
 Everything else in the image is left as it was.  Return a plist of names
 that says what went and what stayed: :aborted (a count), :removed-symbols,
 :removed-packages, :file-packages (kept: defined in a loaded file), and
