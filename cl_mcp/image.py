@@ -291,7 +291,8 @@ class LispImage:
         With a saved core (the default) the image starts in a few tens of
         milliseconds instead of a few hundred.  When there is none yet, it
         is built first (about as long as a start from fasls, once); when it
-        cannot be built or will not start, the image starts from fasls.  A
+        cannot be built or will not start, or its build outlasts the start
+        (`_await_core`), the image starts from fasls.  A
         cache others could have written is not used at all (`cache_problem`)."""
         sbcl = shutil.which(self._config.sbcl)
         if sbcl is None:
