@@ -28,7 +28,7 @@ from typing import Awaitable, Callable, Iterator, Protocol
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cl_mcp import sexp  # noqa: E402
+from cl_mcp.link import _eval_text as lisp  # noqa: E402  (Swank reads a request in a package of its own)
 from cl_mcp.swank.client import SwankConnection  # noqa: E402
 from tests.integration.attach_fixtures import SwankServer, temporary_home  # noqa: E402
 
@@ -54,12 +54,6 @@ CALL_EVERY = 0.3  # seconds: cl-mcp idles between its calls
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1e3:,.0f} ms"
-
-
-def lisp(code: str) -> sexp.SExp:
-    """A form that reads CODE in CL-USER and evaluates it (Swank reads the
-    request itself in a package of its own)."""
-    return [sexp.Symbol("cl:eval"), [sexp.Symbol("cl:read-from-string"), code]]
 
 
 async def workload(emacs: SwankConnection, side: Callable[[], Awaitable[object]] | None) -> float:
