@@ -212,8 +212,11 @@ and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
                          (lambda ()
                            (let ((swank::*buffer-package* package)
                                  (swank::*buffer-readtable* *readtable*))
+                             ;; The buffer's name is the truename: SLIME's M-.
+                             ;; prefers an open buffer of that name, and no
+                             ;; Emacs buffer is named like a whole path.
                              (swank:compile-string-for-emacs
-                              (subseq text start end) (file-namestring file)
+                              (subseq text start end) file
                               `((:position ,(1+ start)) (:line ,(line-at text start) 1))
                               file nil))))
     (multiple-value-bind (notes dropped)

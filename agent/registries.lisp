@@ -528,6 +528,10 @@ so that a soft reset removes exactly that.")
 (defvar *session-created-packages* '()
   "Packages created by a cl-mcp evaluation.")
 
+(defvar *session-kept* '()
+  "What cl-mcp's evaluations that loaded a system or a module created, which
+a reset keeps and names: a list of (SYSTEMS SYMBOLS PACKAGES), newest first.")
+
 (defun present-symbols (package)
   "A set (an EQ hash table) of the symbols whose home is PACKAGE."
   (let ((symbols (make-hash-table :test #'eq)))
@@ -555,14 +559,17 @@ what that created is the image's, as ASDF or `*modules*' say (see
                            when (and (eq (symbol-package symbol) user)
                                      (not (gethash symbol symbols-before)))
                              collect symbol))
-            (packages (set-difference (list-all-packages) packages-before)))
-        (unless (or (and (null symbols) (null packages))
-                    (set-difference (loaded-systems) loaded-before :test #'string=))
+            (packages (set-difference (list-all-packages) packages-before))
+            (loaded (set-difference (loaded-systems) loaded-before :test #'string=)))
+        (when (or symbols packages)
           (with-agent-lock (*registry-lock*)
-            (dolist (symbol symbols)
-              (pushnew symbol *session-symbols*))
-            (dolist (package packages)
-              (pushnew package *session-created-packages*))))))))
+            (if loaded
+                (push (list loaded symbols packages) *session-kept*)
+                (progn
+                  (dolist (symbol symbols)
+                    (pushnew symbol *session-symbols*))
+                  (dolist (package packages)
+                    (pushnew package *session-created-packages*))))))))))
 
 (defun forget-definitions (symbol)
   "Remove the function, macro, variable and class SYMBOL names (a constant

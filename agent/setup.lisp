@@ -96,7 +96,8 @@ goes.  Return t."
   ;; A new session: what earlier ones created belongs to the image now.
   (with-agent-lock (*registry-lock*)
     (setf *session-symbols* '()
-          *session-created-packages* '()))
+          *session-created-packages* '()
+          *session-kept* '()))
   (sb-thread:with-mutex (*attach-lock*)
     (let ((ours swank::*emacs-connection*))
       (setf *connections* (cons ours (intersection *connections* swank::*connections*)))
@@ -159,23 +160,47 @@ error, and drop the objects the inspect tool keeps for their handles, the
 sources of the definitions find-definition keeps, cl-mcp's own values of
 the REPL's variables (`*', `+', `/' ...) and the values `value' keeps.
 What loading made stays, so that no system or module is left called loaded
-without its packages: an evaluation that loaded one recorded nothing (see
-`call-tracking-session'), and a package defined by a file is kept.
-Everything else in the image is left as it was.  Return t."
-  (abort-all)
-  (forget-inspected)
-  (forget-repl-definitions)
-  (forget-history)
-  (let ((user (find-package "COMMON-LISP-USER"))
-        (symbols (with-agent-lock (*registry-lock*) (shiftf *session-symbols* '())))
-        (packages (with-agent-lock (*registry-lock*)
-                    (shiftf *session-created-packages* '()))))
-    (dolist (package packages)
-      (when (and (package-name package) (not (defined-by-a-file-p package)))
-        (handler-case (delete-package package)
-          (error (c) (log-note "could not delete package ~A: ~A" (package-name package) c)))))
-    (dolist (symbol symbols)
-      (when (eq (symbol-package symbol) user)
-        (forget-definitions symbol)
-        (unintern symbol user))))
-  t)
+without its packages: what an evaluation that loaded one created is recorded
+apart (see `call-tracking-session'), and a package defined by a file is kept.
+Everything else in the image is left as it was.  Return a plist of names
+that says what went and what stayed: :aborted (a count), :removed-symbols,
+:removed-packages, :file-packages (kept: defined in a loaded file), and
+:loaded-systems, :kept-symbols, :kept-packages (kept: made by evaluations
+that loaded those systems or modules)."
+  (let ((aborted (abort-all)))
+    (forget-inspected)
+    (forget-repl-definitions)
+    (forget-history)
+    (let ((user (find-package "COMMON-LISP-USER"))
+          (removed-symbols '()) (removed-packages '()) (file-packages '()))
+      (multiple-value-bind (symbols packages kept)
+          (with-agent-lock (*registry-lock*)
+            (values (shiftf *session-symbols* '())
+                    (shiftf *session-created-packages* '())
+                    (shiftf *session-kept* '())))
+        (dolist (package packages)
+          (when (package-name package)
+            (if (defined-by-a-file-p package)
+                (push (package-name package) file-packages)
+                (handler-case (let ((name (package-name package)))
+                                (delete-package package)
+                                (push name removed-packages))
+                  (error (c) (log-note "could not delete package ~A: ~A" (package-name package) c))))))
+        (dolist (symbol symbols)
+          (when (eq (symbol-package symbol) user)
+            (forget-definitions symbol)
+            (unintern symbol user)
+            (push (symbol-name symbol) removed-symbols)))
+        (flet ((kept (key)
+                 (remove-duplicates (loop for entry in kept append (funcall key entry))
+                                    :test #'equal)))
+          (list :aborted aborted
+                :removed-symbols removed-symbols
+                :removed-packages removed-packages
+                :file-packages file-packages
+                :loaded-systems (kept #'first)
+                :kept-symbols (mapcar #'symbol-name
+                                      (remove-if-not (lambda (symbol) (eq (symbol-package symbol) user))
+                                                     (kept #'second)))
+                :kept-packages (mapcar #'package-name
+                                       (remove-if-not #'package-name (kept #'third)))))))))

@@ -29,6 +29,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import attached  # noqa: E402  (bench/attached.py, beside this file)
 import background  # noqa: E402  (bench/background.py, beside this file)
 import devtools  # noqa: E402  (bench/devtools.py, beside this file)
 from devtools import timed  # noqa: E402
@@ -383,6 +384,8 @@ def main() -> None:
         row(*each)
     tools.close()
     for each in watch.rows(lambda extra: Server(CL_MCP + extra), args.quick):
+        row(*each)
+    for each in attached.rows(args.quick, lambda options: Server(CL_MCP + options)):
         row(*each)
     row("cl-mcp resident memory", f"{server.resident_mib():.0f} MiB", f"SDK server {sdk_rss:.0f} MiB")
     server.close()

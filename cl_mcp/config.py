@@ -42,6 +42,9 @@ class ImageConfig:
     slime_dir: str | None = None
     startup_timeout: float = 120.0
     saved_core: bool = True  # start from a cached core with Swank and the agent
+    # A build of the core may outlast a start (a busy machine): the start
+    # goes on from fasls and the build goes on for the next start.
+    core_build_timeout: float = 600.0
     heap_size: int | None = None  # MiB; None: default_heap_size of this machine
 
     def heap_mib(self) -> int:

@@ -14,6 +14,7 @@ cl-mcp's terminal does not land in its debugger; cl-mcp stops it itself.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import logging
 import os
@@ -183,8 +184,6 @@ STALE_CORE_SECONDS = 86400  # a core is ~50 MB: others go once unused for a day
 # A core that could not be built, or would not start, is not tried again for
 # a while: each try costs a build on every start.
 CORE_RETRY_SECONDS = 86400
-# A build still marked as under way after this long was abandoned.
-BUILD_STALE_SECONDS = 600
 
 
 def remove_stale_caches(fasl: Path, core: Path | None) -> None:
@@ -196,7 +195,7 @@ def remove_stale_caches(fasl: Path, core: Path | None) -> None:
     for pattern, current, limit in (("agent-*.fasl", fasl.name + "-", STALE_FASL_SECONDS),
                                     ("image-*.core", core.name if core else None, STALE_CORE_SECONDS),
                                     ("image-*.core.*.tmp", None, 3600),
-                                    ("image-*.core.building", None, 3600),
+                                    ("image-*.core.lock", core.name if core else None, 3600),
                                     ("image-*.core.failed", core.name if core else None,
                                      CORE_RETRY_SECONDS)):
         for old in fasl.parent.glob(pattern):
@@ -292,7 +291,8 @@ class LispImage:
         With a saved core (the default) the image starts in a few tens of
         milliseconds instead of a few hundred.  When there is none yet, it
         is built first (about as long as a start from fasls, once); when it
-        cannot be built or will not start, the image starts from fasls.  A
+        cannot be built or will not start, or its build outlasts the start
+        (`_await_core`), the image starts from fasls.  A
         cache others could have written is not used at all (`cache_problem`)."""
         sbcl = shutil.which(self._config.sbcl)
         if sbcl is None:
@@ -315,7 +315,7 @@ class LispImage:
             return await self._start_from_private_fasl(sbcl, slime_dir, bootstrap)
         remove_stale_caches(agent_fasl(bootstrap, cache), core)
         if core is not None and not core.is_file() and not _failed_lately(core):
-            await build_core(sbcl, slime_dir, bootstrap, core, self._config.startup_timeout)
+            await self._await_core(sbcl, slime_dir, bootstrap, core)
         if core is not None and core.is_file():
             try:
                 return await self._spawn([sbcl, "--core", str(core)],
@@ -325,6 +325,24 @@ class LispImage:
                 core.unlink(missing_ok=True)
                 _note_failure(core)
         return await self._spawn([sbcl], loading_forms(slime_dir, bootstrap, cache) + serving_forms())
+
+    async def _await_core(self, sbcl: str, slime_dir: Path, bootstrap: Path, core: Path) -> None:
+        """Build CORE and wait for it as long as a start may take.  A build
+        still running then (a busy machine) goes on, within a timeout of its
+        own, for the next start; this one starts from fasls, and so does a
+        start while it runs (a reset), without waiting again."""
+        if core in _builds:
+            log.info("the core is still being saved; starting from fasls meanwhile")
+            return
+        build = asyncio.create_task(build_core(sbcl, slime_dir, bootstrap, core,
+                                               self._config.core_build_timeout))
+        _builds[core] = build
+        build.add_done_callback(lambda _: _builds.pop(core, None))
+        try:
+            await asyncio.wait_for(asyncio.shield(build), self._config.startup_timeout)
+        except asyncio.TimeoutError:
+            log.info("the core is still being saved after %g s; starting from fasls meanwhile",
+                     self._config.startup_timeout)
 
     async def _start_from_private_fasl(self, sbcl: str, slime_dir: Path, bootstrap: Path) -> int:
         """Start from an agent compiled into a fresh directory of mode 0700
@@ -402,56 +420,68 @@ class LispImage:
         self._drains.clear()
 
 
+# This process's core builds under way, by core: a start while one runs (a
+# reset) neither builds again nor waits.
+_builds: dict[Path, asyncio.Task[None]] = {}
+
+
 async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
                      timeout: float) -> None:
     """Save a core with Swank and the agent loaded at CORE, in a directory
     `cache_problem` has made and passed.  It is written to a name of its own
     and renamed, so a concurrent start never sees half a core.  A failure is
     logged: the image then starts from fasls."""
-    if _being_built(core):
+    # Locked while it builds: a concurrent start does not build too.  The
+    # lock goes with its holder however that ends, so a build that never
+    # finished (cl-mcp was killed, as a host may kill a first start that
+    # seems slow) is retried by the next start.  A build that fails is marked
+    # failed and not retried at every start; one that runs out of time (a
+    # busy machine) is not a failure.
+    lock = _lock_build(core)
+    if lock is None:
         log.info("another cl-mcp is saving the core at %s; starting from fasls", core)
         return
+    try:
+        if not core.is_file():  # saved by the build that held the lock before
+            await _build_core(sbcl, slime_dir, bootstrap, core, timeout)
+    finally:
+        os.close(lock)
+
+
+async def _build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
+                      timeout: float) -> None:
+    """`build_core`, holding the lock."""
     temp = core.with_name(f"{core.name}.{os.getpid()}.tmp")
     argv = sbcl_command([sbcl], core_building_forms(slime_dir, bootstrap, temp))
     log.info("saving an SBCL core with Swank and the agent at %s (once)", core)
     started = time.monotonic()
-    # Marked as building, by this process, until it is saved: a concurrent
-    # start does not build too.  A build that fails is marked failed and not
-    # retried at every start; one that never finished (cl-mcp was killed, as
-    # a host may kill a first start that seems slow) is retried by the next.
-    building = _note_building(core)
     try:
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-        except OSError as error:
-            _note_failure(core)
-            log.warning("could not save a core (%s); starting from fasls", error)
-            return
-        try:
-            output, _ = await asyncio.wait_for(process.communicate(), timeout)
-        except asyncio.TimeoutError:
-            await _abandon_build(process, temp)
-            _note_failure(core)
-            log.warning("saving a core took over %g s; starting from fasls", timeout)
-            return
-        except asyncio.CancelledError:  # cl-mcp is stopping: the builder goes too
-            await _abandon_build(process, temp)
-            raise
-        if process.returncode != 0 or not temp.is_file():
-            tail = output.decode("utf-8", "replace").strip().splitlines()[-3:]
-            log.warning("could not save a core (exit code %s): %s", process.returncode, " / ".join(tail))
-            temp.unlink(missing_ok=True)
-            _note_failure(core)
-            return
-        temp.chmod(0o600)  # whatever the umask: the next start refuses a core others can write
-        temp.replace(core)
-        _failure_marker(core).unlink(missing_ok=True)
-        log.info("saved the core in %.1f s", time.monotonic() - started)
-    finally:
-        if building is not None:
-            building.unlink(missing_ok=True)
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+    except OSError as error:
+        _note_failure(core)
+        log.warning("could not save a core (%s); starting from fasls", error)
+        return
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), timeout)
+    except asyncio.TimeoutError:
+        await _abandon_build(process, temp)
+        log.warning("saving a core took over %g s; the next start tries again", timeout)
+        return
+    except asyncio.CancelledError:  # cl-mcp is stopping: the builder goes too
+        await _abandon_build(process, temp)
+        raise
+    if process.returncode != 0 or not temp.is_file():
+        tail = output.decode("utf-8", "replace").strip().splitlines()[-3:]
+        log.warning("could not save a core (exit code %s): %s", process.returncode, " / ".join(tail))
+        temp.unlink(missing_ok=True)
+        _note_failure(core)
+        return
+    temp.chmod(0o600)  # whatever the umask: the next start refuses a core others can write
+    temp.replace(core)
+    _failure_marker(core).unlink(missing_ok=True)
+    log.info("saved the core in %.1f s", time.monotonic() - started)
 
 
 async def _abandon_build(process: asyncio.subprocess.Process, temp: Path) -> None:
@@ -459,7 +489,6 @@ async def _abandon_build(process: asyncio.subprocess.Process, temp: Path) -> Non
         process.kill()
         await process.wait()
     temp.unlink(missing_ok=True)
-
 
 
 def _failure_marker(core: Path) -> Path:
@@ -473,38 +502,23 @@ def _note_failure(core: Path) -> None:
         pass
 
 
-def _building_marker(core: Path) -> Path:
-    return core.with_name(core.name + ".building")
-
-
-def _note_building(core: Path) -> Path | None:
-    """Mark CORE as being built by this process (its pid in the marker)."""
-    marker = _building_marker(core)
+def _lock_build(core: Path) -> int | None:
+    """A descriptor of CORE's lock file, locked (flock) by this process for
+    its build; None while another process holds it.  The kernel releases it
+    when its holder exits, however it ends, and no pid is trusted."""
+    path = core.with_name(core.name + ".lock")
     try:
-        marker.write_text(str(os.getpid()))
-    except OSError:
+        lock = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as error:
+        log.warning("cannot lock %s (%s)", path, error.strerror)
         return None
-    return marker
-
-
-def _being_built(core: Path) -> bool:
-    """True while another process that is still running builds CORE."""
-    marker = _building_marker(core)
     try:
-        pid = int(marker.read_text())
-        if time.time() - marker.stat().st_mtime > BUILD_STALE_SECONDS:
-            return False  # its pid may be another process's by now
-    except (OSError, ValueError):
-        return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False  # its builder was killed: build it again
-    except PermissionError:
-        pass  # running, as another user
-    return True
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(lock)
+        return None
+    os.utime(lock)  # in use: not a leftover for remove_stale_caches
+    return lock
 
 
 def _failed_lately(core: Path) -> bool:

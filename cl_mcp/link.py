@@ -143,8 +143,9 @@ class Link(Protocol):
     async def image_exiting(self) -> None:
         """The user's code asked the image to exit (SB-EXT:EXIT)."""
 
-    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> None:
-        """Forget the session's state; CALL runs a form in the image."""
+    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> SExp | None:
+        """Forget the session's state; CALL runs a form in the image.  What
+        the agent says it removed and kept, or None for a fresh image."""
 
     def take_notice(self) -> str | None:
         """Once, the notice that the session's state was lost since the
@@ -290,10 +291,11 @@ class EmbeddedLink:
         self._next_image_notice = (f"The Lisp image exited ({exit_text(exit_code)}) at the "
                                    "previous call's request, so this call ran in a fresh image.")
 
-    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> None:
+    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> SExp | None:
         await self._discard("session reset", lost=False)
         self._notice = self._next_image_notice = None
         await self._control_ready()
+        return None
 
     def take_notice(self) -> str | None:
         notice, self._notice = self._notice, None
@@ -463,14 +465,17 @@ class AttachedLink:
     async def image_exiting(self) -> None:
         """Nothing to do: the programmer's image is theirs to exit."""
 
-    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> None:
-        """A soft reset: only what the session created goes.  An error
-        report instead of t (the programmer holds the assistant from Emacs,
-        agent/watch.lisp) is the call's error."""
+    async def reset(self, call: Callable[[SExp], Awaitable[SExp]]) -> SExp | None:
+        """A soft reset: only what the session created goes; the agent's
+        plist of what went and what stayed.  An error report instead (the
+        programmer holds the assistant from Emacs, agent/watch.lisp) is the
+        call's error."""
         answer = await call([Symbol("cl-mcp-agent:soft-reset")])
-        if isinstance(answer, list):
-            error = sexp.plist_named(sexp.plist_named(answer).get("error") or [])
+        named = sexp.plist_named(answer) if isinstance(answer, list) else {}
+        if named.get("status") == "error":
+            error = sexp.plist_named(named.get("error") or [])
             raise SessionError(str(error.get("type")), str(error.get("message")))
+        return answer
 
     def take_notice(self) -> str | None:
         return None

@@ -79,8 +79,8 @@ class LispSession:
                               Keyword("suspend-seconds"), float(self.config.suspend_timeout),
                               Keyword("max-background"), self.config.max_background,
                               # The lane polls between requests with cl-mcp's own event
-                              # loop's spin and back-off (idle_poll.py), but not its stop
-                              # after long waits: it polls after every reply.
+                              # loop's spin and back-off (idle_poll.py); its stop after
+                              # long waits is the agent's `*lane-long-waits-limit*'.
                               Keyword("idle-poll-microseconds"), microseconds(idle_poll.idle_spin()),
                               Keyword("poll-stolen-microseconds"), microseconds(idle_poll.STOLEN),
                               Keyword("poll-back-off-microseconds"), microseconds(idle_poll.BACK_OFF)],
@@ -172,15 +172,17 @@ class LispSession:
         next call (the caller has the turn)."""
         await self._link.image_exiting()
 
-    async def reset(self) -> None:
+    async def reset(self) -> SExp | None:
         """Embedded: a fresh image, nothing of the old session survives.
-        Attached: only what the session created goes (soft reset)."""
+        Attached: only what the session created goes (soft reset); what the
+        agent says went and stayed is returned."""
         async with self._turns:
-            await self._link.reset(lambda form: self.call(form, self.config.eval_timeout))
+            done = await self._link.reset(lambda form: self.call(form, self.config.eval_timeout))
             self.package = DEFAULT_PACKAGE
             self.outputs.clear()
             self.background.clear()
             self.news.clear()
+            return done
 
     def _hear_news(self, value: SExp) -> None:
         """The image's news of the user's threads: keep their output for

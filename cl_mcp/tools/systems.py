@@ -8,21 +8,54 @@ from cl_mcp.errors import SessionError
 from cl_mcp.render import Rendered, condition_structure, error_result, error_text
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.tools.agent import result_dict
+from cl_mcp.tools.agent import result_dict, strings
 from cl_mcp.tools.code import note_counts, note_structure, notes_sections
 from cl_mcp.tools.evaluate import Work, rendered_running, sent_to_background
 from cl_mcp.tools.window import answer_window, window_keywords
 
 RESET_TEXT = "Session reset. All definitions cleared."
 MAX_WARNINGS = 20
+MAX_NAMES = 10
+
+
+def _named(names: list[str], one: str, many: str) -> str:
+    """``2 packages (A, B)``: how many NAMES, and the first of them."""
+    shown = ", ".join(names[:MAX_NAMES]) + (f", … {len(names) - MAX_NAMES} more"
+                                            if len(names) > MAX_NAMES else "")
+    return f"{len(names)} {one if len(names) == 1 else many} ({shown})"
+
+
+def soft_reset_text(done: dict[str, Any]) -> str:
+    """What a soft reset in a shared image removed and what it kept, and why
+    (the agent's `soft-reset` plist)."""
+    removed = [_named(names, one, many) for names, one, many in (
+        (strings(done.get("removed-symbols")), "CL-USER symbol", "CL-USER symbols"),
+        (strings(done.get("removed-packages")), "package", "packages")) if names]
+    aborted = done.get("aborted") or 0
+    lines = ["Session reset (soft: the image is shared, and stays).",
+             "Removed: " + (" and ".join(removed) if removed else "nothing this session defined")
+             + f"; {aborted} waiting or background evaluation{'' if aborted == 1 else 's'} aborted;"
+             " cl-mcp's *, +, / and the rest, its kept values and inspected objects forgotten."]
+    kept = [_named(names, one, many) for names, one, many in (
+        (strings(done.get("kept-symbols")), "CL-USER symbol", "CL-USER symbols"),
+        (strings(done.get("kept-packages")), "package", "packages")) if names]
+    if kept:
+        lines.append(f"Kept: {' and '.join(kept)}, made by evaluations that also loaded "
+                     f"{', '.join(strings(done.get('loaded-systems')))}: the image calls those "
+                     "loaded, so what they made stays (restart the image to drop it).")
+    if packages := strings(done.get("file-packages")):
+        lines.append(f"Kept: {_named(packages, 'package', 'packages')}, defined in a loaded file: "
+                     "what the file made is the image's (ASDF may call it loaded).")
+    return "\n".join(lines)
 
 
 async def reset_session(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     try:
-        await session.reset()
+        done = await session.reset()
     except SessionError as error:
         return error_result(error.kind, error.message, {"reset": False})
-    return Rendered(RESET_TEXT, False, {"reset": True, "message": RESET_TEXT})
+    text = RESET_TEXT if done is None else soft_reset_text(result_dict(done))
+    return Rendered(text, False, {"reset": True, "message": text})
 
 
 def _same_words(text: str) -> str:

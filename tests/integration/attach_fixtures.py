@@ -25,7 +25,7 @@ SLIME_ELISP = Path("/usr/share/emacs/site-lisp/elpa-src")
 class SwankServer:
     """SBCL running Swank with :dont-close t, as `M-x slime` leaves it."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, heap_mib: int | None = None) -> None:
         slime = find_slime_dir()
         script = home / "start-swank.lisp"
         script.write_text(
@@ -37,7 +37,8 @@ class SwankServer:
             "(finish-output)\n"
             "(loop (sleep 1))\n")
         self.proc = subprocess.Popen(
-            ["sbcl", "--noinform", "--no-userinit", "--load", str(script)],
+            ["sbcl", *(["--dynamic-space-size", f"{heap_mib}MB"] if heap_mib else []),
+             "--noinform", "--no-userinit", "--load", str(script)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env={**os.environ, "HOME": str(home)}, start_new_session=True)
         assert self.proc.stdout

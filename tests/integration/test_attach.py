@@ -1,5 +1,6 @@
 """Attach mode: cl-mcp joins a Swank server the programmer runs."""
 
+import re
 import shutil
 import time
 
@@ -35,7 +36,10 @@ def test_tools_work_attached_and_reset_is_soft(programmer):
     try:
         assert process.eval("(defun session-fn () 1) (defpackage :session-pkg (:use :cl)) (session-fn)") == ("=> 1", False)
         assert "- SESSION-FN ()" in process.call("list-definitions")["content"][0]["text"]
-        assert process.call("reset-session")["content"][0]["text"] == "Session reset. All definitions cleared."
+        assert process.call("reset-session")["content"][0]["text"] == (
+            "Session reset (soft: the image is shared, and stays).\n"
+            "Removed: 1 CL-USER symbol (SESSION-FN) and 1 package (SESSION-PKG); 0 waiting or background "
+            "evaluations aborted; cl-mcp's *, +, / and the rest, its kept values and inspected objects forgotten.")
         assert process.eval("(list (fboundp 'session-fn) (find-package :session-pkg) (users-own) "
                             "(not (null (find-package :users-pkg))))") == ("=> (NIL NIL :MINE T)", False)
         assert server.alive()
@@ -270,7 +274,20 @@ def test_a_reset_keeps_all_that_a_systems_load_made(shared, tmp_path):
     text, is_error = process.eval(f'(asdf:load-asd "{tmp_path / "facade.asd"}") (asdf:load-system "facade")',
                                   timeout=120)
     assert not is_error, text
-    assert not process.call("reset-session")["isError"]
+    (tmp_path / "scratch-package.lisp").write_text("(defpackage :scratch-from-file (:use :cl))\n")
+    assert not process.eval(f'(defun scratch-alone () 1) (load "{tmp_path / "scratch-package.lisp"}")')[1]
+    # The reset says what went, what stayed and why (it said "All
+    # definitions cleared." while FACADE-HELPER stayed).
+    text = process.call("reset-session")["content"][0]["text"]
+    assert "SCRATCH-ALONE" in text.split("\n")[1] and "SCRATCH-FROM-FILE" not in text.split("\n")[1], text
+    from_file = next(line for line in text.split("\n") if "defined in a loaded file" in line)
+    assert "SCRATCH-FROM-FILE" in from_file and from_file.endswith(
+        "defined in a loaded file: what the file made is the image's (ASDF may call it loaded)."), text
+    # (Names others intern meanwhile count too: attach.md's limits.)
+    by_load = next(line for line in text.split("\n") if "made by evaluations that also loaded" in line)
+    assert re.match(r"Kept: \d+ CL-USER symbols? \([^)]*\bFACADE-HELPER\b[^)]*\) and \d+ packages? "
+                    r"\([^)]*\bFACADE\b[^)]*\), made by evaluations that also loaded [^:]*\bfacade\b[^:]*: "
+                    r"the image calls those loaded, so what they made stays", by_load), text
     assert process.eval('(list (funcall (find-symbol "HELLO" :facade)) (facade-helper))') == \
         ("=> (:HELLO :HELPER)", False)
     assert emacs.slime_eval("(cl-user::facade-helper)") == ":helper"

@@ -100,7 +100,7 @@ def test_a_new_cache_directory_is_private_whatever_the_umask(tmp_path):
     assert first.stdout == f'=> "{core}"\n'
     assert (mode(cache_home), mode(cache)) == (0o700, 0o700)
     files = sorted(cache.glob("*"))
-    assert [f.suffix for f in files] == [".fasl"] * len(agent_parts(find_bootstrap())) + [".core"]
+    assert [f.suffix for f in files] == [".fasl"] * len(agent_parts(find_bootstrap())) + [".core", ".lock"]
     assert all(mode(f) & 0o022 == 0 for f in files), [oct(mode(f)) for f in files]
     # What cl-mcp wrote passes its own check; so does a directory of mode
     # 0755, as earlier versions made it: others may read, not write.

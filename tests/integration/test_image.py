@@ -1,13 +1,18 @@
 """The image cl-mcp owns: it dies, cl-mcp carries on; cl-mcp goes, it goes."""
 
+import asyncio
+import dataclasses
+import fcntl
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from cl_mcp.config import default_heap_size, physical_memory
+from cl_mcp.config import ImageConfig, default_heap_size, physical_memory
+from cl_mcp.image import LispImage, find_bootstrap, find_slime_dir, make_private_dirs, saved_core
 from tests.integration.conftest import (McpProcess, cl_mcp, listening_ports, pid_alive, processes_naming,
                                          sbcl_children)
 
@@ -165,7 +170,7 @@ def test_a_core_build_that_never_finished_is_tried_again(tmp_path):
     first = McpProcess(env=env)
     try:
         first.initialize()
-        assert wait_for(lambda: list(cache.glob("image-*.core.building")), 30)
+        assert wait_for(lambda: list(cache.glob("image-*.core.lock")), 30)
         first.proc.kill()
         first.proc.wait()
     finally:
@@ -177,7 +182,80 @@ def test_a_core_build_that_never_finished_is_tried_again(tmp_path):
         assert second.eval("(+ 1 2)") == ("=> 3", False)
         core = next(cache.glob("image-*.core"))
         assert str(core).encode() in image_command_line(second)
-    assert not list(cache.glob("image-*.core.building")) and not list(cache.glob("image-*.core.failed"))
+    assert not list(cache.glob("image-*.core.failed"))
+
+
+def test_a_build_is_kept_from_running_twice_by_a_lock_not_a_pid(tmp_path, monkeypatch):
+    """A start while another holds the build's lock starts from fasls; a
+    pid in a marker stops nothing (a `.building` marker naming any live
+    process, a reused pid, used to stop core builds for ten minutes)."""
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    core = saved_core(shutil.which("sbcl"), find_slime_dir(), find_bootstrap())
+    make_private_dirs(core.parent)
+    core.with_name(core.name + ".building").write_text(str(os.getpid()))
+    lock = os.open(core.with_name(core.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with cl_mcp(env=env) as process:
+            assert b"--core" not in image_command_line(process)
+            assert any("another cl-mcp is saving the core" in line for line in process.stderr_lines)
+    finally:
+        os.close(lock)
+    with cl_mcp(env=env) as process:
+        assert str(core).encode() in image_command_line(process)
+
+
+def slow_sbcl(directory: Path, seconds: float) -> Path:
+    """An `sbcl` that waits SECONDS before it saves a core (as on a busy
+    machine) and runs anything else at once."""
+    script = directory / "sbcl"
+    script.write_text(f'#!/bin/sh\ncase "$*" in *save-lisp-and-die*) sleep {seconds};; esac\n'
+                      f'exec {shutil.which("sbcl")} "$@"\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_a_core_build_that_outlasts_the_start_goes_on_for_the_next(tmp_path, monkeypatch):
+    """A build slower than a start may wait (a busy machine) is no failure:
+    the start goes on from fasls, the build within a timeout of its own, and
+    the next start uses the core (it used to be cut at the start's limit
+    and marked failed, so starts came from fasls for a day)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = ImageConfig(sbcl=str(slow_sbcl(tmp_path, 20)), startup_timeout=10)
+    core = saved_core(config.sbcl, find_slime_dir(), find_bootstrap())
+
+    async def body():
+        warm = LispImage(dataclasses.replace(config, saved_core=False))  # fasls compiled: a quick start
+        await warm.start()
+        await warm.stop()
+        first = LispImage(config)
+        await first.start()
+        try:
+            assert b"--core" not in Path(f"/proc/{first.pid}/cmdline").read_bytes()
+            assert not core.with_name(core.name + ".failed").exists()
+            meanwhile = LispImage(config)  # a reset while the build goes on: no second wait
+            started = time.monotonic()
+            await meanwhile.start()
+            try:
+                assert time.monotonic() - started < config.startup_timeout
+                assert b"--core" not in Path(f"/proc/{meanwhile.pid}/cmdline").read_bytes()
+            finally:
+                await meanwhile.stop()
+            deadline = time.monotonic() + 120
+            while not core.is_file():
+                assert time.monotonic() < deadline, "the core was never saved"
+                await asyncio.sleep(0.2)
+        finally:
+            await first.stop()
+        second = LispImage(config)
+        await second.start()
+        try:
+            assert str(core).encode() in Path(f"/proc/{second.pid}/cmdline").read_bytes()
+        finally:
+            await second.stop()
+
+    asyncio.run(body())
 
 
 def test_a_core_that_will_not_start_is_replaced_by_fasls(tmp_path):

@@ -226,6 +226,43 @@ def test_a_late_yield_stops_the_lanes_polling_for_a_while(shared_server):
     assert in_quiet < 50_000  # nor did it, then
 
 
+# Three waits for input that comes 100 ms later, then one for input already
+# there: the CPU this thread spent in each wait, and the long waits counted.
+LONG_WAITS = """
+(multiple-value-bind (in-fd out-fd) (sb-unix:unix-pipe)
+  (let ((in (sb-sys:make-fd-stream in-fd :input t :element-type '(unsigned-byte 8)))
+        (out (sb-sys:make-fd-stream out-fd :output t :element-type '(unsigned-byte 8)))
+        (cl-mcp-agent::*lane-idle-poll-microseconds* 50000)
+        (cl-mcp-agent::*lane-poll-stolen-microseconds* most-positive-fixnum)
+        (cl-mcp-agent::*lane-quiet-until* 0)
+        (cl-mcp-agent::*lane-long-waits* 0))
+    (unwind-protect
+         (flet ((wait (delay)
+                  (let ((writer (sb-thread:make-thread
+                                 (lambda () (sleep delay) (write-byte 1 out) (finish-output out))))
+                        (cpu (multiple-value-bind (s ns) (sb-unix::clock-gettime 3) (+ (* s 1000000) (floor ns 1000)))))
+                    (cl-mcp-agent::wait-for-request in in-fd)
+                    (read-byte in)
+                    (sb-thread:join-thread writer)
+                    (list (- (multiple-value-bind (s ns) (sb-unix::clock-gettime 3) (+ (* s 1000000) (floor ns 1000))) cpu)
+                          cl-mcp-agent::*lane-long-waits*))))
+           (format nil "~{~{~D ~D~}~^ ~}" (list (wait 0.1) (wait 0.1) (wait 0.1) (wait 0))))
+      (close in) (close out))))
+"""
+
+
+def test_the_lane_sleeps_at_once_after_long_waits(shared_server):
+    """An assistant's requests come seconds apart: a poll after each reply
+    spun to its end for nothing (≈0.3 ms of the image's CPU per call).
+    After two waits that outlasted the poll the lane sleeps at once, until
+    a request comes within the poll again."""
+    text, is_error = shared_server.eval(LONG_WAITS)
+    assert not is_error, text
+    _, long1, _, long2, cpu3, long3, _, long4 = map(int, text.removeprefix('=> "').rstrip('"').split())
+    assert (long1, long2, long3, long4) == (1, 2, 2, 0)
+    assert cpu3 < 10_000  # the third slept at once, where a poll would have spun for 50 ms
+
+
 def test_the_image_takes_the_whole_polling_policy_from_idle_poll(shared_server):
     """One definition (idle_poll.py): the image is sent its values."""
     text, is_error = shared_server.eval(

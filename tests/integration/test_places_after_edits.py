@@ -162,6 +162,11 @@ def test_compile_form_places_its_definitions_in_the_file(library):
     assert f"Compiled the form at {api}:{line}-" in result["content"][0]["text"]
     text, _ = process.eval('(find-symbol "SPLIT-SEQUENCE-IF" "CL-USER")')
     assert text == "=> NIL\n=> NIL", text
+    # The place Swank gives Emacs names the buffer by the whole path: M-.
+    # prefers an open buffer of that name (another project's api.lisp).
+    text, _ = process.eval("(second (second (second (first (swank/backend:find-definitions"
+                           " 'split-sequence:split-sequence-if)))))")
+    assert text == f'=> "{api.resolve()}"', text
     edit(api, ";;; moved down\n", ";;; moved down\n;;; and again\n")
     place = definition(process, "split-sequence:split-sequence-if")
     assert (place["file"], place["line"]) == (str(api), line + 1)
