@@ -210,6 +210,14 @@ thread's own function.")
 (defparameter *frame-walk-limit* 200
   "Frames examined for one error.")
 
+(defun signalling-frame-p (name)
+  "True for a frame of `*signalling-frames*', or of a local function named
+as one of them (SBCL's signal handler is (FLET SB-UNIX::RUN-HANDLER :IN
+...))."
+  (or (member name *signalling-frames* :test #'equal)
+      (and (consp name) (member (first name) '(flet labels))
+           (member (second name) *signalling-frames* :test #'equal))))
+
 (defun signal-end (frames)
   "The position in FRAMES, (NAME . FRAME) entries from the top of the
 stack, of the last frame of how a condition was signalled: the last
@@ -217,8 +225,7 @@ signalling frame near the top, or when none is, this agent's handler (the
 agent's own frames count only then: run-tests' frames lie below the
 user's code)."
   (let ((end (min 40 (length frames))))
-    (or (position-if (lambda (entry) (member (car entry) *signalling-frames* :test #'equal))
-                     frames :end end :from-end t)
+    (or (position-if (lambda (entry) (signalling-frame-p (car entry))) frames :end end :from-end t)
         (position-if (lambda (entry) (agent-name-p (car entry))) frames :end end :from-end t))))
 
 (defun interruption-end (frames)
@@ -228,8 +235,7 @@ top of the stack: the frames below it are the interrupted thread's own."
                             frames)))
     (when start
       (1- (or (position-if-not (lambda (entry)
-                                 (or (stringp (car entry))
-                                     (member (car entry) *signalling-frames* :test #'equal)))
+                                 (or (stringp (car entry)) (signalling-frame-p (car entry))))
                                frames :start start)
               (length frames))))))
 

@@ -168,3 +168,12 @@ def test_threads_backtrace_of_a_thread_waiting_inside_a_handler_shows_its_frames
     text, is_error = lisp.eval("(sb-thread:terminate-thread (find \"bo-waiter\" (sb-thread:list-all-threads) "
                                ":key #'sb-thread:thread-name :test #'equal))")
     assert not is_error, text
+
+
+def test_a_timeouts_backtrace_begins_below_the_signal_handler(lisp):
+    result = lisp.call("evaluate-lisp", code="(defun bo-spin () (loop)) (bo-spin)", timeout=1)
+    structure = result["structuredContent"]
+    assert structure["error"]["type"] == "SB-EXT:TIMEOUT", result
+    calls = frames_of(lisp, structure["evaluation"])
+    assert calls[0].startswith("(BO-SPIN)") and not any("RUN-HANDLER" in call for call in calls), calls
+    assert not lisp.call("invoke-restart", evaluation=structure["evaluation"], restart="ABORT")["isError"]
