@@ -121,7 +121,8 @@
 ;;;   named-readtables:find-readtable (by name) `in-readtable''s readtable
 ;;;
 ;;; SBCL
-;;;   sb-debug::map-backtrace         walks the frames of an error
+;;;   sb-debug::map-backtrace         walks the frames of an error (:from
+;;;                                   :current-frame)
 ;;;   sb-debug::frame-call            a frame's function name
 ;;;   sb-debug::print-frame-call      a frame printed as a call
 ;;;   sb-di:frame-code-location, frame-debug-fun, do-debug-fun-vars,
@@ -150,6 +151,8 @@
 ;;;   sb-impl::%simple-eval, sb-impl::eval-in-lexenv
 ;;;                                   (by name) the evaluator: hidden in
 ;;;                                   backtraces
+;;;   sb-thread::run                  (by name) where SBCL starts a thread: a
+;;;                                   backtrace ends above it
 ;;;   sb-int:info :variable :kind, sb-int:info :type :kind
 ;;;                                   `symbol-kinds': a proclaimed variable,
 ;;;                                   a defined type

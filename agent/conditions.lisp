@@ -119,12 +119,16 @@ keeps the frame: no tail call)."
 (defparameter *frame-line-limit* 300
   "Characters shown per backtrace frame.")
 
+(defparameter *interruption-frames*
+  (existing-symbols '(("SB-THREAD" "RUN-INTERRUPTION") ("SB-SYS" "INVOKE-INTERRUPTION")))
+  "The functions a thread runs an interrupt in (INTERRUPT-THREAD's).")
+
 (defparameter *signalling-frames*
-  (existing-symbols
-   '(("COMMON-LISP" "INVOKE-DEBUGGER") ("SB-KERNEL" "%SIGNAL") ("SB-KERNEL" "INTERNAL-ERROR")
-     ("SB-IMPL" "RUN-EXPIRED-TIMER") ("SB-IMPL" "RUN-EXPIRED-TIMERS")
-     ("SB-THREAD" "RUN-INTERRUPTION") ("SB-SYS" "INVOKE-INTERRUPTION")
-     ("SB-UNIX" "SIGALRM-HANDLER") ("SB-UNIX" "RUN-HANDLER")))
+  (append (existing-symbols
+           '(("COMMON-LISP" "INVOKE-DEBUGGER") ("SB-KERNEL" "%SIGNAL") ("SB-KERNEL" "INTERNAL-ERROR")
+             ("SB-IMPL" "RUN-EXPIRED-TIMER") ("SB-IMPL" "RUN-EXPIRED-TIMERS")
+             ("SB-UNIX" "SIGALRM-HANDLER") ("SB-UNIX" "RUN-HANDLER")))
+          *interruption-frames*)
   "Functions of the condition system and the timer machinery.  Frames up to
 the last of these near the top of the stack are how the condition was
 signalled, not where.")
@@ -173,22 +177,75 @@ or (:METHOD M (CLASS))) mentions a symbol of this agent."
                  (cons (or (walk (car x)) (walk (cdr x)))))))
       (walk name))))
 
-(defun internal-frame-p (name)
-  "True for frames the user never wrote: the evaluator and its wrapper,
-this agent's own functions, and frames SBCL cannot name."
+(defun evaluation-wrapper-p (name below)
+  "True for the (LAMBDA ()) SBCL's evaluator wraps a form in, as the
+evaluation's own code runs: the frames BELOW it (their names) are only
+the evaluator's.  A user's (LAMBDA ()), and the one a test framework's
+EVAL makes of a test, have other frames below, or none (a thread's)."
+  (and (equal name '(lambda ()))
+       below
+       (every (lambda (below) (or (eq below 'eval) (member below *evaluator-frames* :test #'equal)))
+              below)))
+
+(defun internal-frame-p (name below)
+  "True for frames the user never wrote: the evaluator and its wrapper
+(`evaluation-wrapper-p' of NAME and BELOW, the names of the frames under
+it), this agent's own functions, and frames SBCL cannot name."
   (or (member name *evaluator-frames* :test #'equal)
-      (equal name '(lambda ()))
+      (evaluation-wrapper-p name below)
       (and (stringp name) (string/= name "undefined function"))
       (agent-name-p name)))
+
+(defparameter *thread-start-frames*
+  (existing-symbols '(("SB-THREAD" "RUN")))
+  "The function SBCL starts a thread in: its frames, and the local
+functions it calls (named (FLET ... :IN SB-THREAD::RUN)), lie below the
+thread's own function.")
+
+(defun thread-start-frame-p (name)
+  "True for the frames SBCL starts a thread with."
+  (or (member name *thread-start-frames* :test #'equal)
+      (and (consp name) (member (car (last name)) *thread-start-frames* :test #'equal))))
 
 (defparameter *frame-walk-limit* 200
   "Frames examined for one error.")
 
-(defun error-frames ()
-  "The frames between the point a condition was signalled and the
-evaluation boundary (or a watched thread's start), user-relevant ones
-only, as frame objects.  Called from inside the handler, before anything
-unwinds, so the frames stay valid while the evaluation waits there."
+(defun signalling-frame-p (name)
+  "True for a frame of `*signalling-frames*', or of a local function named
+as one of them (SBCL's signal handler is (FLET SB-UNIX::RUN-HANDLER :IN
+...))."
+  (or (member name *signalling-frames* :test #'equal)
+      (and (consp name) (member (first name) '(flet labels))
+           (member (second name) *signalling-frames* :test #'equal))))
+
+(defun signal-end (frames)
+  "The position in FRAMES, (NAME . FRAME) entries from the top of the
+stack, of the last frame of how a condition was signalled: the last
+signalling frame near the top, or when none is, this agent's handler (the
+agent's own frames count only then: run-tests' frames lie below the
+user's code)."
+  (let ((end (min 40 (length frames))))
+    (or (position-if (lambda (entry) (signalling-frame-p (car entry))) frames :end end :from-end t)
+        (position-if (lambda (entry) (agent-name-p (car entry))) frames :end end :from-end t))))
+
+(defun interruption-end (frames)
+  "The position in FRAMES of the last frame of the interrupt nearest the
+top of the stack: the frames below it are the interrupted thread's own."
+  (let ((start (position-if (lambda (entry) (member (car entry) *interruption-frames* :test #'equal))
+                            frames)))
+    (when start
+      (1- (or (position-if-not (lambda (entry)
+                                 (or (stringp (car entry)) (signalling-frame-p (car entry))))
+                               frames :start start)
+              (length frames))))))
+
+(defun error-frames (&key interrupted)
+  "The frames between the point a condition was signalled (with
+INTERRUPTED, the interrupt that asks for them: `thread-backtrace') and the
+evaluation boundary (or a watched thread's start, or SBCL's start of the
+thread), user-relevant ones only, as frame objects.  Called from inside
+the handler, before anything unwinds, so the frames stay valid while the
+evaluation waits there."
   (let ((frames '()))
     (block walk
       (sb-debug::map-backtrace
@@ -196,20 +253,18 @@ unwinds, so the frames stay valid while the evaluation waits there."
          (let ((name (frame-name frame)))
            ;; Below: the evaluator, or where a watched thread began
            ;; (`call-watched', agent/user-threads.lisp).
-           (when (member name '(%eval-form call-watched)) (return-from walk))
+           (when (or (member name '(%eval-form call-watched)) (thread-start-frame-p name))
+             (return-from walk))
            (push (cons name frame) frames)))
-       :count *frame-walk-limit*))
+       ;; From this frame: SBCL's default, the debugger's top (which
+       ;; INTERNAL-ERROR sets to the frame that erred), would skip the
+       ;; signalling frames that `signal-end' looks for.
+       :from :current-frame :count *frame-walk-limit*))
     (setf frames (nreverse frames))
-    ;; Drop the signalling machinery (and this agent's handler) above the
-    ;; frame that signalled.  The agent's own frames count only when no
-    ;; signalling frame does: run-tests' frames lie below the user's code.
-    (let* ((end (min 40 (length frames)))
-           (last (or (position-if (lambda (entry) (member (car entry) *signalling-frames* :test #'equal))
-                                  frames :end end :from-end t)
-                     (position-if (lambda (entry) (agent-name-p (car entry))) frames :end end :from-end t))))
+    (let ((last (if interrupted (interruption-end frames) (signal-end frames))))
       (when last (setf frames (nthcdr (1+ last) frames))))
-    (loop for (name . frame) in frames
-          unless (internal-frame-p name) collect frame)))
+    (loop for ((name . frame) . below) on frames
+          unless (internal-frame-p name (mapcar #'car below)) collect frame)))
 
 (defun undefined-function-line (frame condition)
   "SBCL shows a call to an undefined function as a frame named

@@ -189,6 +189,11 @@ that ends without waiting at an error."
                                           (read-and-evaluate evaluation))
                           (stop-deadline evaluation)))))))))
         (stop-deadline evaluation)
+        ;; The code has ended: what is left of the report is read from
+        ;; the streams as they are now, and what threads write to them
+        ;; later is theirs.
+        (end-capture (evaluation-stdout evaluation) :stdout)
+        (end-capture (evaluation-stderr evaluation) :stderr)
         (forget-evaluation evaluation)
         (setf (evaluation-abort-restart evaluation) nil)
         (destructuring-bind (status &optional detail) outcome

@@ -44,7 +44,11 @@ fill pointer, so that its end can be read while output is still coming.")
    (dropped :initform 0 :accessor dropped
             :documentation "Characters written past the limit.")
    (column :initform 0 :accessor column
-           :documentation "The column the next character goes to."))
+           :documentation "The column the next character goes to.")
+   (ended :initform nil :accessor ended
+          :documentation "Nil while its evaluation runs; then :stdout or
+:stderr, the threads' news text that what is written to it afterwards
+goes to (`end-capture')."))
   (:documentation "A character output stream that keeps the first LIMIT
 characters written to it and counts the rest, so that a runaway printer
 cannot exhaust the image's memory or overflow a Swank frame."))
@@ -67,6 +71,29 @@ cannot exhaust the image's memory or overflow a Swank frame."))
     (setf (fill-pointer buffer) new-fill)
     (replace buffer string :start1 fill :start2 start :end2 end)
     buffer))
+
+(defun end-capture (stream kind)
+  "STREAM's evaluation has ended: what a thread that kept it (a thread
+pool's worker, bound to the stream of the evaluation that made it) writes
+to it from now on goes to the threads' news as KIND (:stdout or :stderr),
+as a user's thread's output does (`record-output', agent/user-threads.lisp,
+loaded later)."
+  (setf (ended stream) kind))
+
+(defmethod sb-gray:stream-write-string :around ((stream capped-output-stream) string
+                                                &optional (start 0) end)
+  "Once its evaluation has ended, STRING goes to the threads' news."
+  (if (ended stream)
+      (record-output (ended stream) sb-thread:*current-thread* string start (or end (length string)))
+      (call-next-method))
+  string)
+
+(defmethod sb-gray:stream-write-char :around ((stream capped-output-stream) char)
+  "Once its evaluation has ended, CHAR goes to the threads' news."
+  (if (ended stream)
+      (record-output (ended stream) sb-thread:*current-thread* (string char) 0 1)
+      (call-next-method))
+  char)
 
 (defmethod sb-gray:stream-write-string ((stream capped-output-stream) string
                                         &optional (start 0) end)

@@ -137,7 +137,7 @@ THREAD does not answer within `*thread-answer-seconds*'."
 (defun thread-backtrace (thread count)
   "The first COUNT frames of THREAD, printed, or an error plist."
   (let ((lines (ask-thread thread (lambda ()
-                                    (list (frame-lines (error-frames) nil count))))))
+                                    (list (frame-lines (error-frames :interrupted t) nil count))))))
     (if lines
         (list :status :ok :thread (thread-entry thread) :frames (first lines))
         (error-report "CL-MCP:THREAD-DID-NOT-ANSWER"
