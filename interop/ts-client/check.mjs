@@ -50,7 +50,7 @@ const TOOLS = [
   "reset-session", "load-system", "xref", "compile-file", "compile-form", "apropos", "macroexpand",
   "inspect", "find-definition", "describe-symbol", "read-output", "await-evaluation",
   "threads", "profile",
-  "run-tests",
+  "run-tests", "edit-form", "read-lisp-file",
 ];
 // The tools cl-mcp runs as MCP tasks (2025-11-25: execution.taskSupport "optional")
 const TASK_TOOLS = ["evaluate-lisp", "load-system", "compile-file", "run-tests"];

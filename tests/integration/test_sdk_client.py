@@ -33,7 +33,8 @@ def test_sdk_client(mode, expected_version):
     assert names == {"evaluate-lisp", "list-definitions", "reset-session", "load-system",
                      "invoke-restart", "backtrace", "eval-in-frame", "xref", "compile-file", "compile-form",
                      "apropos", "macroexpand", "inspect", "find-definition", "describe-symbol",
-                     "threads", "profile", "read-output", "await-evaluation", "run-tests"}
+                     "threads", "profile", "read-output", "await-evaluation", "run-tests",
+                     "edit-form", "read-lisp-file"}
     assert (evaluated.is_error, evaluated.content[0].text) == (False, "=> 144\n\n; Evaluation 1")
     assert failed.is_error and failed.content[0].text.startswith("[ERROR] UNDEFINED-FUNCTION")
     assert definitions.content[0].text == "[Functions]\n- SQ (X)"
