@@ -116,25 +116,63 @@ the form there is not one."
               (and (consp form) (consp (rest form)) (string (second form)))))
         (serious-condition () nil)))))
 
+(defun in-readtable-name (text start)
+  "The readtable name an `in-readtable' form at START of TEXT gives, as a
+string, or nil; a tab or a newline may follow the operator."
+  (let* ((opening (substitute-if #\Space (lambda (char) (member char '(#\Tab #\Newline #\Return #\Page)))
+                                 (string-downcase (subseq text start (min (length text) (+ start 40))))))
+         (after (search "in-readtable " opening)))
+    (when (and after (<= after 19)
+               (every (lambda (c) (or (alpha-char-p c) (find c "(:-"))) (subseq opening 0 after)))
+      (handler-case
+          (let ((*read-eval* nil) (*package* (find-package "COMMON-LISP-USER")))
+            (let ((form (read-from-string text t nil :start start)))
+              (and (consp form) (consp (rest form)) (symbolp (second form))
+                   (symbol-name (second form)))))
+        (serious-condition () nil)))))
+
+(defun named-readtable (name)
+  "The readtable named-readtables registers under NAME (a symbol's name;
+:standard and :common-lisp are the standard one), or nil."
+  (let ((finder (find-symbol "FIND-READTABLE" "NAMED-READTABLES")))
+    (and finder (fboundp finder)
+         (or (funcall finder (intern name "KEYWORD"))
+             (loop for package in (list-all-packages)
+                   for symbol = (find-symbol name package)
+                   thereis (and symbol (funcall finder symbol)))))))
+
+(defun form-readtable (readtable package)
+  "The readtable a form is read in: READTABLE (that of the nearest
+`in-readtable' above it) when there is one, else Swank's for PACKAGE, as
+SLIME's C-c C-c reads (`swank::guess-buffer-readtable')."
+  (or readtable (swank::guess-buffer-readtable (and package (package-name package)))))
+
 (defun form-package (text forms)
   "The package the last of FORMS ((START . END) in TEXT) is read in: that of
 the nearest `in-package' form above it, as SLIME finds a buffer's package;
 CL-USER when there is none.  A second value names a package that does not
-exist."
-  (loop for (start . nil) in (reverse (butlast forms))
-        for name = (in-package-name text start)
-        when name
-          do (return-from form-package
-               (let ((package (find-package name)))
-                 (values package (and (null package) name)))))
-  (values (find-package "COMMON-LISP-USER") nil))
+exist; a third is the readtable it is read in (see `form-readtable')."
+  (let ((above (reverse (butlast forms))))
+    (flet ((readtable (package)
+             (form-readtable (loop for (start . nil) in above
+                                   for name = (in-readtable-name text start)
+                                   when name return (named-readtable name))
+                             package)))
+      (loop for (start . nil) in above
+            for name = (in-package-name text start)
+            when name
+              do (return-from form-package
+                   (let ((package (find-package name)))
+                     (values package (and (null package) name) (readtable package)))))
+      (let ((package (find-package "COMMON-LISP-USER")))
+        (values package nil (readtable package))))))
 
-(defun defined-names (text start end package)
+(defun defined-names (text start end package readtable)
   "What the form from START to END of TEXT defines, as \"TYPE NAME\" strings
-(see `definition-forms'): read in PACKAGE, the names printed as from
-CL-USER."
+(see `definition-forms'): read in PACKAGE and READTABLE, the names printed
+as from CL-USER."
   (handler-case
-      (let ((form (let ((*package* package))
+      (let ((form (let ((*package* package) (*readtable* readtable))
                     (read-from-string text t nil :start start :end end)))
             (*package* (find-package "COMMON-LISP-USER")))
         (and (consp form)
@@ -195,23 +233,24 @@ and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
               (name-error "CL-MCP:NO-FORM"
                           (format nil "Line ~D of ~A is not inside a top-level form~@[; the next one starts at line ~D~]."
                                   line file (and form (line-at text (car form)))))))
-          (multiple-value-bind (package missing) (form-package text forms)
+          (multiple-value-bind (package missing readtable) (form-package text forms)
             (if missing
                 (name-error "PACKAGE-ERROR"
                             (format nil "The package ~A of the in-package above line ~D does not exist: load its system first."
                                     missing line))
-                (%compile-form file text (car form) (cdr form) package max-output))))
+                (%compile-form file text (car form) (cdr form) package readtable max-output))))
       (unreadable-form (condition)
         (name-error "CL-MCP:READ-ERROR" (princ-to-string condition))))))
 
-(defun %compile-form (file text start end package max-output)
-  "`compile-form-of' of the form from START to END of TEXT, FILE's text."
+(defun %compile-form (file text start end package readtable max-output)
+  "`compile-form-of' of the form from START to END of TEXT, FILE's text,
+read in PACKAGE and READTABLE."
   (note-compiled-form file (1+ start) (line-at text start) (subseq text start end))
   (multiple-value-bind (result failure)
       (call-with-failure (make-capped-output-stream max-output)
                          (lambda ()
                            (let ((swank::*buffer-package* package)
-                                 (swank::*buffer-readtable* *readtable*))
+                                 (swank::*buffer-readtable* readtable))
                              (swank:compile-string-for-emacs
                               (subseq text start end) (file-namestring file)
                               `((:position ,(1+ start)) (:line ,(line-at text start) 1))
@@ -227,7 +266,7 @@ and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
                :line (line-at text start)
                :end-line (line-at text end)
                :package (package-name package)
-               :defined (defined-names text start end package)
+               :defined (defined-names text start end package readtable)
                :notes notes
                :dropped dropped
                (and failure (list :error failure)))))))
