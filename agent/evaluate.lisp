@@ -287,7 +287,7 @@ TIMEOUT seconds; a user's thread back at its own work, with none."
   (forget-evaluation evaluation)
   (setf (evaluation-condition evaluation) nil
         (evaluation-waiting evaluation) nil)
-  (start-stretch evaluation (and (not (thread-stop-p evaluation)) timeout)))
+  (start-stretch evaluation (and (not (user-thread-stop-p evaluation)) timeout)))
 
 (defun leave-error (evaluation timeout transfer)
   "Let EVALUATION leave its error through TRANSFER, a function that passes
@@ -421,15 +421,16 @@ be left to the debugger and the deadline unwinds instead of signalling."
   "The package code evaluated in FRAME is read in, as SLIME's debugger
 reads it (`swank:frame-package-name'): that of the name of FRAME's function
 (FOO or (SETF FOO)); the current package when the function has no such name
-or is SBCL's own (COMMON-LISP's, an SB- package's: ERROR's frame, say), where
-the model's new symbols do not belong."
+or is SBCL's own (COMMON-LISP's, an SB- package's: ERROR's frame, say) or the
+agent's, where the model's new symbols do not belong."
   (let* ((name (frame-function-name frame))
          (symbol (if (and (consp name) (eq (first name) 'setf) (consp (rest name)))
                      (second name)
                      name))
          (package (and symbol (symbolp symbol) (symbol-package symbol))))
     (if (and package
-             (not (member (package-name package) '("COMMON-LISP" "KEYWORD") :test #'string=))
+             (not (member (package-name package) '("COMMON-LISP" "KEYWORD" "CL-MCP-AGENT")
+                          :test #'string=))
              (not (eql 0 (search "SB-" (package-name package)))))
         package
         *package*)))

@@ -87,6 +87,7 @@ def test_interrupt_stops_a_thread_where_the_debugger_tools_reach_it(lisp):
     assert not result["isError"], result
     number = result["structuredContent"]["evaluation"]
     assert f"Evaluation {number} is waiting" in result["content"][0]["text"], result
+    assert result["content"][0]["text"].startswith("[ERROR] CL-MCP-AGENT::THREAD-INTERRUPTED\n"), result
     [entry] = [t for t in thread_list(lisp) if t["id"] == thread]
     assert (entry["state"], entry["evaluation"]) == ("stopped-at-error", number)
     stopped = counter(lisp, "tp-stopped")
