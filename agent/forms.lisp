@@ -52,13 +52,30 @@ its end."
              (incf index))
     index))
 
+(defun reader-error-text (message)
+  "MESSAGE, the report of an SBCL reader error, without the lines that
+place it in the stream read (`Line: …', `Stream: …'): for a form read from
+a string, or from Swank's temporary file, the caller places it in the file."
+  (let ((cut (loop for (start . nil) on (cons 0 (loop for index = (position #\Newline message)
+                                                             then (position #\Newline message :start (1+ index))
+                                                           while index collect (1+ index)))
+                   when (let ((line (string-left-trim " " (subseq message start))))
+                          (or (eql 0 (search "Line: " line)) (eql 0 (search "Stream: " line))))
+                     return start)))
+    (string-right-trim '(#\Space #\Newline) (subseq message 0 cut))))
+
 (define-condition unreadable-form (error)
   ((line :initarg :line :reader unreadable-form-line)
-   (message :initarg :message :reader unreadable-form-message))
+   (message :initarg :message :reader unreadable-form-message)
+   (error-line :initarg :error-line :reader unreadable-form-error-line)
+   (error-column :initarg :error-column :reader unreadable-form-error-column))
   (:report (lambda (condition stream)
-             (format stream "The form at line ~D does not read: ~A"
-                     (unreadable-form-line condition) (unreadable-form-message condition))))
-  (:documentation "A top-level form of a file that the reader cannot read."))
+             (format stream "The form at line ~D does not read: ~A, at line ~D, column ~D of the file"
+                     (unreadable-form-line condition) (unreadable-form-message condition)
+                     (unreadable-form-error-line condition) (unreadable-form-error-column condition))))
+  (:documentation "A top-level form of a file that the reader cannot read:
+its first line, and the line and column of the last character the reader
+took."))
 
 (defun skipped-by-feature-p (text start in)
   "True, with IN read past it, when a #+ or #- at START of TEXT (IN's
@@ -84,7 +101,7 @@ feature expression is read in the keyword package."
 the one that ends after INDEX, in order; read with *READ-SUPPRESS*, so no
 symbol is interned and no #. is evaluated; a form a false #+ or #- skips is
 none (see `skipped-by-feature-p').  A form that does not read signals
-`unreadable-form' with its first line."
+`unreadable-form' with its first line and where the reader stopped."
   (with-input-from-string (in text)
     (let ((forms '()))
       (loop
@@ -97,8 +114,15 @@ none (see `skipped-by-feature-p').  A form that does not read signals
                                       (read-preserving-whitespace in)
                                       nil))
                     (error (condition)
-                      (error 'unreadable-form :line (line-at text start)
-                                              :message (condition-message condition))))
+                      ;; The last character the reader took.
+                      (let ((stop (max 0 (1- (min (file-position in) (length text))))))
+                        (error 'unreadable-form
+                               :line (line-at text start)
+                               :message (if (typep condition 'end-of-file)
+                                            "the file ends inside it"
+                                            (reader-error-text (condition-message condition)))
+                               :error-line (line-at text stop)
+                               :error-column (- stop (or (position #\Newline text :end stop :from-end t) -1))))))
             (push (cons start (file-position in)) forms)
             (when (> (file-position in) index)
               (return (nreverse forms)))))))))
@@ -185,7 +209,12 @@ as from CL-USER."
 with its (:buffer NAME) (:offset POSITION OFFSET) place turned into the
 place in FILE, whose text is TEXT: POSITION is the form's (1-based, in
 characters) and OFFSET counts characters from it; a note's place in a
-file counts bytes."
+file counts bytes.  A read error's message loses its place in Swank's
+temporary file (`reader-error-text')."
+  (when (eq (getf note :severity) :read-error)
+    (setf note (list* :message (reader-error-text (getf note :message))
+                      (loop for (key value) on note by #'cddr
+                            unless (eq key :message) append (list key value)))))
   (let ((location (getf note :location)))
     (if (and (consp location) (eq (first location) :location)
              (eq (first (second location)) :buffer)
