@@ -1,7 +1,8 @@
 ;;;; agent/forms.lisp --- compile-form: one top-level form of a file, as C-c C-c
 ;;;;
 ;;;; SLIME's C-c C-c compiles the top-level form around point, read in the
-;;;; buffer's package (the nearest `in-package' above it), through
+;;;; buffer's package (the nearest `in-package' above it) and readtable
+;;;; (Swank's `*readtable-alist*', which named-readtables fills), through
 ;;;; `swank:compile-string-for-emacs', which records the buffer, the file and
 ;;;; the form's position with every definition it makes.  `compile-form-of'
 ;;;; does the same for a line of a file as it is on disk, so find-definition,
@@ -232,7 +233,7 @@ temporary file (`reader-error-text')."
 (defun compile-form-of (path line &key (max-output 20000))
   "Compile the top-level form of the file at PATH (absolute) that holds
 LINE, as SLIME's C-c C-c does: read in the package of the nearest
-`in-package' above it, through `swank:compile-string-for-emacs', so the
+`in-package' above it and its readtable (see `form-package'), through `swank:compile-string-for-emacs', so the
 definitions it makes record the file and the form's place.  Return a
 plist: :status (:ok, or :error when it did not compile), :success, :line
 and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
