@@ -287,7 +287,7 @@ TIMEOUT seconds; a user's thread back at its own work, with none."
   (forget-evaluation evaluation)
   (setf (evaluation-condition evaluation) nil
         (evaluation-waiting evaluation) nil)
-  (start-stretch evaluation (and (not (user-thread-stop-p evaluation)) timeout)))
+  (start-stretch evaluation (and (not (thread-stop-p evaluation)) timeout)))
 
 (defun leave-error (evaluation timeout transfer)
   "Let EVALUATION leave its error through TRANSFER, a function that passes

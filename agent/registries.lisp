@@ -83,7 +83,7 @@ and the session record; taken with `with-agent-lock'.")
          :id (with-agent-lock (*registry-lock*) (incf *evaluation-counter*))
          initargs))
 
-(defun user-thread-stop-p (evaluation)
+(defun thread-stop-p (evaluation)
   "True when EVALUATION is a user's thread stopped, at its error or by an
 interrupt (agent/threads.lisp, agent/user-threads.lisp), not code cl-mcp
 asked to run."

@@ -54,7 +54,7 @@ Cheap and lock-free: every write of a user's thread asks it."
 evaluation is cl-mcp's, but a user's thread stopped at its error, or by
 `interrupt-user-thread', stays the user's."
   (let ((evaluation (evaluation-of-thread thread)))
-    (if (and evaluation (not (user-thread-stop-p evaluation)))
+    (if (and evaluation (not (thread-stop-p evaluation)))
         :cl-mcp
         (owner-by-name thread))))
 
