@@ -86,7 +86,8 @@ and the session record; taken with `with-agent-lock'.")
 (defun thread-stop-p (evaluation)
   "True when EVALUATION is a user's thread stopped, at its error or by an
 interrupt (agent/threads.lisp, agent/user-threads.lisp), not code cl-mcp
-asked to run."
+asked to run: such a stop arms no deadline, has a limit of its own, is
+never the newest by default, and is let go when cl-mcp detaches."
   (member (evaluation-code evaluation) '(:interrupted :thread-error)))
 
 (defun put-slot (evaluation writer value)
@@ -170,12 +171,6 @@ code), say so instead; the report that comes after all is dropped."
 ;;;; The registries of waiting and running evaluations
 
 (defvar *suspended* '() "Evaluations waiting at an error, newest first.")
-
-(defun thread-stop-p (evaluation)
-  "Whether EVALUATION is a user's thread stopped at its own error
-(`stop-user-thread'), rather than one of the model's: such stops have a
-limit of their own and are never the newest by default."
-  (eq (evaluation-code evaluation) :thread-error))
 
 (defun register-suspended (evaluation)
   "Record EVALUATION as waiting; true unless waiting is switched off.  The

@@ -125,7 +125,8 @@ at an error for cl-mcp included; no make-thread wrapper, no hook of
 cl-mcp's before Swank's replies or on its connections, and the test
 frameworks unwrapped."
   (setf *detached* t)
-  ;; Threads stopped at their errors for cl-mcp go to the image's debugger.
+  ;; Threads stopped for cl-mcp are let go: at their errors, to the image's
+  ;; debugger; interrupted by the threads tool, back to their work.
   (dolist (stop (with-agent-lock (*registry-lock*) (remove-if-not #'thread-stop-p *suspended*)))
     (forget-evaluation stop)
     (post-command stop (list :abort)))
