@@ -89,7 +89,7 @@
 ;;;                                   `compile-form-of': the package and
 ;;;                                   readtable compile-string-for-emacs reads
 ;;;                                   in, as a buffer's for C-c C-c
-;;;   swank::guess-buffer-readtable   `file-forms': the readtable of a
+;;;   swank::guess-buffer-readtable   `form-readtable': the readtable of a
 ;;;                                   package, as C-c C-c reads a buffer's
 ;;;   swank::fasl-pathname            where SLIME puts a file's fasl
 ;;;   swank::apropos-symbols          `apropos-of': the symbols a pattern

@@ -33,13 +33,19 @@ SB-INT:SIMPLE-STYLE-WARNING shows as STYLE-WARNING)."
                  return name)
          (class-name class)))))
 
+(defparameter *named-agent-conditions* '(thread-interrupted)
+  "The agent's condition classes a model meets by their own name: what a
+thread the threads tool stopped waits at (threads.lisp).")
+
 (defun detail-class-name-p (name)
   "True for the names of classes that are details of an implementation:
-this agent's, and SBCL's internal (unexported) ones."
+this agent's (but `*named-agent-conditions*'), and SBCL's internal
+(unexported) ones."
   (let ((package (symbol-package name)))
-    (or (eq package (find-package "CL-MCP-AGENT"))
-        (and (internal-package-p package)
-             (not (eq (nth-value 1 (find-symbol (symbol-name name) package)) :external))))))
+    (and (not (member name *named-agent-conditions*))
+         (or (eq package (find-package "CL-MCP-AGENT"))
+             (and (internal-package-p package)
+                  (not (eq (nth-value 1 (find-symbol (symbol-name name) package)) :external)))))))
 
 (defun condition-type-name (condition)
   "The condition's class name, package-qualified outside CL.  For a class

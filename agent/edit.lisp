@@ -208,30 +208,6 @@ ON-PROBLEM, calls it with the condition instead and goes on after a stray
   (let ((start (1+ (or (position #\Newline text :end (min index (length text)) :from-end t) -1))))
     (values (line-at text index) (1+ (- index start)))))
 
-(defun in-readtable-name (text start)
-  "The readtable name an `in-readtable' form at START of TEXT gives, as a
-string, or nil."
-  (let* ((opening (string-downcase (subseq text start (min (length text) (+ start 40)))))
-         (after (search "in-readtable " opening)))
-    (when (and after (<= after 19)
-               (every (lambda (c) (or (alpha-char-p c) (find c "(:-"))) (subseq opening 0 after)))
-      (handler-case
-          (let ((*read-eval* nil) (*package* (find-package "COMMON-LISP-USER")))
-            (let ((form (read-from-string text t nil :start start)))
-              (and (consp form) (consp (rest form)) (symbolp (second form))
-                   (symbol-name (second form)))))
-        (serious-condition () nil)))))
-
-(defun named-readtable (name)
-  "The readtable named-readtables registers under NAME (a symbol's name;
-:standard and :common-lisp are the standard one), or nil."
-  (let ((finder (find-symbol "FIND-READTABLE" "NAMED-READTABLES")))
-    (and finder (fboundp finder)
-         (or (funcall finder (intern name "KEYWORD"))
-             (loop for package in (list-all-packages)
-                   for symbol = (find-symbol name package)
-                   thereis (and symbol (funcall finder symbol)))))))
-
 (defstruct (file-form (:constructor make-file-form
                           (start end line end-line package readtable readtable-name)))
   "One top-level form of a file: its character offsets and first and last
@@ -253,9 +229,7 @@ as `form-extents' takes it."
              line))
     (loop for (start . end) in (form-extents text on-problem)
           collect (make-file-form start end (line-of start) (line-of end) package
-                                  (or readtable (swank::guess-buffer-readtable
-                                                 (and package (package-name package))))
-                                  named)
+                                  (form-readtable readtable package) named)
           do (let ((name (in-package-name text start)))
                (when name (setf package (find-package name))))
              (let ((name (in-readtable-name text start)))
@@ -645,9 +619,8 @@ read and :candidates for an ambiguous TARGET."
                       :old-end-line (file-form-end-line form))
                 (and start (list :line (line-at edited start) :end-line (line-at edited end)))
                 (and start compile (file-form-package form)
-                     (list :compiled (let ((*readtable* (file-form-readtable form)))
-                                       (%compile-form file edited start end (file-form-package form)
-                                                      max-output)))))))))
+                     (list :compiled (%compile-form file edited start end (file-form-package form)
+                                                    (file-form-readtable form) max-output))))))))
 
 ;;;; Reading a file
 

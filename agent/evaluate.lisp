@@ -422,10 +422,29 @@ be left to the debugger and the deadline unwinds instead of signalling."
         (setf live nil)
         (when timer (sb-ext:unschedule-timer timer))))))
 
+(defun frame-package (frame)
+  "The package code evaluated in FRAME is read in, as SLIME's debugger
+reads it (`swank:frame-package-name'): that of the name of FRAME's function
+(FOO or (SETF FOO)); the current package when the function has no such name
+or is SBCL's own (COMMON-LISP's, an SB- package's: ERROR's frame, say) or the
+agent's, where the model's new symbols do not belong."
+  (let* ((name (frame-function-name frame))
+         (symbol (if (and (consp name) (eq (first name) 'setf) (consp (rest name)))
+                     (second name)
+                     name))
+         (package (and symbol (symbolp symbol) (symbol-package symbol))))
+    (if (and package
+             (not (member (package-name package) '("COMMON-LISP" "KEYWORD" "CL-MCP-AGENT")
+                          :test #'string=))
+             (not (eql 0 (search "SB-" (package-name package)))))
+        package
+        *package*)))
+
 (defun frame-eval-report (evaluation index code &optional timeout tag)
   "Evaluate the forms of CODE in frame INDEX of the waiting evaluation, with
 that frame's local variables in scope, for at most TIMEOUT seconds,
-cancellable under TAG (`call-cancellable')."
+cancellable under TAG (`call-cancellable'); CODE is read in the frame's
+package (`frame-package')."
   (let ((frame (nth index (evaluation-frames evaluation))))
     (unless frame
       (return-from frame-eval-report
@@ -437,7 +456,8 @@ cancellable under TAG (`call-cancellable')."
                       (call-with-deadline-throw
                        timeout
                        (lambda ()
-                         (let ((form (handler-case (read-all-forms code)
+                         (let ((form (handler-case (let ((*package* (frame-package frame)))
+                                                     (read-all-forms code))
                                        (serious-condition (c)
                                          (return-from frame-eval-report
                                            (stretch-report evaluation :error

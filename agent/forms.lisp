@@ -1,7 +1,8 @@
 ;;;; agent/forms.lisp --- compile-form: one top-level form of a file, as C-c C-c
 ;;;;
 ;;;; SLIME's C-c C-c compiles the top-level form around point, read in the
-;;;; buffer's package (the nearest `in-package' above it), through
+;;;; buffer's package (the nearest `in-package' above it) and readtable
+;;;; (Swank's `*readtable-alist*', which named-readtables fills), through
 ;;;; `swank:compile-string-for-emacs', which records the buffer, the file and
 ;;;; the form's position with every definition it makes.  `compile-form-of'
 ;;;; does the same for a line of a file as it is on disk, so find-definition,
@@ -52,13 +53,30 @@ its end."
              (incf index))
     index))
 
+(defun reader-error-text (message)
+  "MESSAGE, the report of an SBCL reader error, without the lines that
+place it in the stream read (`Line: …', `Stream: …'): for a form read from
+a string, or from Swank's temporary file, the caller places it in the file."
+  (let ((cut (loop for (start . nil) on (cons 0 (loop for index = (position #\Newline message)
+                                                             then (position #\Newline message :start (1+ index))
+                                                           while index collect (1+ index)))
+                   when (let ((line (string-left-trim " " (subseq message start))))
+                          (or (eql 0 (search "Line: " line)) (eql 0 (search "Stream: " line))))
+                     return start)))
+    (string-right-trim '(#\Space #\Newline) (subseq message 0 cut))))
+
 (define-condition unreadable-form (error)
   ((line :initarg :line :reader unreadable-form-line)
-   (message :initarg :message :reader unreadable-form-message))
+   (message :initarg :message :reader unreadable-form-message)
+   (error-line :initarg :error-line :reader unreadable-form-error-line)
+   (error-column :initarg :error-column :reader unreadable-form-error-column))
   (:report (lambda (condition stream)
-             (format stream "The form at line ~D does not read: ~A"
-                     (unreadable-form-line condition) (unreadable-form-message condition))))
-  (:documentation "A top-level form of a file that the reader cannot read."))
+             (format stream "The form at line ~D does not read: ~A, at line ~D, column ~D of the file"
+                     (unreadable-form-line condition) (unreadable-form-message condition)
+                     (unreadable-form-error-line condition) (unreadable-form-error-column condition))))
+  (:documentation "A top-level form of a file that the reader cannot read:
+its first line, and the line and column of the last character the reader
+took."))
 
 (defun skipped-by-feature-p (text start in)
   "True, with IN read past it, when a #+ or #- at START of TEXT (IN's
@@ -84,7 +102,7 @@ feature expression is read in the keyword package."
 the one that ends after INDEX, in order; read with *READ-SUPPRESS*, so no
 symbol is interned and no #. is evaluated; a form a false #+ or #- skips is
 none (see `skipped-by-feature-p').  A form that does not read signals
-`unreadable-form' with its first line."
+`unreadable-form' with its first line and where the reader stopped."
   (with-input-from-string (in text)
     (let ((forms '()))
       (loop
@@ -97,8 +115,15 @@ none (see `skipped-by-feature-p').  A form that does not read signals
                                       (read-preserving-whitespace in)
                                       nil))
                     (error (condition)
-                      (error 'unreadable-form :line (line-at text start)
-                                              :message (condition-message condition))))
+                      ;; The last character the reader took.
+                      (let ((stop (max 0 (1- (min (file-position in) (length text))))))
+                        (error 'unreadable-form
+                               :line (line-at text start)
+                               :message (if (typep condition 'end-of-file)
+                                            "the file ends inside it"
+                                            (reader-error-text (condition-message condition)))
+                               :error-line (line-at text stop)
+                               :error-column (- stop (or (position #\Newline text :end stop :from-end t) -1))))))
             (push (cons start (file-position in)) forms)
             (when (> (file-position in) index)
               (return (nreverse forms)))))))))
@@ -116,25 +141,63 @@ the form there is not one."
               (and (consp form) (consp (rest form)) (string (second form)))))
         (serious-condition () nil)))))
 
+(defun in-readtable-name (text start)
+  "The readtable name an `in-readtable' form at START of TEXT gives, as a
+string, or nil; a tab or a newline may follow the operator."
+  (let* ((opening (substitute-if #\Space (lambda (char) (member char '(#\Tab #\Newline #\Return #\Page)))
+                                 (string-downcase (subseq text start (min (length text) (+ start 40))))))
+         (after (search "in-readtable " opening)))
+    (when (and after (<= after 19)
+               (every (lambda (c) (or (alpha-char-p c) (find c "(:-"))) (subseq opening 0 after)))
+      (handler-case
+          (let ((*read-eval* nil) (*package* (find-package "COMMON-LISP-USER")))
+            (let ((form (read-from-string text t nil :start start)))
+              (and (consp form) (consp (rest form)) (symbolp (second form))
+                   (symbol-name (second form)))))
+        (serious-condition () nil)))))
+
+(defun named-readtable (name)
+  "The readtable named-readtables registers under NAME (a symbol's name;
+:standard and :common-lisp are the standard one), or nil."
+  (let ((finder (find-symbol "FIND-READTABLE" "NAMED-READTABLES")))
+    (and finder (fboundp finder)
+         (or (funcall finder (intern name "KEYWORD"))
+             (loop for package in (list-all-packages)
+                   for symbol = (find-symbol name package)
+                   thereis (and symbol (funcall finder symbol)))))))
+
+(defun form-readtable (readtable package)
+  "The readtable a form is read in: READTABLE (that of the nearest
+`in-readtable' above it) when there is one, else Swank's for PACKAGE, as
+SLIME's C-c C-c reads (`swank::guess-buffer-readtable')."
+  (or readtable (swank::guess-buffer-readtable (and package (package-name package)))))
+
 (defun form-package (text forms)
   "The package the last of FORMS ((START . END) in TEXT) is read in: that of
 the nearest `in-package' form above it, as SLIME finds a buffer's package;
 CL-USER when there is none.  A second value names a package that does not
-exist."
-  (loop for (start . nil) in (reverse (butlast forms))
-        for name = (in-package-name text start)
-        when name
-          do (return-from form-package
-               (let ((package (find-package name)))
-                 (values package (and (null package) name)))))
-  (values (find-package "COMMON-LISP-USER") nil))
+exist; a third is the readtable it is read in (see `form-readtable')."
+  (let ((above (reverse (butlast forms))))
+    (flet ((readtable (package)
+             (form-readtable (loop for (start . nil) in above
+                                   for name = (in-readtable-name text start)
+                                   when name return (named-readtable name))
+                             package)))
+      (loop for (start . nil) in above
+            for name = (in-package-name text start)
+            when name
+              do (return-from form-package
+                   (let ((package (find-package name)))
+                     (values package (and (null package) name) (readtable package)))))
+      (let ((package (find-package "COMMON-LISP-USER")))
+        (values package nil (readtable package))))))
 
-(defun defined-names (text start end package)
+(defun defined-names (text start end package readtable)
   "What the form from START to END of TEXT defines, as \"TYPE NAME\" strings
-(see `definition-forms'): read in PACKAGE, the names printed as from
-CL-USER."
+(see `definition-forms'): read in PACKAGE and READTABLE, the names printed
+as from CL-USER."
   (handler-case
-      (let ((form (let ((*package* package))
+      (let ((form (let ((*package* package) (*readtable* readtable))
                     (read-from-string text t nil :start start :end end)))
             (*package* (find-package "COMMON-LISP-USER")))
         (and (consp form)
@@ -147,7 +210,12 @@ CL-USER."
 with its (:buffer NAME) (:offset POSITION OFFSET) place turned into the
 place in FILE, whose text is TEXT: POSITION is the form's (1-based, in
 characters) and OFFSET counts characters from it; a note's place in a
-file counts bytes."
+file counts bytes.  A read error's message loses its place in Swank's
+temporary file (`reader-error-text')."
+  (when (eq (getf note :severity) :read-error)
+    (setf note (list* :message (reader-error-text (getf note :message))
+                      (loop for (key value) on note by #'cddr
+                            unless (eq key :message) append (list key value)))))
   (let ((location (getf note :location)))
     (if (and (consp location) (eq (first location) :location)
              (eq (first (second location)) :buffer)
@@ -165,7 +233,7 @@ file counts bytes."
 (defun compile-form-of (path line &key (max-output 20000))
   "Compile the top-level form of the file at PATH (absolute) that holds
 LINE, as SLIME's C-c C-c does: read in the package of the nearest
-`in-package' above it, through `swank:compile-string-for-emacs', so the
+`in-package' above it and its readtable (see `form-package'), through `swank:compile-string-for-emacs', so the
 definitions it makes record the file and the form's place.  Return a
 plist: :status (:ok, or :error when it did not compile), :success, :line
 and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
@@ -195,23 +263,24 @@ and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
               (name-error "CL-MCP:NO-FORM"
                           (format nil "Line ~D of ~A is not inside a top-level form~@[; the next one starts at line ~D~]."
                                   line file (and form (line-at text (car form)))))))
-          (multiple-value-bind (package missing) (form-package text forms)
+          (multiple-value-bind (package missing readtable) (form-package text forms)
             (if missing
                 (name-error "PACKAGE-ERROR"
                             (format nil "The package ~A of the in-package above line ~D does not exist: load its system first."
                                     missing line))
-                (%compile-form file text (car form) (cdr form) package max-output))))
+                (%compile-form file text (car form) (cdr form) package readtable max-output))))
       (unreadable-form (condition)
         (name-error "CL-MCP:READ-ERROR" (princ-to-string condition))))))
 
-(defun %compile-form (file text start end package max-output)
-  "`compile-form-of' of the form from START to END of TEXT, FILE's text."
+(defun %compile-form (file text start end package readtable max-output)
+  "`compile-form-of' of the form from START to END of TEXT, FILE's text,
+read in PACKAGE and READTABLE."
   (note-compiled-form file (1+ start) (line-at text start) (subseq text start end))
   (multiple-value-bind (result failure)
       (call-with-failure (make-capped-output-stream max-output)
                          (lambda ()
                            (let ((swank::*buffer-package* package)
-                                 (swank::*buffer-readtable* *readtable*))
+                                 (swank::*buffer-readtable* readtable))
                              ;; The buffer's name is the truename: SLIME's M-.
                              ;; prefers an open buffer of that name, and no
                              ;; Emacs buffer is named like a whole path.
@@ -230,7 +299,7 @@ and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
                :line (line-at text start)
                :end-line (line-at text end)
                :package (package-name package)
-               :defined (defined-names text start end package)
+               :defined (defined-names text start end package readtable)
                :notes notes
                :dropped dropped
                (and failure (list :error failure)))))))

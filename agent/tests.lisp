@@ -599,7 +599,9 @@ fallback's result shows them as an evaluation's)."
   (let ((run *test-run*)
         (returned '()))
     (when (test-run-system run)
-      (load-test-dependencies (test-run-system run)))
+      ;; Its redefinition warnings left out, as load-system leaves them out.
+      (handler-bind ((warning (lambda (w) (when (redefinition-p w) (muffle-warning w)))))
+        (load-test-dependencies (test-run-system run))))
     (install-hooks)
     (flet ((run-them ()
              (call-with-debugging

@@ -135,11 +135,13 @@ THREAD does not answer within `*thread-answer-seconds*'."
          (car answer))))
 
 (defun thread-backtrace (thread count)
-  "The first COUNT frames of THREAD, printed, or an error plist."
-  (let ((lines (ask-thread thread (lambda ()
-                                    (list (frame-lines (error-frames :interrupted t) nil count))))))
+  "The first COUNT frames of THREAD, printed, or an error plist.  Its entry
+is taken before it is asked: answering the interrupt, it runs."
+  (let* ((entry (thread-entry thread))
+         (lines (ask-thread thread (lambda ()
+                                     (list (frame-lines (error-frames :interrupted t) nil count))))))
     (if lines
-        (list :status :ok :thread (thread-entry thread) :frames (first lines))
+        (list :status :ok :thread entry :frames (first lines))
         (error-report "CL-MCP:THREAD-DID-NOT-ANSWER"
                       "Thread ~D did not answer within ~A: it blocks interrupts, or is ~
                        inside foreign code."
@@ -207,9 +209,10 @@ CL-MCP:NOT-IMPLEMENTED when this image lacks an internal it needs."
       (return-from threads-of missing)))
   (if (eq action :list)
       ;; A thread that ended since the list was taken has no id left.
-      (list :status :ok :threads (loop for thread in (sb-thread:list-all-threads)
-                                       when (thread-id thread)
-                                         collect (thread-entry thread)))
+      (list :status :ok :threads (sort (loop for thread in (sb-thread:list-all-threads)
+                                             when (thread-id thread)
+                                               collect (thread-entry thread))
+                                       #'< :key (lambda (entry) (or (getf entry :id) 0))))
       (let ((target (and thread (find-thread thread))))
         (cond ((null thread)
                (error-report "CL-MCP:INVALID-ARGUMENTS" "~(~A~) needs a thread id (from list)." action))

@@ -194,6 +194,8 @@ class LispSession:
             return
         if news.number is not None:
             self.outputs.keep(news.number, news.kept())
+        for evaluation, kept in news.stopped_kept().items():
+            self.outputs.keep(evaluation, kept)
         self.news.hear(news)
 
     def take_notices(self) -> list[tuple[str, str]]:

@@ -67,6 +67,18 @@ class ThreadNews:
         """What read-output keeps under `number` (when there is one)."""
         return Kept(self.stdout, self.stderr, "")
 
+    def stopped_kept(self) -> dict[int, Kept]:
+        """What read-output keeps under each stopped thread's own evaluation
+        number: that thread's lines (each begun ``[LABEL]``), among them its
+        error and backtrace, so the number backtrace and invoke-restart take
+        reads its output too."""
+        def own(text: str, label: str) -> str:
+            return "".join(line for line in text.splitlines(keepends=True)
+                           if line.startswith(f"[{label}] ") or line.rstrip("\n") == f"[{label}]")
+        return {stop["evaluation"]: Kept(own(self.stdout, str(stop.get("thread"))),
+                                         own(self.stderr, str(stop.get("thread"))), "")
+                for stop in self.stops if isinstance(stop.get("evaluation"), int)}
+
 
 @dataclass(slots=True)
 class NewsNotices:

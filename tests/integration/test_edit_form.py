@@ -267,6 +267,35 @@ def test_a_named_readtable_file_is_edited_and_compiled_in_its_readtable(lisp, tm
     assert path.read_text() == READTABLE.replace("'[1 2 3]", "'[4 [5 6]]")
 
 
+LAMBDAS = """(in-package :cl-mcp-lambdas)
+(in-readtable lambdas)
+
+(defun doubled (list)
+  (mapcar [x (* 2 x)] list))
+"""
+
+
+def test_compile_form_reads_in_the_files_named_readtable(lisp, tmp_path):
+    """The package and readtable exist, but the file was never loaded: no
+    in-readtable has told Swank's *readtable-alist* (as C-c C-c in a buffer
+    of that file still reads right)."""
+    assert not lisp.call("load-system", system="named-readtables")["isError"]
+    defined, is_error = lisp.eval(
+        "(defpackage :cl-mcp-lambdas (:use :cl :named-readtables))"
+        "(named-readtables:defreadtable cl-mcp-lambdas::lambdas (:merge :standard)"
+        "  (:macro-char #\\[ (lambda (stream char) (declare (ignore char))"
+        "    (let ((list (read-delimited-list #\\] stream t)))"
+        "      `(lambda (,(first list)) ,@(rest list)))))"
+        "  (:macro-char #\\] (get-macro-character #\\))))")
+    assert not is_error, defined
+    path = tmp_path / "lambdas.lisp"
+    path.write_text(LAMBDAS)
+    check_results_of(lisp, "compile-form")
+    compiled = checked_call(lisp, "compile-form", path=str(path), line=5)
+    assert not compiled["isError"] and compiled["structuredContent"]["notes"] == [], compiled
+    assert lisp.eval("(cl-mcp-lambdas::doubled '(1 2 3))") == ("=> (2 4 6)", False)
+
+
 def test_outline_check_and_one_form_of_a_large_file(lisp, tmp_path):
     directory = copy_of(lisp, "iterate", "iterate", tmp_path)
     path = directory / "iterate.lisp"

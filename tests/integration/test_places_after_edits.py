@@ -205,3 +205,21 @@ def test_compile_form_errors_give_the_line(library):
     assert result["isError"]
     assert result["structuredContent"]["error"]["type"] == "CL-MCP:READ-ERROR"
     assert f"The form at line {line} does not read" in result["content"][0]["text"]
+    # Where the reader stopped, in the file: the end of the form left open.
+    end = len(api.read_text().splitlines())
+    assert f", at line {end}, column " in result["content"][0]["text"], result
+    assert "Stream: " not in result["content"][0]["text"], result
+
+
+def test_a_compile_form_read_error_is_placed_in_the_file_alone(library):
+    """Read by the real reader (a package that does not exist), its message
+    names no line of Swank's temporary file."""
+    process, directory = library
+    api = directory / "api.lisp"
+    edit(api, "  (or (zerop length)\n", "  (or (zerop length)\n      no-such-package:x\n")
+    line = line_of(api, "(defun list-long-enough-p")
+    result = compile_form(process, api, line)
+    [note] = result["structuredContent"]["notes"]
+    assert (note["severity"], note["file"], note["line"]) == ("read-error", str(api), line + 2), note
+    assert "NO-SUCH-PACKAGE does not exist" in note["message"], note
+    assert "Line: " not in note["message"] and "Stream: " not in note["message"], note

@@ -279,6 +279,21 @@ def test_swank_frame_commands_work_from_eval_in_frame(either_mode):
     assert restart(either_mode, 0)[0].startswith("[ERROR] CL-MCP:NO-SUSPENDED-EVALUATION")
 
 
+def test_eval_in_frame_reads_in_the_frames_package(either_mode):
+    """As SLIME's debugger reads: alexandria's FLATTEN, unqualified, in the
+    frame of alexandria's REQUIRED-ARGUMENT; in CL-USER in ERROR's own frame."""
+    assert not either_mode.call("load-system", system="alexandria")["isError"]
+    text, is_error = either_mode.eval("(alexandria:required-argument :size)")
+    assert is_error, text
+    assert outcome(either_mode, "eval-in-frame", frame=frame_of(text, "ALEXANDRIA:REQUIRED-ARGUMENT"),
+                   code="(flatten '((1) (2 3))) (package-name *package*)") == ('=> "COMMON-LISP-USER"', False)
+    assert outcome(either_mode, "eval-in-frame", frame=frame_of(text, "ALEXANDRIA:REQUIRED-ARGUMENT"),
+                   code="(flatten '((1) (2 3)))") == ("=> (1 2 3)", False)
+    assert outcome(either_mode, "eval-in-frame", frame=frame_of(text, "ERROR"),
+                   code="(symbol-package 'cl-mcp-frame-symbol)") == ('=> #<PACKAGE "COMMON-LISP-USER">', False)
+    restart(either_mode, "ABORT")
+
+
 def test_frame_commands_that_cannot_act_leave_the_evaluation_waiting(server):
     server.eval(FRAMES_CODE)
     error_text, _ = server.eval("(fr-outer :x)")

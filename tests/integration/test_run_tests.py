@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import FIXTURES, MODES, check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import FIXTURES, MODES, check_results_of, checked_call, cl_mcp_in, registered_copy
 
 SUITES = FIXTURES / "run-tests-fixture"
 SPLIT_SEQUENCE = Path("/usr/share/common-lisp/source/cl-split-sequence")
+CL_PPCRE = Path("/usr/share/common-lisp/source/cl-ppcre")
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -174,6 +175,21 @@ def test_a_broken_split_sequence_test_is_placed_at_its_definition(lisp, tmp_path
     assert places == {(str(tests_file), line)}, structure["tests"]["problems"]
     lisp.eval(f'(setf asdf:*central-registry* (remove #p"{copy}/" asdf:*central-registry* :test #\'equal))'
               '(asdf:clear-system "split-sequence") (asdf:clear-system "split-sequence/tests")')
+
+
+def test_a_run_leaves_out_the_redefinition_warnings_of_its_load(lisp, tmp_path):
+    """As load-system leaves them out: ASDF compiles cl-ppcre's files, then
+    loads them, each macro "redefined"."""
+    copy = registered_copy(lisp, CL_PPCRE, tmp_path / "cl-ppcre")
+    try:
+        result = checked_call(lisp, "run-tests", system="cl-ppcre", timeout=300)
+        assert f'compiling file "{copy}/api.lisp"' in result["structuredContent"]["stdout"], result
+        warnings = [w for w in result["structuredContent"]["warnings"] if "redefining" in w["message"]]
+        assert warnings == [], warnings
+        assert "redefining" not in result["content"][0]["text"]
+    finally:
+        lisp.eval(f'(setf asdf:*central-registry* (remove #p"{copy}/" asdf:*central-registry* :test #\'equal))'
+                  '(asdf:clear-system "cl-ppcre") (asdf:clear-system "cl-ppcre-tests")')
 
 
 def test_alexandrias_rt_suite_counts_as_rt_does(lisp):

@@ -81,6 +81,11 @@ def test_a_thread_that_prints_then_errs_is_seen_and_stops_where_the_tools_reach_
     notice = notices_until(lisp, 'Thread "tn-crasher" stopped', notice)
     number = waiting_evaluation(notice, "tn-crasher")
     assert "SIMPLE-ERROR: tn crash 42" in notice, notice
+    # The number backtrace and invoke-restart take reads its error too.
+    own = lisp.call("read-output", evaluation=number, stream="stderr")
+    assert not own["isError"], own
+    assert f"[tn-crasher] stopped at SIMPLE-ERROR: tn crash 42 (evaluation {number})" \
+        in own["content"][0]["text"], own
     output = lisp.call("read-output", evaluation=output_number(notice, "tn-crasher"))
     assert "[tn-crasher] :FROM-THREAD" in output["content"][0]["text"], output
     entry = thread_entry(lisp, "tn-crasher")

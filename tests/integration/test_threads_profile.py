@@ -70,6 +70,33 @@ def test_list_says_whose_each_thread_is(lisp):
     assert "sleeping" in states, states
 
 
+def waiting_entry(lisp, name: str) -> tuple[dict, list[dict]]:
+    """Thread NAME's list entry once it is waiting, and the list."""
+    for _ in range(100):
+        threads = thread_list(lisp)
+        [entry] = [t for t in threads if t["name"] == name]
+        if entry["state"] == "waiting":
+            return entry, threads
+        time.sleep(0.05)
+    raise AssertionError(f"{name} never waited: {entry}")
+
+
+def test_list_is_by_id_and_a_backtrace_heading_agrees_with_it(lisp):
+    """The heading's state is the thread's before the interrupt that asks
+    for its frames (answering it, the thread runs)."""
+    text, is_error = lisp.eval('(sb-thread:make-thread (lambda () (let ((lock (sb-thread:make-mutex)) '
+                               '(queue (sb-thread:make-waitqueue))) (sb-thread:with-mutex (lock) '
+                               '(loop (sb-thread:condition-wait queue lock))))) :name "tp-waiter")')
+    assert not is_error, text
+    waiter, threads = waiting_entry(lisp, "tp-waiter")
+    assert [t["id"] for t in threads] == sorted(t["id"] for t in threads), threads
+    for _ in range(40):  # the heading was taken after the interrupt: "running", now and then
+        waiting_entry(lisp, "tp-waiter")
+        traced = checked_call(lisp, "threads", action="backtrace", thread=waiter["id"], count=5)
+        assert traced["structuredContent"]["threads"][0]["state"] == "waiting", traced
+    assert not lisp.call("threads", action="kill", thread=waiter["id"])["isError"]
+
+
 def test_backtrace_of_a_user_thread(lisp):
     thread = start_thread(lisp, "tp-traced")
     check_results_of(lisp, "threads")
@@ -87,6 +114,7 @@ def test_interrupt_stops_a_thread_where_the_debugger_tools_reach_it(lisp):
     assert not result["isError"], result
     number = result["structuredContent"]["evaluation"]
     assert f"Evaluation {number} is waiting" in result["content"][0]["text"], result
+    assert result["content"][0]["text"].startswith("[ERROR] CL-MCP-AGENT::THREAD-INTERRUPTED\n"), result
     [entry] = [t for t in thread_list(lisp) if t["id"] == thread]
     assert (entry["state"], entry["evaluation"]) == ("stopped-at-error", number)
     stopped = counter(lisp, "tp-stopped")

@@ -26,6 +26,16 @@ def test_output_is_kept_under_its_number_and_shown_when_short():
     assert notices.take() is None  # once
 
 
+def test_a_stopped_threads_own_lines_are_kept_under_its_evaluation_number():
+    mixed = news('(:number 5 :stderr "[w] stopped at SIMPLE-ERROR: boom (evaluation 2)\n[w]   0: (ERROR)\n'
+                 '[ww] other\n[w]\n" :stdout "[w] hi\n[x] not w\n" :writers nil '
+                 ':stops ((:thread "w" :evaluation 2 :type "SIMPLE-ERROR" :message "boom")) :ends nil)')
+    kept = mixed.stopped_kept()
+    assert list(kept) == [2]
+    assert kept[2].stderr == "[w] stopped at SIMPLE-ERROR: boom (evaluation 2)\n[w]   0: (ERROR)\n[w]\n"
+    assert kept[2].stdout == "[w] hi\n"
+
+
 def test_a_stop_names_its_evaluation_restarts_and_one_line_message():
     notices = NewsNotices()
     notices.hear(STOP)
