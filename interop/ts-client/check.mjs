@@ -942,6 +942,8 @@ async function sessionErrors(files, type) {
     "find-definition": { symbol: "car" }, "describe-symbol": { symbol: "car" },
     "threads": { action: "list" }, "profile": { code: "1" },
     "await-evaluation": { evaluation: 1 }, "run-tests": { system: "cl-mcp-fixture" },
+    "edit-form": { path: join(files, "clean.lisp"), line: 1, text: "(defun clean () 1)" },
+    "read-lisp-file": { path: join(files, "clean.lisp") },
   };
   for (const name of TOOLS.filter((each) => each !== "read-output")) { // it needs no image
     await call(`(${type})`, name, good[name], (r) => expectToolError(r, type));
