@@ -26,20 +26,43 @@
 (defparameter *open-parenthesis-octet* (char-code #\()
   "The byte of an open parenthesis in UTF-8.")
 
-(defun top-level-form-start (octets offset)
-  "The offset of the line at or before OFFSET in OCTETS that starts with an
-open parenthesis: the top-level form holding OFFSET, by the convention
-Emacs's beginning-of-defun keeps.  OFFSET itself when there is none."
-  (let ((newline (char-code #\Newline)))
-    (loop for end = (min offset (length octets)) then (1- start)
-          for start = (let ((before (and (> end 0)
-                                         (position newline octets :end end :from-end t))))
-                        (if before (1+ before) 0))
-          when (and (< start (length octets))
-                    (= (aref octets start) *open-parenthesis-octet*))
-            return start
-          when (zerop start)
-            return offset)))
+(defun form-opening (text start)
+  "Where the form at START of TEXT opens: past the #+ and #- feature
+expressions before it (a top-level form's bounds hold them), as
+find-definition places a definition.  The agent's forms part, loaded
+later, gives `skip-lisp-blanks'."
+  (loop while (and (< (1+ start) (length text)) (char= (char text start) #\#)
+                   (member (char text (1+ start)) '(#\+ #\-)))
+        do (setf start (skip-lisp-blanks
+                        text (nth-value 1 (let ((*package* (find-package "KEYWORD"))
+                                                (*read-suppress* t))
+                                            (read-from-string text t nil :start (+ start 2)))))))
+  start)
+
+(defun top-level-form-start (source offset)
+  "The byte offset where the top-level form of SOURCE (a `source-file')
+holding byte OFFSET opens, as the reader finds it (see `form-octet-starts'
+and `form-opening'), so a docstring line that opens with a parenthesis is
+no form's start.
+When SOURCE does not read: the line at or before OFFSET that starts with an
+open parenthesis, by the convention Emacs's beginning-of-defun keeps, or
+OFFSET itself when there is none."
+  (let* ((starts (form-octet-starts source))
+         (index (position offset starts :test #'>= :from-end t)))
+    (if index
+        (utf-8-offset source (form-opening (source-file-string source)
+                                           (aref (source-file-forms source) index)))
+        (let ((octets (source-file-octets source))
+              (newline (char-code #\Newline)))
+          (loop for end = (min offset (length octets)) then (1- start)
+                for start = (let ((before (and (> end 0)
+                                               (position newline octets :end end :from-end t))))
+                              (if before (1+ before) 0))
+                when (and (< start (length octets))
+                          (= (aref octets start) *open-parenthesis-octet*))
+                  return start
+                when (zerop start)
+                  return offset)))))
 
 (defun reference-plist (name dspec location files)
   "A referrer NAME (printed; DSPEC as Swank gives it) at Swank's LOCATION,
@@ -50,11 +73,16 @@ reference, in the file as it is now (see `resolved-location').  Without a
 source file: (:name N :error MESSAGE)."
   (multiple-value-bind (source offset status compiled-line)
       ;; The snippet is the reference's own, which need not name the
-      ;; referrer: the referrer's name is looked for only when it is gone.
+      ;; referrer: the referrer's name is looked for only when it is gone,
+      ;; and when that is gone too, the line is the reference's.
       (multiple-value-bind (source offset status compiled-line)
           (resolved-location location files :characters t)
         (if (and source (string= status "not-found"))
-            (resolved-location location files :name dspec :characters t)
+            (multiple-value-bind (named-source named-offset named-status named-line)
+                (resolved-location location files :name dspec :characters t)
+              (if (equal named-status "not-found")
+                  (values source offset status compiled-line)
+                  (values named-source named-offset named-status named-line)))
             (values source offset status compiled-line)))
     (if (null source)
         (list :name name
@@ -62,7 +90,7 @@ source file: (:name N :error MESSAGE)."
                          "no source file (defined without one, e.g. through evaluate-lisp)"
                          offset))
         (let ((reference (place-plist source offset status compiled-line))
-              (start (top-level-form-start (source-file-octets source) offset)))
+              (start (top-level-form-start source offset)))
           (append (list :name name)
                   (place-plist source start status compiled-line)
                   (list :reference-line (getf reference :line)

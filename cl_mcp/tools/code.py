@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, condition_structure, error_text, place_change, place_structure
+from cl_mcp.render import Rendered, condition_structure, error_text, place_structure
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.tools.agent import ask_agent, DEADLINE_GRACE, result_dict, strings
@@ -61,7 +61,18 @@ def reference_line(reference: dict[str, Any]) -> str:
     at = (f" (reference at line {reference['reference-line']})"
           if reference["reference-line"] != reference["line"] else "")
     return (f"{title}  {reference['file']}:{reference['line']}:{reference['column']}{at}"
-            f"{place_change(reference)}")
+            f"{reference_change(reference)}")
+
+
+def reference_change(reference: dict[str, Any]) -> str:
+    """What became of the reference since it was compiled: its status and
+    compiled line are the reference's, not its referrer's, and say so."""
+    status, compiled = reference.get("status"), reference.get("compiled-line")
+    if status == "found-after-edit":
+        return f" (the file was edited since this reference was compiled at line {compiled})"
+    if status == "not-found":
+        return f" (the reference is not in the file as it is now; line {compiled} when compiled)"
+    return ""
 
 
 def render_xref(result: dict[str, Any]) -> Rendered:

@@ -23,6 +23,7 @@ _copies = itertools.count(1)
 def test_every_place_of_a_library_before_and_after_edits(name):
     tally = check_library(LIBRARIES[name], rounds=8, seed=37, log=lambda text: None)
     assert sum(tally.right.values()) > 200
+    assert tally.right[("xref before edits", "caller")] > 10 and tally.right[("xref after edits", "caller")] > 10
     assert tally.failures == []
 
 
@@ -150,3 +151,59 @@ def test_a_method_after_an_edit_in_a_file_ending_in_forms_for_other_lisps(lisp, 
     found = [d for d in result["structuredContent"]["definitions"] if d.get("specializers") == ["KERNEL", "T"]]
     assert [(d["line"], d["place"], d.get("compiledLine")) for d in found] == [
         (compiled + 5, "found-after-edit", compiled)]
+
+
+def callers_of(lisp: McpProcess, symbol: str, caller: str) -> tuple[list[dict], str]:
+    """xref's references from CALLER to SYMBOL, and its text."""
+    result = lisp.call("xref", symbol=symbol, relation="calls")
+    assert not result["isError"], result
+    found = [r for r in result["structuredContent"]["references"] if r["name"] == caller]
+    return found, result["content"][0]["text"]
+
+
+def test_an_xref_caller_whose_docstring_has_a_line_opening_a_parenthesis(lisp, tmp_path):
+    library = LIBRARIES["cl-split-sequence"]
+    pristine = copy_library(library, tmp_path / "pristine")
+    edited = copy_library(library, tmp_path / "edited")
+    api = edited / "api.lisp"
+    api.write_text(api.read_text().replace(
+        "(key #'identity))\n  (check-bounds sequence start end)\n  (etypecase sequence\n    (list (split-list-if-not ",
+        "(key #'identity))\n  \"Splits where PREDICATE is false:\n(split-sequence-if-not #'alpha-char-p \\\"a1\\\")\"\n"
+        "  (check-bounds sequence start end)\n  (etypecase sequence\n    (list (split-list-if-not ", 1))
+    load_copy(lisp, library, edited)
+    line = oracle_line(pristine, edited, "split-sequence", api, "function", "SPLIT-SEQUENCE-IF-NOT")
+    found, _ = callers_of(lisp, "split-sequence::split-list-if-not", "SPLIT-SEQUENCE:SPLIT-SEQUENCE-IF-NOT")
+    assert [(r["line"], r["referenceLine"]) for r in found] == [(line, line + 6)], found
+
+
+def test_an_xref_reference_cut_off_keeps_the_line_it_was_compiled_at(lisp, tmp_path):
+    # The caller is gone too: its name, looked for then, gave the caller's line.
+    pristine, edited = loaded(lisp, tmp_path, "cl-split-sequence")
+    found, _ = callers_of(lisp, "split-sequence::collect-until", "SPLIT-SEQUENCE::SPLIT-LIST-FROM-START")
+    compiled = [r["referenceLine"] for r in found]
+    listing = edited / "list.lisp"
+    listing.write_text("".join(listing.read_text().splitlines(keepends=True)[:56]))
+    found, text = callers_of(lisp, "split-sequence::collect-until", "SPLIT-SEQUENCE::SPLIT-LIST-FROM-START")
+    assert [(r["place"], r["compiledLine"]) for r in found] == [("not-found", line) for line in compiled]
+    assert f"(the reference is not in the file as it is now; line {compiled[0]} when compiled)" in text
+
+
+def test_xref_says_its_compiled_line_is_the_reference_s(lisp, tmp_path):
+    pristine, edited = loaded(lisp, tmp_path, "cl-split-sequence")
+    found, _ = callers_of(lisp, "split-sequence::split-list-if-not", "SPLIT-SEQUENCE:SPLIT-SEQUENCE-IF-NOT")
+    compiled = found[0]["referenceLine"]
+    api = edited / "api.lisp"
+    api.write_text(";;; a line added\n" + api.read_text())
+    found, text = callers_of(lisp, "split-sequence::split-list-if-not", "SPLIT-SEQUENCE:SPLIT-SEQUENCE-IF-NOT")
+    assert (found[0]["referenceLine"], found[0]["compiledLine"]) == (compiled + 1, compiled)
+    assert f"(reference at line {compiled + 1}) (the file was edited since this reference was compiled at line {compiled})" in text
+
+
+def test_an_xref_caller_after_a_feature_expression_is_placed_at_its_form(lisp, tmp_path):
+    # `#-:use-acl-regexp2-engine` stands on the line above the method.
+    pristine, edited = loaded(lisp, tmp_path, "cl-ppcre")
+    api = edited / "api.lisp"
+    [method] = [d for d in unique(oracle(pristine, "cl-ppcre", edited, [str(api)])).values()
+                if (d.type, d.name, d.specializers) == ("method", "CREATE-SCANNER", "(STRING)")]
+    found, _ = callers_of(lisp, "cl-ppcre:parse-string", "(DEFMETHOD CL-PPCRE:CREATE-SCANNER (STRING))")
+    assert [r["line"] for r in found] == [method.line], found

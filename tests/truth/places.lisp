@@ -16,8 +16,12 @@
 ;;;; skips its form); QUERY the symbol, package-qualified; NAME, QUALIFIERS
 ;;;; and SPECIALIZERS printed in PACKAGE, the symbol's home, as
 ;;;; find-definition prints them; HASH a hash of the form's text; END the
-;;;; last line of the top-level form that holds it.  No part
-;;;; of cl-mcp or Swank is loaded.
+;;;; last line of the top-level form that holds it.  And one line per
+;;;; top-level form, its first and last lines (the xref oracle's):
+;;;;
+;;;;   FORM TAB FILE TAB START TAB END
+;;;;
+;;;; No part of cl-mcp or Swank is loaded.
 
 (require :asdf)
 
@@ -153,6 +157,8 @@ would evaluate it: IN-PACKAGE, IN-READTABLE, an EVAL-WHEN for compile time."
                  (when (eq form in) (return))
                  (when (compile-time-p form)
                    (eval form))
+                 (format t "FORM~C~A~C~D~C~D~%" #\Tab file #\Tab (1+ (count 10 octets :end start))
+                         #\Tab (1+ (count 10 octets :end (max 0 (1- end)))))
                  (dolist (inner (definitions form))
                    (let ((at (if (eq inner form) 0 (inner-offset text inner))))
                      (when at

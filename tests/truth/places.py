@@ -47,18 +47,38 @@ class Definition:
         return (self.type, self.package, self.name, self.qualifiers, self.specializers)
 
 
-def oracle(pristine: Path, system: str, edited: Path, files: list[str] | None = None) -> list[Definition]:
-    """Every definition in the files of EDITED (those given, or every source
-    file of SYSTEM), as a plain SBCL that loaded SYSTEM from PRISTINE reads them."""
+@dataclass(frozen=True)
+class Form:
+    """One top-level form, as the oracle read it: its first and last lines."""
+
+    file: str
+    start: int
+    end: int
+
+
+def read_oracle(pristine: Path, system: str, edited: Path,
+                files: list[str] | None = None) -> tuple[list[Definition], list[Form]]:
+    """Every definition and every top-level form in the files of EDITED
+    (those given, or every source file of SYSTEM), as a plain SBCL that
+    loaded SYSTEM from PRISTINE reads them."""
     run = subprocess.run(["sbcl", "--script", str(ORACLE), f"{pristine}/", system, f"{edited}/", *(files or [])],
                          capture_output=True, text=True, timeout=900, env=os.environ)
     assert run.returncode == 0 and not run.stderr.strip(), run.stderr[-3000:]
-    found = []
+    found, forms = [], []
     for line in run.stdout.splitlines():
+        if line.startswith("FORM\t"):
+            _, file, start, end = line.split("\t")
+            forms.append(Form(file, int(start), int(end)))
+            continue
         file, number, kind, query, package, name, qualifiers, specializers, digest, end = line.split("\t")
         found.append(Definition(file, int(number), kind, query, package, name, qualifiers, specializers,
                                 digest, int(end)))
-    return found
+    return found, forms
+
+
+def oracle(pristine: Path, system: str, edited: Path, files: list[str] | None = None) -> list[Definition]:
+    """Every definition in the files of EDITED: see `read_oracle`."""
+    return read_oracle(pristine, system, edited, files)[0]
 
 
 def unique(definitions: list[Definition]) -> dict[tuple[str, ...], Definition]:
