@@ -253,16 +253,16 @@ def place_structure(place: dict[str, Any]) -> dict[str, Any]:
     return structure
 
 
-def place_change(place: dict[str, Any]) -> str:
+def place_change(place: dict[str, Any], this: str = "this", gone: str = "not found") -> str:
     """What became of a place since it was compiled, for the text: nothing
-    when it is where it was, else `(the file was edited since this was
-    compiled at line N)` or `(not found in the file as it is now; line N
-    when compiled)`."""
+    when it is where it was, else `(the file was edited since THIS was
+    compiled at line N)` or `(GONE in the file as it is now; line N when
+    compiled)`."""
     status, compiled = place.get("status"), place.get("compiled-line")
     if status == "found-after-edit":
-        return f" (the file was edited since this was compiled at line {compiled})"
+        return f" (the file was edited since {this} was compiled at line {compiled})"
     if status == "not-found":
-        return f" (not found in the file as it is now; line {compiled} when compiled)"
+        return f" ({gone} in the file as it is now; line {compiled} when compiled)"
     return ""
 
 

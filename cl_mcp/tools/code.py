@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, condition_structure, error_text, place_structure
+from cl_mcp.render import Rendered, condition_structure, error_text, place_change, place_structure
 from cl_mcp.session import LispSession
 from cl_mcp.sexp import Keyword, Symbol
 from cl_mcp.tools.agent import ask_agent, DEADLINE_GRACE, result_dict, strings
@@ -67,12 +67,7 @@ def reference_line(reference: dict[str, Any]) -> str:
 def reference_change(reference: dict[str, Any]) -> str:
     """What became of the reference since it was compiled: its status and
     compiled line are the reference's, not its referrer's, and say so."""
-    status, compiled = reference.get("status"), reference.get("compiled-line")
-    if status == "found-after-edit":
-        return f" (the file was edited since this reference was compiled at line {compiled})"
-    if status == "not-found":
-        return f" (the reference is not in the file as it is now; line {compiled} when compiled)"
-    return ""
+    return place_change(reference, "this reference", "the reference is not")
 
 
 def render_xref(result: dict[str, Any]) -> Rendered:
