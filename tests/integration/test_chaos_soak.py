@@ -72,6 +72,13 @@ INTACT = """(flet ((theirs (hooks)
         (and sb-sprof::*profiling* t)))"""
 
 
+# With no cl-mcp attached: the hooks exactly the programmer's, make-thread
+# unwrapped.
+DETACHED = """(list (equal (list swank::*pre-reply-hook* swank::*connection-closed-hook*)
+                   *programmer-hooks*)
+             (sb-int:encapsulated-p 'sb-thread:make-thread 'cl-mcp-agent::watched))"""
+
+
 class Soak:
     """One mode's soak: the cl-mcp of the moment, what was asked of it, and
     the programmer's image (attach mode)."""
@@ -85,7 +92,7 @@ class Soak:
         self.programmer_calls = 0
         self.last_cancel = 0.0
         self.cancelled: set[Any] = set()
-        self.growths: list[tuple[int, int]] = []  # each cl-mcp life's (rounds, RSS growth KiB)
+        self.lives: list[list[int]] = []  # each ended cl-mcp life's RSS (KiB) at each check
         if mode == "attached":
             self.home = temporary_home()
             self.swank = SwankServer(self.home)
@@ -138,11 +145,15 @@ class Soak:
         """Attach mode: cl-mcp SIGKILLed and started again. Embedded: the
         image killed, and the next call says so in its [session] notice."""
         if self.swank:
-            self.note_growth()
+            self.lives.append(self.process.rss)
             self.process.proc.kill()
             self.process.proc.wait()
             self.check_answers("killed")
             assert self.swank.client_eval(INTACT) == '(T 42 "v" T T T)', "with no cl-mcp"
+            deadline = time.monotonic() + 30  # Swank's sentinel closes the connection
+            while (detached := self.swank.client_eval(DETACHED)) != "(T NIL)":
+                assert time.monotonic() < deadline, ("cl-mcp's marks outlive it", detached)
+                time.sleep(0.1)
             self.process = self.start()
             return
         assert not self.process.eval("(defvar *soak-before-kill* t)")[1]
@@ -245,18 +256,14 @@ class Soak:
             time.sleep(remaining)  # every cancelled sleep would be over
         assert not self.effects.exists(), self.effects.read_text()
         self.check("the end")
-        self.note_growth()
-        rounds, growth = max(self.growths, key=lambda life: life[1])
+        self.lives.append(self.process.rss)
+        longest = max(self.lives, key=len)
         print(f"\nsoak {self.mode}, seed {SEED}: {len(schedule)} rounds "
               f"({', '.join(f'{schedule.count(kind)} {kind}' for kind in KINDS)}); "
-              f"{len(self.growths)} cl-mcp lives, the longest {max(self.growths)[0]} checks; "
-              f"largest RSS growth {growth // 1024} MiB over {rounds} checks "
-              f"(from {self.process.rss[0] // 1024} MiB at the last start)")
-
-    def note_growth(self) -> None:
-        """Record the present cl-mcp's life: its checks, its RSS growth."""
-        rss = self.process.rss
-        self.growths.append((len(rss) - 1, max(rss) - rss[0]))
+              f"{len(self.lives)} cl-mcp lives; largest RSS growth in one life "
+              f"{max(max(rss) - rss[0] for rss in self.lives) // 1024} MiB; "
+              f"the longest life's RSS (MiB) every 10 checks: "
+              f"{' '.join(str(kib // 1024) for kib in longest[::10])}")
 
     def close(self) -> None:
         self.process.close()
