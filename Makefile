@@ -19,7 +19,7 @@ SLIME_EL := /usr/share/emacs/site-lisp/elpa-src/slime-*/slime.el
 CORPUS_PACKAGES := cl-esrap cl-iterate cl-lparallel cl-bordeaux-threads cl-named-readtables cl-flexi-streams
 CORPUS_ASDS := esrap/esrap.asd iterate/iterate.asd lparallel/lparallel.asd bordeaux-threads/bordeaux-threads.asd named-readtables/named-readtables.asd cl-flexi-streams/flexi-streams.asd
 
-.PHONY: run test bench profile setup lisp test-lisp bench-lisp venv clean interop truth
+.PHONY: run test bench profile setup lisp test-lisp bench-lisp venv clean interop truth soak
 
 run: lisp venv
 	@exec $(VENV)/bin/cl-mcp
@@ -30,6 +30,13 @@ test: test-lisp venv
 # Every answer of the truth harness over its whole corpus: docs/truth.md
 truth: test-lisp venv
 	$(VENV)/bin/python -m tests.truth.run
+
+# The long chaos soak, both modes (docs/attach.md, "The chaos soak")
+SOAK_ROUNDS ?= 60
+SOAK_SEED ?= 36
+soak: test-lisp venv
+	CL_MCP_SOAK_ROUNDS=$(SOAK_ROUNDS) CL_MCP_SOAK_SEED=$(SOAK_SEED) \
+	  $(VENV)/bin/python -m pytest -s -q tests/integration/test_chaos_soak.py
 
 bench: lisp bench-lisp venv
 	$(VENV)/bin/python bench/run.py

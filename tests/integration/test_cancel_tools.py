@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -24,28 +25,28 @@ def slow(tool: str) -> str:
     return f"(sleep {SLEEP}) (push :{tool} cl-user::*cancelled-ran*)"
 
 
-def probe_system(directory: Path) -> str:
-    """The .asd of two systems whose loading and whose tests run `slow`
-    code; its path."""
-    (directory / "slow.lisp").write_text(slow("load-system") + "\n")
+def probe_system(directory: Path, code: Callable[[str], str] = slow) -> str:
+    """The .asd of two systems whose loading and whose tests run CODE; its
+    path."""
+    (directory / "slow.lisp").write_text(code("load-system") + "\n")
     asd = directory / "cancel-probe.asd"
     asd.write_text(
         '(defsystem "cancel-probe-load" :components ((:file "slow")))\n'
         '(defsystem "cancel-probe-test" :perform (test-op (o c) '
-        f"{slow('run-tests')}))\n")
+        f"{code('run-tests')}))\n")
     return str(asd)
 
 
-def calls(process: McpProcess, directory: Path) -> list[tuple[str, dict]]:
-    """Each tool that runs code, with arguments that make it run `slow`."""
+def calls(directory: Path, code: Callable[[str], str] = slow) -> list[tuple[str, dict]]:
+    """Each tool that runs code, with arguments that make it run CODE."""
     form = directory / "form.lisp"
-    form.write_text(f"(progn {slow('compile-form')})\n")
-    return [("evaluate-lisp", {"code": slow("evaluate-lisp")}),
+    form.write_text(f"(progn {code('compile-form')})\n")
+    return [("evaluate-lisp", {"code": code("evaluate-lisp")}),
             ("compile-form", {"path": str(form), "line": 1}),
-            ("profile", {"code": slow("profile")}),
+            ("profile", {"code": code("profile")}),
             ("run-tests", {"system": "cancel-probe-test"}),
-            ("inspect", {"code": slow("inspect")}),
-            ("eval-in-frame", {"frame": 0, "code": slow("eval-in-frame")}),
+            ("inspect", {"code": code("inspect")}),
+            ("eval-in-frame", {"frame": 0, "code": code("eval-in-frame")}),
             ("load-system", {"system": "cancel-probe-load"})]
 
 
@@ -54,7 +55,7 @@ def cancel_each(process: McpProcess, directory: Path) -> None:
     assert not process.eval(f'(asdf:load-asd "{probe_system(directory)}")')[1]
     assert process.call("evaluate-lisp", code='(error "waits here")')["isError"]  # for eval-in-frame
     cancelled = []
-    for tool, arguments in calls(process, directory):
+    for tool, arguments in calls(directory):
         request = process.start_request("tools/call", {"name": tool, "arguments": arguments})
         time.sleep(0.5)  # the call is in the image
         process.notify("notifications/cancelled", {"requestId": request})
