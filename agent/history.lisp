@@ -209,8 +209,7 @@ has given way since.")
 (defun note-heap-after-gc ()
   "Note whether the collection that just ended left more than
 `*crowded-fraction*' of the dynamic space in use (in `sb-ext:*after-gc-hooks*')."
-  (setf *crowded-after-gc*
-        (> (sb-kernel:dynamic-usage) (* *crowded-fraction* (sb-ext:dynamic-space-size)))))
+  (setf *crowded-after-gc* (crowded-now-p)))
 
 ;;; Installed as the agent loads (a saved core keeps it), in both modes.
 (pushnew 'note-heap-after-gc sb-ext:*after-gc-hooks*)
@@ -228,10 +227,17 @@ weak pointers."
             do (setf (kept-entry-value kept) (sb-ext:make-weak-pointer (kept-entry-value kept))
                      (kept-entry-weak kept) t)))))
 
+(defun crowded-now-p ()
+  "Whether more than `*crowded-fraction*' of the dynamic space is in use
+now, garbage included: read, not collected."
+  (> (sb-kernel:dynamic-usage) (* *crowded-fraction* (sb-ext:dynamic-space-size))))
+
 (defun give-way ()
-  "When SBCL's last collection left the heap crowded, let the oldest half of
-the kept values give way (once for that collection)."
-  (when (shiftf *crowded-after-gc* nil)
+  "When SBCL's last collection left the heap crowded, or it is crowded now
+(large values kept one after another fill it between two collections), let
+the oldest half of the kept values give way.  Weak, they go at SBCL's next
+collection, which an allocation the heap cannot take starts anyway."
+  (when (or (shiftf *crowded-after-gc* nil) (crowded-now-p))
     (weaken-oldest-half)))
 
 (defun forget-history ()
