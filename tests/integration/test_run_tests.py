@@ -183,7 +183,8 @@ def test_a_run_leaves_out_the_redefinition_warnings_of_its_load(lisp, tmp_path):
     copy = registered_copy(lisp, CL_PPCRE, tmp_path / "cl-ppcre")
     try:
         result = checked_call(lisp, "run-tests", system="cl-ppcre", timeout=300)
-        assert f'compiling file "{copy}/api.lisp"' in result["structuredContent"]["stdout"], result
+        # The copy was compiled, then loaded (a long stdout keeps its start).
+        assert f'compiling file "{copy}/' in result["structuredContent"]["stdout"], result
         warnings = [w for w in result["structuredContent"]["warnings"] if "redefining" in w["message"]]
         assert warnings == [], warnings
         assert "redefining" not in result["content"][0]["text"]
