@@ -96,15 +96,8 @@ source file: (:name N :error MESSAGE)."
               :error (if (search "DEFINITION-SOURCE" offset)
                          "no source file (defined without one, e.g. through evaluate-lisp)"
                          offset))
-        (let* ((start (top-level-form-start source offset))
-               ;; Before its form (on a form a false #+ or #- skips, where
-               ;; the reader started it): the reference is the form's
-               ;; opening, as many lines further when compiled.
-               (compiled-line (and compiled-line
-                                   (+ compiled-line
-                                      (max 0 (- (place-at (source-file-octets source) start)
-                                                (place-at (source-file-octets source) offset))))))
-               (reference (place-plist source (max offset start) status compiled-line)))
+        (let ((reference (place-plist source offset status compiled-line))
+              (start (top-level-form-start source offset)))
           (append (list :name name)
                   (place-plist source start status compiled-line)
                   (list :reference-line (getf reference :line)

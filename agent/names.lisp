@@ -361,20 +361,16 @@ nothing."
 (defun caller-form-bounds (source sought origin)
   "The byte offsets (values START END) in SOURCE of the top-level form that
 defines what SOUGHT describes, nearest byte ORIGIN (see
-`definition-offset'), START where the reader starts reading it (past the
-form before: a form a false #+ or #- skips is read with it) and END past
-the newline of its last line (a snippet's first line ends with it); nil
-when there is none.  When SOURCE does not read, START is the definition's
-and END is the file's end."
+`definition-offset'), END past the newline of its last line (a snippet's
+first line ends with it); nil when there is none.  When SOURCE does not
+read, END is its end."
   (let ((start (definition-offset sought (source-file-lowered source) origin))
         (octets (source-file-octets source)))
     (when start
       (let* ((starts (form-octet-starts source))
              (index (position start starts :test #'>= :from-end t))
              (end (if index (aref (form-octet-ends source) index) (length octets))))
-        (values (cond ((null index) start)
-                      ((plusp index) (aref (form-octet-ends source) (1- index)))
-                      (t 0))
+        (values (if index (aref starts index) start)
                 (let ((newline (position 10 octets :start end)))
                   (if newline (1+ newline) (length octets))))))))
 
