@@ -83,7 +83,7 @@ source file: (:name N :error MESSAGE)."
       ;; referrer: the referrer's name is looked for only when it is gone,
       ;; and when that is gone too, the line is the reference's.
       (multiple-value-bind (source offset status compiled-line)
-          (resolved-location location files :characters t :within dspec)
+          (resolved-location location files :characters t)
         (if (and source (string= status "not-found"))
             (multiple-value-bind (named-source named-offset named-status named-line)
                 (resolved-location location files :name dspec :characters t)

@@ -358,43 +358,14 @@ nothing."
   (and (< at (length octets))
        (= (common-prefix-length needle octets at) (min (length needle) (- (length octets) at)))))
 
-(defun caller-form-bounds (source sought origin)
-  "The byte offsets (values START END) in SOURCE of the top-level form that
-defines what SOUGHT describes, nearest byte ORIGIN (see
-`definition-offset'), END past the newline of its last line (a snippet's
-first line ends with it); nil when there is none.  When SOURCE does not
-read, END is its end."
-  (let ((start (definition-offset sought (source-file-lowered source) origin))
-        (octets (source-file-octets source)))
-    (when start
-      (let* ((starts (form-octet-starts source))
-             (index (position start starts :test #'>= :from-end t))
-             (end (if index (aref (form-octet-ends source) index) (length octets))))
-        (values (if index (aref starts index) start)
-                (let ((newline (position 10 octets :start end)))
-                  (if newline (1+ newline) (length octets))))))))
-
-(defun snippet-offset-within (needle octets origin within source)
-  "`snippet-offset' of NEEDLE in OCTETS, SOURCE's bytes, nearest ORIGIN;
-with WITHIN, a `sought', only inside the top-level form that defines it
-now (see `caller-form-bounds'), and nil when that form is gone."
-  (if (null within)
-      (snippet-offset needle octets origin)
-      (multiple-value-bind (start end) (caller-form-bounds source within origin)
-        (let ((found (and start (snippet-offset needle (subseq octets start end) (- origin start)))))
-          (and found (+ start found))))))
-
-(defun resolve-offset (source recorded snippet name &optional within)
+(defun resolve-offset (source recorded snippet name)
   "Where the form recorded at byte RECORDED of the file whose `source-file'
 is SOURCE is now, and what was found: (values OFFSET STATUS), STATUS
 \"unchanged\" (SNIPPET, a string or nil, is whole at RECORDED),
 \"found-after-edit\", or \"not-found\" (OFFSET is then RECORDED).  NAME, a `sought' or
 nil (see `location-name'), is the definition's: a snippet found on a line that does not name it,
 while a definition of the name is elsewhere, was read from the edited file
-rather than the compiled one (Swank's source cache did not hold that).
-WITHIN, a `sought' or nil, is a reference's caller: a snippet moved is
-looked for only in the caller's form (see `snippet-offset-within'), since
-a like call elsewhere is another caller's."
+rather than the compiled one (Swank's source cache did not hold that)."
   (let* ((octets (source-file-octets source))
          (recorded (max 0 (min recorded (length octets))))
          (at (skip-blanks-and-comments octets recorded))
@@ -402,7 +373,7 @@ a like call elsewhere is another caller's."
                       (swank-octets snippet)))
          (found (and needle (if (whole-at-p needle octets at)
                                 at
-                                (snippet-offset-within needle octets recorded within source)))))
+                                (snippet-offset needle octets recorded)))))
     (flet ((place (offset) (values offset (if (and (= offset at) (whole-at-p needle octets at))
                                               "unchanged"
                                               "found-after-edit")))
@@ -589,10 +560,9 @@ code compiled from any buffer (Swank places those in the buffer only)."
           buffer (and snippet (subseq snippet 0 (or (position #\Newline snippet)
                                                      (min (length snippet) 200))))))
 
-(defun resolved-location (location files &key name characters within)
+(defun resolved-location (location files &key name characters)
   "Where Swank's LOCATION is in its file as it is now (see
-`resolve-offset'; NAME, a definition's name, helps find it after edits;
-WITHIN, a reference's caller, bounds where it is looked for):
+`resolve-offset'; NAME, a definition's name, helps find it after edits):
 (values SOURCE OFFSET STATUS COMPILED-LINE), SOURCE a `source-file' and
 OFFSET in bytes; or (values nil WHY) when it has no file.  Understands
 (:file F) with (:position P), whose P counts characters when CHARACTERS (a
@@ -631,8 +601,7 @@ each file read once per reply."
                            (compiled-buffer-line file (second position) (third position) snippet name))
                           (t (compiled-place file offset snippet name source files)))
                   (multiple-value-bind (found status)
-                      (resolve-offset source recorded (or compiled-snippet snippet) name
-                                      (location-name within))
+                      (resolve-offset source recorded (or compiled-snippet snippet) name)
                     (let ((line (place-at (source-file-octets source) found)))
                       (cond ((string= status "not-found"))
                             ;; Where it was compiled, whatever changed around it

@@ -215,16 +215,3 @@ def test_an_xref_caller_after_a_form_a_false_feature_skips_is_the_next_form(lisp
     line = oracle_line(pristine, edited, "iterate", edited / "iterate.lisp", "function", "WALK-CDR")
     found, _ = callers_of(lisp, "iterate::walk-arglist", "ITERATE::WALK-CDR")
     assert found and [r["line"] for r in found] == [line] * len(found), found
-
-
-def test_an_xref_reference_whose_caller_was_deleted_is_not_found_at_a_like_call(lisp, tmp_path):
-    # Another definition holds a `(rule-expression rule)` too.
-    pristine, edited = loaded(lisp, tmp_path, "esrap")
-    interface = edited / "src" / "interface.lisp"
-    found, _ = callers_of(lisp, "esrap::rule-expression", "ESRAP:ADD-RULE")
-    compiled = [r["referenceLine"] for r in found]
-    text = interface.read_text()
-    start = text.index("(defun add-rule (symbol rule)")
-    interface.write_text(text[:start] + text[text.index("(defun find-rule (symbol)"):])
-    found, _ = callers_of(lisp, "esrap::rule-expression", "ESRAP:ADD-RULE")
-    assert compiled and [(r["place"], r["compiledLine"]) for r in found] == [("not-found", line) for line in compiled]
