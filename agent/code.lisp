@@ -43,12 +43,19 @@ later, gives `skip-lisp-blanks'."
   "The byte offset where the top-level form of SOURCE (a `source-file')
 holding byte OFFSET opens, as the reader finds it (see `form-octet-starts'
 and `form-opening'), so a docstring line that opens with a parenthesis is
-no form's start.
+no form's start.  OFFSET between two forms (on a form a false #+ or #-
+skips: SBCL's reader, and so Swank's position, starts the next form there)
+is the next form's.
 When SOURCE does not read: the line at or before OFFSET that starts with an
 open parenthesis, by the convention Emacs's beginning-of-defun keeps, or
 OFFSET itself when there is none."
   (let* ((starts (form-octet-starts source))
-         (index (position offset starts :test #'>= :from-end t)))
+         (ends (form-octet-ends source))
+         (before (position offset starts :test #'>= :from-end t))
+         (index (if (and (< (or before -1) (1- (length starts)))
+                         (or (null before) (>= offset (aref ends before))))
+                    (1+ (or before -1))
+                    before)))
     (if index
         (utf-8-offset source (form-opening (source-file-string source)
                                            (aref (source-file-forms source) index)))

@@ -103,7 +103,7 @@ OCTETS, and the first `*snippet-lines*' lines from there (at most
 (defstruct (source-file (:constructor make-source-file (path octets)))
   "A file as it is now, read once for one reply: its bytes, and what is
 derived from them on first use."
-  path octets (%lowered nil) (%text nil) (%forms :unknown))
+  path octets (%lowered nil) (%text nil) (%forms :unknown) (%ends nil))
 
 (defun file-source (path files)
   "The `source-file' at PATH, kept in FILES (an equal hash table) across
@@ -120,11 +120,18 @@ the places of one reply."
 vector (see `top-level-form-bounds' of agent/forms.lisp, loaded later), or
 nil when one does not read."
   (when (eq (source-file-%forms source) :unknown)
-    (setf (source-file-%forms source)
-          (handler-case (map 'vector #'car (top-level-form-bounds (source-file-string source)
-                                                                  most-positive-fixnum))
-            (serious-condition () nil))))
+    (let ((bounds (handler-case (top-level-form-bounds (source-file-string source)
+                                                       most-positive-fixnum)
+                    (serious-condition () nil))))
+      (setf (source-file-%forms source) (and bounds (map 'vector #'car bounds))
+            (source-file-%ends source) (and bounds (map 'vector #'cdr bounds)))))
   (source-file-%forms source))
+
+(defun source-file-ends (source)
+  "The character offsets where SOURCE's top-level forms end, as a vector in
+the order of `source-file-forms', or nil when one does not read."
+  (source-file-forms source)
+  (source-file-%ends source))
 
 (defun source-file-string (source)
   "SOURCE's text."
@@ -441,6 +448,11 @@ source cache holds it, or nil."
   "The byte offsets where SOURCE's top-level forms start (see
 `source-file-forms'), or nil."
   (map 'vector (lambda (start) (utf-8-offset source start)) (source-file-forms source)))
+
+(defun form-octet-ends (source)
+  "The byte offsets where SOURCE's top-level forms end (see
+`source-file-ends'), or nil."
+  (map 'vector (lambda (end) (utf-8-offset source end)) (source-file-ends source)))
 
 (defun same-form-offset (now compiled here)
   "The byte offset in COMPILED (a `source-file') as far into the top-level

@@ -207,3 +207,11 @@ def test_an_xref_caller_after_a_feature_expression_is_placed_at_its_form(lisp, t
                 if (d.type, d.name, d.specializers) == ("method", "CREATE-SCANNER", "(STRING)")]
     found, _ = callers_of(lisp, "cl-ppcre:parse-string", "(DEFMETHOD CL-PPCRE:CREATE-SCANNER (STRING))")
     assert [r["line"] for r in found] == [method.line], found
+
+
+def test_an_xref_caller_after_a_form_a_false_feature_skips_is_the_next_form(lisp, tmp_path):
+    # Swank places WALK-CDR's reference on the `#+nil` line above it, where SBCL's reader started.
+    pristine, edited = loaded(lisp, tmp_path, "iterate")
+    line = oracle_line(pristine, edited, "iterate", edited / "iterate.lisp", "function", "WALK-CDR")
+    found, _ = callers_of(lisp, "iterate::walk-arglist", "ITERATE::WALK-CDR")
+    assert found and [r["line"] for r in found] == [line] * len(found), found
