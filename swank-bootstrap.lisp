@@ -168,8 +168,8 @@
 ;;;   sb-kernel:%fun-name             a FiveAM test function's name, which says
 ;;;                                   the file it was made in (run-tests' places)
 ;;;   sb-kernel:dynamic-usage         bytes of heap in use: kept values give
-;;;                                   way past half of it after a collection
-;;;                                   (`note-heap-after-gc')
+;;;                                   way past half of it (`crowded-now-p')
+;;;   sb-ext:*after-gc-hooks*         `note-heap-after-gc', while attached
 ;;;   sb-sys:wait-until-fd-usable     the lane's and the listeners' waits
 ;;;   sb-sys:fd-stream-fd             a socket stream's file descriptor
 ;;;   asdf/find-component:missing-requires   the system a load missed (not

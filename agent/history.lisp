@@ -211,8 +211,8 @@ has given way since.")
 `*crowded-fraction*' of the dynamic space in use (in `sb-ext:*after-gc-hooks*')."
   (setf *crowded-after-gc* (crowded-now-p)))
 
-;;; Installed as the agent loads (a saved core keeps it), in both modes.
-(pushnew 'note-heap-after-gc sb-ext:*after-gc-hooks*)
+;;; Put on by `prepare-embedded-image' and `prepare-attached-connection';
+;;; taken off by `detach-from-image' with cl-mcp's other hooks.
 
 (defun weaken-oldest-half ()
   "Turn the oldest half (at least one) of the kept values still held into

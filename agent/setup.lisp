@@ -79,6 +79,7 @@ logged.  Return t."
   ;; To know which evaluation started a thread (`hurry-evaluation').
   (watch-threads-started-by-cl-mcp)
   (install-mailbox-pruning)
+  (pushnew 'note-heap-after-gc sb-ext:*after-gc-hooks*)
   t)
 
 (defvar *attach-lock* (sb-thread:make-mutex :name "cl-mcp attach")
@@ -106,6 +107,7 @@ goes.  Return t."
     (install-mailbox-pruning)
     (watch-threads-started-by-cl-mcp)
     (pushnew 'forget-connection swank::*connection-closed-hook*)
+    (pushnew 'note-heap-after-gc sb-ext:*after-gc-hooks*)
     (setf *detached* nil))
   (set-connection-nodelay)
   t)
@@ -123,8 +125,8 @@ goes.  Return t."
 the threads cl-mcp's evaluations started write to, and stop at their
 errors in, what they would have without it (`*detached*'), those waiting
 at an error for cl-mcp included; no make-thread wrapper, no hook of
-cl-mcp's before Swank's replies or on its connections, and the test
-frameworks unwrapped."
+cl-mcp's before Swank's replies, on its connections or after SBCL's
+collections, and the test frameworks unwrapped."
   (setf *detached* t)
   ;; Threads stopped for cl-mcp are let go: at their errors, to the image's
   ;; debugger; interrupted by the threads tool, back to their work.
@@ -133,7 +135,8 @@ frameworks unwrapped."
     (post-command stop (list :abort)))
   (unwatch-threads)
   (setf swank::*pre-reply-hook* (remove 'prune-swank-mailboxes swank::*pre-reply-hook*)
-        swank::*connection-closed-hook* (remove 'forget-connection swank::*connection-closed-hook*))
+        swank::*connection-closed-hook* (remove 'forget-connection swank::*connection-closed-hook*)
+        sb-ext:*after-gc-hooks* (remove 'note-heap-after-gc sb-ext:*after-gc-hooks*))
   (remove-hooks))
 
 (defun forget-connection (connection)

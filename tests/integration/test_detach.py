@@ -23,10 +23,12 @@ MARKS = ("(cl:list (cl:and (sb-int:encapsulated-p (cl:quote sb-thread:make-threa
          "swank::*connection-closed-hook*) cl:t) "
          "(cl:length cl-mcp-agent::*connections*) "
          "(cl:and (sb-int:encapsulated-p (cl:quote sb-rt::do-entry) "
-         "(cl:quote cl-mcp-agent::cl-mcp-run-tests)) cl:t))")
+         "(cl:quote cl-mcp-agent::cl-mcp-run-tests)) cl:t) "
+         "(cl:and (cl:member (cl:quote cl-mcp-agent::note-heap-after-gc) "
+         "sb-ext:*after-gc-hooks*) cl:t))")
 
-ATTACHED = "(t 2 t 1 t)"
-DETACHED = "(nil 0 nil 0 nil)"
+ATTACHED = "(t 2 t 1 t t)"
+DETACHED = "(nil 0 nil 0 nil nil)"
 
 # RT wrapped as a run of run-tests wraps it, and a thread cl-mcp starts
 # that prints until told to fail.
