@@ -227,10 +227,14 @@ weak pointers."
             do (setf (kept-entry-value kept) (sb-ext:make-weak-pointer (kept-entry-value kept))
                      (kept-entry-weak kept) t)))))
 
-(defun crowded-now-p ()
-  "Whether more than `*crowded-fraction*' of the dynamic space is in use
-now, garbage included: read, not collected."
-  (> (sb-kernel:dynamic-usage) (* *crowded-fraction* (sb-ext:dynamic-space-size))))
+(defparameter *nearly-full-fraction* 3/4
+  "The part of the dynamic space in use, garbage included, above which
+`give-way' collects once the oldest kept values gave way.")
+
+(defun crowded-now-p (&optional (fraction *crowded-fraction*))
+  "Whether more than FRACTION of the dynamic space is in use now, garbage
+included: read, not collected."
+  (> (sb-kernel:dynamic-usage) (* fraction (sb-ext:dynamic-space-size))))
 
 (defun give-way ()
   "When SBCL's last collection left the heap crowded, or it is crowded now
@@ -238,7 +242,12 @@ now, garbage included: read, not collected."
 the oldest half of the kept values give way.  Weak, they go at SBCL's next
 collection, which an allocation the heap cannot take starts anyway."
   (when (or (shiftf *crowded-after-gc* nil) (crowded-now-p))
-    (weaken-oldest-half)))
+    (weaken-oldest-half)
+    ;; Nearly full: SBCL's next collection may take only the young
+    ;; generations, and a large value weakened in an older one would stay
+    ;; until the heap is exhausted.  The one collection cl-mcp forces.
+    (when (crowded-now-p *nearly-full-fraction*)
+      (sb-ext:gc :full t))))
 
 (defun forget-history ()
   "Forget cl-mcp's REPL history and the values kept (`soft-reset')."
