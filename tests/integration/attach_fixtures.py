@@ -98,6 +98,16 @@ class Emacs:
             raise AssertionError(f"emacsclient failed: {out.stderr}")
         return out.stdout.strip()
 
+    def text(self, form: str) -> str:
+        """The string FORM returns in Emacs, or "" for nil.  It comes back
+        through a file: emacsclient garbles long printed answers (it splits
+        them across its protocol's messages and then reports one of them as
+        unknown)."""
+        with tempfile.NamedTemporaryFile(suffix=".txt") as out:
+            self.eval(f"(let ((text {form}) (coding-system-for-write (quote utf-8-unix))) "
+                      f'(with-temp-file "{out.name}" (when text (insert text))) t)')
+            return Path(out.name).read_text(encoding="utf-8")
+
     def connect(self, port: int) -> None:
         self.eval(f'(slime-connect "127.0.0.1" {port})')
         deadline = time.monotonic() + 30
@@ -120,7 +130,7 @@ class Emacs:
         return int(self.eval("(length (sldb-buffers))"))
 
     def repl_text(self) -> str:
-        return self.eval("(with-current-buffer (slime-output-buffer) "
+        return self.text("(with-current-buffer (slime-output-buffer) "
                          "(buffer-substring-no-properties (point-min) (point-max)))")
 
     def quit_debuggers(self) -> None:

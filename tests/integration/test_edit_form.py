@@ -10,7 +10,6 @@ image it attaches to."""
 from __future__ import annotations
 
 import itertools
-import json
 import random
 import re
 from pathlib import Path
@@ -354,9 +353,9 @@ def test_emacs_sees_the_edit_when_it_reverts_and_m_dot_lands_on_the_new_line(tmp
         assert not result["isError"] and result["structuredContent"]["line"] == 5, result
         expected = EMACS_SOURCE.replace("(defun", f"{above}\n\n(defun").replace("2)", "3)")
         assert path.read_text() == expected
-        text = emacs.eval(f'(with-current-buffer (get-file-buffer "{path}") (revert-buffer t t) '
+        text = emacs.text(f'(with-current-buffer (get-file-buffer "{path}") (revert-buffer t t) '
                           "(buffer-substring-no-properties (point-min) (point-max)))")
-        assert text == json.dumps(expected), text  # prin1 of an Elisp string: JSON's escapes here
+        assert text == expected, text
         landed = emacs.eval('(progn (slime-edit-definition "cl-user::edited-from-cl-mcp") '
                             "(list (buffer-file-name) (line-number-at-pos)))")
         assert landed == f'("{path}" 5)', landed

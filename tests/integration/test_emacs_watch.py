@@ -29,11 +29,9 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> N
 
 
 def text_of(emacs: Emacs, buffer: str) -> str:
-    """The text of EMACS's BUFFER (a form that names it), empty when there is
-    none; emacsclient prints it as an Emacs Lisp string, read here as JSON."""
-    return json.loads(emacs.eval(f"(let ((b {buffer})) (if b (with-current-buffer b "
-                                 '(buffer-substring-no-properties (point-min) (point-max))) ""))'),
-                      strict=False)
+    """The text of EMACS's BUFFER (a form that names it), empty when there is none."""
+    return emacs.text(f"(let ((b {buffer})) (when b (with-current-buffer b "
+                      "(buffer-substring-no-properties (point-min) (point-max)))))")
 
 
 def watch_buffer(emacs: Emacs) -> str:

@@ -9,6 +9,7 @@ file, gives the same line as unchanged."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,12 @@ def lisp(request):
 
 
 def edit(path: Path, old: str, new: str) -> None:
+    """Replace OLD in PATH a second after now: ASDF's timestamps have whole
+    seconds, so an edit in the second its fasl was written would look already
+    compiled, and the system's test-op would not compile it again."""
     text = path.read_text()
     assert text.count(old) == 1, old
+    time.sleep(1.05)
     path.write_text(text.replace(old, new))
 
 
