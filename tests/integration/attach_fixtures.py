@@ -133,6 +133,13 @@ class Emacs:
         return self.text("(with-current-buffer (slime-output-buffer) "
                          "(buffer-substring-no-properties (point-min) (point-max)))")
 
+    def await_debugger(self, what: str, timeout: float = 10) -> None:
+        """Wait until a debugger window is open; WHAT says whose error it is."""
+        deadline = time.monotonic() + timeout
+        while self.debugger_windows() == 0:
+            assert time.monotonic() < deadline, f"{what} never reached Emacs's debugger"
+            time.sleep(0.1)
+
     def quit_debuggers(self) -> None:
         """Quit every debugger, and wait until Swank has closed them (sldb-quit
         only sends the request)."""

@@ -5,6 +5,7 @@ structured content checked against the tool's outputSchema."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -23,9 +24,10 @@ MODES = ["embedded", "attached"]
 
 
 @contextmanager
-def cl_mcp_in(mode: str, *options: str) -> Iterator[McpProcess]:
+def cl_mcp_in(mode: str, *options: str, defining: str = "") -> Iterator[McpProcess]:
     """An initialized cl-mcp, started with OPTIONS: embedded, or attached to
-    a programmer's Swank."""
+    a programmer's Swank; with DEFINING, Lisp code that a test's module
+    needs, evaluated first."""
     swank = None
     if mode == "attached":
         home = temporary_home()
@@ -36,6 +38,9 @@ def cl_mcp_in(mode: str, *options: str) -> Iterator[McpProcess]:
     process.mode = mode
     try:
         process.initialize()
+        if defining:
+            text, is_error = process.eval(defining)
+            assert not is_error, text
         yield process
     finally:
         process.close()
@@ -92,4 +97,16 @@ def registered_copy(process: McpProcess, library: Path, directory: Path, ignore:
     shutil.copytree(library, directory, ignore=ignore)
     text, is_error = process.eval(f'(push #p"{directory}/" asdf:*central-registry*)')
     assert not is_error, text
+    return directory
+
+
+_copies = itertools.count(1)
+
+
+def loaded_copy(process: McpProcess, library: Path, system: str, tmp_path: Path) -> Path:
+    """A fresh copy of LIBRARY under TMP_PATH (registered_copy), with its
+    SYSTEM loaded from there."""
+    directory = registered_copy(process, library, tmp_path / f"{library.name}-{next(_copies)}")
+    loaded = process.call("load-system", system=system)
+    assert not loaded["isError"], loaded
     return directory

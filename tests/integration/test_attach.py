@@ -172,10 +172,7 @@ def test_the_programmers_own_errors_still_go_to_emacs(shared):
     _, emacs, process = shared
     emacs.slime_eval('(cl:progn (sb-thread:make-thread (cl:lambda () (cl:error "users bg error")))'
                      " cl:t)")
-    deadline = time.monotonic() + 10
-    while emacs.debugger_windows() == 0:
-        assert time.monotonic() < deadline, "the programmer's debugger never appeared in Emacs"
-        time.sleep(0.2)
+    emacs.await_debugger("the programmer's error")
     emacs.quit_debuggers()
     assert process.eval("(+ 1 1)") == ("=> 2", False)
 

@@ -52,9 +52,7 @@ ORACLE = """
 
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
-    with cl_mcp_in(request.param) as process:
-        text, is_error = process.eval(ORACLE)
-        assert not is_error, text
+    with cl_mcp_in(request.param, defining=ORACLE) as process:
         yield process
 
 

@@ -87,10 +87,7 @@ def test_killing_cl_mcp_leaves_the_image_as_without_it_and_attaching_again_resto
         assert emacs.slime_eval(CATCH_TICKS) == "(t nil)"
         # The stopper's error, and the ticker's, go to Emacs's debugger.
         for what in ("the stopper's", "the ticker's"):
-            deadline = time.monotonic() + 10
-            while emacs.debugger_windows() == 0:
-                assert time.monotonic() < deadline, f"{what} error never reached Emacs"
-                time.sleep(0.1)
+            emacs.await_debugger(f"{what} error")
             emacs.quit_debuggers()
             emacs.slime_eval("(cl:setf cl-user::*tick-fail* cl:t)")
         # A cl-mcp attaching again puts its marks back; closing it takes

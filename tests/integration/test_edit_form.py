@@ -9,32 +9,22 @@ image it attaches to."""
 
 from __future__ import annotations
 
-import itertools
 import random
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import (MODES, check_results_of, checked_call, cl_mcp_in, registered_copy,
+from tests.integration.devtools import (MODES, check_results_of, checked_call, cl_mcp_in, loaded_copy,
                                         shared_with_emacs)
 
 DEBIAN = Path("/usr/share/common-lisp/source")
-_copies = itertools.count(1)
 
 
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
     with cl_mcp_in(request.param) as process:
         yield process
-
-
-def copy_of(process, library: str, system: str, tmp_path: Path) -> Path:
-    """A fresh copy of a Debian library, loaded from its directory."""
-    directory = registered_copy(process, DEBIAN / library, tmp_path / f"{library}-{next(_copies)}")
-    loaded = process.call("load-system", system=system)
-    assert not loaded["isError"], loaded
-    return directory
 
 
 def outline(process, path: Path) -> list[dict]:
@@ -150,7 +140,7 @@ def random_edits(process, path: Path, rng: random.Random) -> None:
     ("cl-ppcre", "cl-ppcre", ["util.lisp", "specials.lisp"]),
 ])
 def test_seeded_random_edits_keep_every_other_byte(lisp, tmp_path, library, system, files):
-    directory = copy_of(lisp, library, system, tmp_path)
+    directory = loaded_copy(lisp, DEBIAN / library, system, tmp_path)
     rng = random.Random(f"{library}-38")
     for name in files:
         random_edits(lisp, directory / name, rng)
@@ -174,7 +164,7 @@ BROKEN = [
 
 @pytest.mark.parametrize("label, text, what, stop, opened", BROKEN, ids=[b[0] for b in BROKEN])
 def test_broken_texts_are_refused_and_the_file_is_unchanged(lisp, tmp_path, label, text, what, stop, opened):
-    directory = copy_of(lisp, "cl-split-sequence", "split-sequence", tmp_path)
+    directory = loaded_copy(lisp, DEBIAN / "cl-split-sequence", "split-sequence", tmp_path)
     api = directory / "api.lisp"
     original = api.read_bytes()
     result = edit(lisp, api, form="defun check-bounds", text=text)
@@ -296,7 +286,7 @@ def test_compile_form_reads_in_the_files_named_readtable(lisp, tmp_path):
 
 
 def test_outline_check_and_one_form_of_a_large_file(lisp, tmp_path):
-    directory = copy_of(lisp, "iterate", "iterate", tmp_path)
+    directory = loaded_copy(lisp, DEBIAN / "iterate", "iterate", tmp_path)
     path = directory / "iterate.lisp"
     forms = outline(lisp, path)
     lines = path.read_text().splitlines()

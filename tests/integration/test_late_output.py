@@ -19,9 +19,8 @@ OUTPUT = re.compile(r'Output from threads since the last call: .*?read-output \{
 
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
-    with cl_mcp_in(request.param) as process:
-        text, is_error = process.eval('(asdf:load-system "lparallel") (defvar *lo-written* (make-hash-table))')
-        assert not is_error, text
+    defining = '(asdf:load-system "lparallel") (defvar *lo-written* (make-hash-table))'
+    with cl_mcp_in(request.param, defining=defining) as process:
         yield process
 
 

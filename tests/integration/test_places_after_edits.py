@@ -7,15 +7,13 @@ image cl-mcp owns and in a programmer's image it attaches to."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, registered_copy
+from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, loaded_copy
 
 SPLIT_SEQUENCE = Path("/usr/share/common-lisp/source/cl-split-sequence")
-_copies = itertools.count(1)
 
 
 @pytest.fixture(scope="module", params=MODES)
@@ -27,10 +25,7 @@ def lisp(request):
 @pytest.fixture
 def library(lisp, tmp_path):
     """A fresh copy of split-sequence, loaded from its directory: (process, directory)."""
-    directory = registered_copy(lisp, SPLIT_SEQUENCE, tmp_path / f"split-sequence-{next(_copies)}")
-    loaded = lisp.call("load-system", system="split-sequence")
-    assert not loaded["isError"], loaded
-    return lisp, directory
+    return lisp, loaded_copy(lisp, SPLIT_SEQUENCE, "split-sequence", tmp_path)
 
 
 def edit(path: Path, old: str, new: str) -> None:

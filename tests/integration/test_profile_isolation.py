@@ -155,9 +155,7 @@ def test_two_deterministic_profiles_at_once_each_count_their_own_calls(two_sessi
 
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
-    with cl_mcp_in(request.param, "--eval-timeout", str(TIMEOUT)) as process:
-        text, is_error = process.eval(SPIN)
-        assert not is_error, text
+    with cl_mcp_in(request.param, "--eval-timeout", str(TIMEOUT), defining=SPIN) as process:
         check_results_of(process, "profile")
         yield process
 

@@ -34,10 +34,7 @@ def test_the_programmers_threads_are_listed_read_only_and_never_touched():
                          ' :name "programmers-loop") cl:t)')
         emacs.slime_eval('(cl:progn (sb-thread:make-thread (cl:lambda () (cl:error "programmers error"))'
                          ' :name "programmers-failed") cl:t)')
-        deadline = time.monotonic() + 10
-        while emacs.debugger_windows() == 0:
-            assert time.monotonic() < deadline, "the programmer's error never reached Emacs"
-            time.sleep(0.1)
+        emacs.await_debugger("the programmer's error")
         for name in ("programmers-loop", "programmers-failed"):
             entry = listed(process, name)
             assert entry["owner"] == "user" and "the programmer's" in entry["read-only"], entry

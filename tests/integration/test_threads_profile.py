@@ -31,9 +31,7 @@ WORK = """
 
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
-    with cl_mcp_in(request.param) as process:
-        text, is_error = process.eval(WORK)
-        assert not is_error, text
+    with cl_mcp_in(request.param, defining=WORK) as process:
         yield process
 
 

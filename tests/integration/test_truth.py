@@ -88,22 +88,26 @@ def test_definitions_past_the_end_of_a_file_cut_short(lisp, tmp_path):
     assert (found["place"], found["compiledLine"]) == ("not-found", compiled)
 
 
-def test_a_renamed_condition_is_not_placed_at_a_function_of_its_name(lisp, tmp_path):
-    pristine, edited = loaded(lisp, tmp_path, "named-readtables")
-    utils = edited / "src" / "utils.lisp"
-    utils.write_text(utils.read_text().replace("(define-condition simple-program-error ",
-                                               "(define-condition simple-program-error-renamed "))
-    found = place(lisp, "editor-hints.named-readtables::simple-program-error", "condition", "SIMPLE-PROGRAM-ERROR")
-    assert found["place"] == "not-found"
+# A definition renamed in its file is not placed at a definition of another
+# kind with its old name (a condition at a function), nor at a longer name
+# (esrap's files are in a :module: their compiled text is kept too).
+RENAMED = [
+    ("named-readtables", "src/utils.lisp", "(define-condition simple-program-error ",
+     "editor-hints.named-readtables::simple-program-error", "condition", "SIMPLE-PROGRAM-ERROR"),
+    ("esrap", "src/variables.lisp", "(defparameter *eval-nonterminals* ",
+     "esrap::*eval-nonterminals*", "variable", "*EVAL-NONTERMINALS*"),
+]
 
 
-def test_a_renamed_variable_is_not_placed_at_a_longer_name(lisp, tmp_path):
-    # esrap's files are in a :module: their compiled text is kept too.
-    pristine, edited = loaded(lisp, tmp_path, "esrap")
-    variables = edited / "src" / "variables.lisp"
-    variables.write_text(variables.read_text().replace("(defparameter *eval-nonterminals* nil)",
-                                                       "(defparameter *eval-nonterminals*-renamed nil)"))
-    found = place(lisp, "esrap::*eval-nonterminals*", "variable", "*EVAL-NONTERMINALS*")
+@pytest.mark.parametrize("library, file, opening, symbol, kind, name", RENAMED,
+                         ids=[row[4] for row in RENAMED])
+def test_a_renamed_definition_is_not_found(lisp, tmp_path, library, file, opening, symbol, kind, name):
+    pristine, edited = loaded(lisp, tmp_path, library)
+    source = edited / file
+    text = source.read_text()
+    assert text.count(opening) == 1, opening
+    source.write_text(text.replace(opening, opening.rstrip() + "-renamed "))
+    found = place(lisp, symbol, kind, name)
     assert found["place"] == "not-found"
 
 

@@ -11,8 +11,11 @@ tests), or was compiled outside any system."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+from tests.integration.conftest import McpProcess
 from tests.integration.devtools import check_results_of, checked_call, cl_mcp_in
 from tests.integration.test_run_tests import framework_count
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
@@ -20,6 +23,16 @@ from tests.truth.places import Tally
 from tests.truth.tests_oracle import check_library_tests
 
 LIBRARIES = {library.directory: library for library in CORPUS}
+
+
+@contextmanager
+def cl_mcp_with_suite(path: Path, text: str, loading: str) -> Iterator[McpProcess]:
+    """An embedded cl-mcp that has evaluated LOADING, with TEXT written to PATH."""
+    path.write_text(text)
+    with cl_mcp_in("embedded") as process:
+        loaded, is_error = process.eval(loading)
+        assert not is_error, loaded
+        yield process
 
 
 def wrong_answers(library: Library) -> Tally:
@@ -79,12 +92,10 @@ def test_a_failure_in_a_module_of_a_system_is_placed(tmp_path):
 
 def test_a_suite_compiled_outside_any_system_is_placed(tmp_path):
     suite = tmp_path / "loose-suite.lisp"
-    suite.write_text('(defpackage #:loose-suite (:use #:cl #:fiveam))\n(in-package #:loose-suite)\n\n'
-                     '(def-suite loose)\n(in-suite loose)\n\n;;; Wrong on purpose\n'
-                     '(test adds-wrongly\n  (is (= 5 (+ 2 2))))\n')
-    with cl_mcp_in("embedded") as process:
-        loaded, is_error = process.eval(f'(asdf:load-system "fiveam") (load (compile-file "{suite}"))')
-        assert not is_error, loaded
+    text = ('(defpackage #:loose-suite (:use #:cl #:fiveam))\n(in-package #:loose-suite)\n\n'
+            '(def-suite loose)\n(in-suite loose)\n\n;;; Wrong on purpose\n'
+            '(test adds-wrongly\n  (is (= 5 (+ 2 2))))\n')
+    with cl_mcp_with_suite(suite, text, f'(asdf:load-system "fiveam") (load (compile-file "{suite}"))') as process:
         place = failure_place(process, "loose-suite::adds-wrongly")
     assert (place.get("file"), place.get("line")) == (str(suite), 8), place
 
@@ -99,12 +110,10 @@ def test_named_readtables_own_copy_of_rt_is_recognised():
 def test_an_rt_error_is_the_condition_rt_caught(tmp_path):
     # Evaluated again, the form passes: the condition is the one RT caught.
     suite = tmp_path / "order-dependent.lisp"
-    suite.write_text('(defpackage #:order-dependent (:use #:cl #:rt))\n(in-package #:order-dependent)\n'
-                     '(defvar *runs* 0)\n'
-                     '(deftest first-run-fails (if (= (incf *runs*) 1) (error "Only the first run fails") :ok) :ok)\n')
-    with cl_mcp_in("embedded") as process:
-        loaded, is_error = process.eval(f'(asdf:load-system "rt") (load "{suite}")')
-        assert not is_error, loaded
+    text = ('(defpackage #:order-dependent (:use #:cl #:rt))\n(in-package #:order-dependent)\n'
+            '(defvar *runs* 0)\n'
+            '(deftest first-run-fails (if (= (incf *runs*) 1) (error "Only the first run fails") :ok) :ok)\n')
+    with cl_mcp_with_suite(suite, text, f'(asdf:load-system "rt") (load "{suite}")') as process:
         check_results_of(process, "run-tests")
         result = checked_call(process, "run-tests", test="order-dependent::first-run-fails")
     (problem,) = result["structuredContent"]["tests"]["problems"]
