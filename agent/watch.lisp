@@ -229,15 +229,28 @@ writes to its Emacs unread (channel 0: emacs/cl-mcp.el's hook takes it)."
         (swank::*send-counter* 0))  ; never `maybe-slow-down's wait for Emacs
     (swank::send-to-emacs (list :channel-send 0 (cons :cl-mcp-watch messages)))))
 
+(defparameter *watch-idle-check-seconds* 2
+  "How often an idle sender checks that an Emacs still watches.")
+
 (defun watch-sender-loop ()
   "Send the queued messages, oldest first, gathered for
 `*watch-gather-seconds*', to every registered Emacs still connected,
-forgetting the others."
+forgetting the others.  Once no Emacs watches, take the event hook off
+and end (`watch-register' starts again): an image whose watching Emacs
+left keeps nothing of the package's."
   (loop
     (let ((messages '()) (dropped 0))
       (sb-thread:with-mutex (*watch-lock*)
         (loop until *watch-queue*
-              do (sb-thread:condition-wait *watch-ready* *watch-lock*)))
+              do (unless (sb-thread:condition-wait *watch-ready* *watch-lock*
+                                                   :timeout *watch-idle-check-seconds*)
+                   ;; A wait that times out returns without the mutex.
+                   (sb-thread:grab-mutex *watch-lock*)
+                   (unless (or (live-watchers) *watch-queue*)
+                     (setf swank::*event-hook* (remove 'watch-event-hook swank::*event-hook*)
+                           *watch-sender* nil
+                           *held* nil)  ; as `still-held-p': no Emacs could release it
+                     (return-from watch-sender-loop)))))
       (sleep *watch-gather-seconds*)
       (sb-thread:with-mutex (*watch-lock*)
         (setf messages (reverse *watch-queue*)
@@ -372,11 +385,11 @@ to dispatch EVENT (which a held call's request was changed in)."
 (defun watch-register ()
   "Register the Emacs this request comes from (its SLIME connection) to be
 told of every tool call; start watching.  Return (:held HELD)."
+  ;; One lock with the sender's end, which takes the hook off.
   (let ((connection swank::*emacs-connection*))
     (sb-thread:with-mutex (*watch-lock*)
-      (setf *watchers* (adjoin connection (live-watchers))))
-    (pushnew 'watch-event-hook swank::*event-hook*)
-    (sb-thread:with-mutex (*watch-lock*)
+      (setf *watchers* (adjoin connection (live-watchers)))
+      (pushnew 'watch-event-hook swank::*event-hook*)
       (unless (and *watch-sender* (sb-thread:thread-alive-p *watch-sender*))
         (setf *watch-sender* (make-agent-thread #'watch-sender-loop "cl-mcp watch sender"))))
     (list :held (and *held* t))))

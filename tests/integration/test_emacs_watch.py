@@ -266,3 +266,8 @@ def test_a_hold_ends_when_no_emacs_that_could_release_it_is_connected(shared):
     wait_for(lambda: "PAUSED" not in text(process.call("evaluate-lisp", code="(+ 3 4)")),
              "the hold ended")
     assert process.eval("(+ 3 4)") == ("=> 7", False)
+    # With no Emacs watching, the image keeps neither the hook nor the sender.
+    leftovers = ('(list (and (member (quote cl-mcp-agent::watch-event-hook) swank::*event-hook*) t) '
+                 '(and (find "cl-mcp watch sender" (sb-thread:list-all-threads) '
+                 ':key (function sb-thread:thread-name) :test (function equal)) t))')
+    wait_for(lambda: process.eval(leftovers) == ("=> (NIL NIL)", False), "the watch's hook and sender gone")
