@@ -135,7 +135,8 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             "cl-mcp; each total and each test the framework prints as failed (expected to fail",
             "or not) must be run-tests' too. A library whose runner is its own (no FiveAM or RT",
             "summary printed) is right when run-tests recognises no framework either. Its",
-            "subset in `make test`: tests/integration/test_truth_tests.py.",
+            "subset in `make test`: tests/integration/test_truth_tests.py. Not checked:",
+            *(f"{lib.directory}'s tests: {lib.hanging_tests}." for lib in CORPUS if lib.hanging_tests),
             "", "Not checked yet by the harness: compiler notes, frames, backtraces and output over",
             "the corpus (their oracles run in tests/integration/test_backtraces_oracle.py and",
             "test_late_output.py), and test places.", "", "## Wrong answers", ""]
