@@ -28,8 +28,8 @@ from typing import Awaitable, Callable, Iterator, Protocol
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cl_mcp.link import _eval_text as lisp  # noqa: E402  (Swank reads a request in a package of its own)
-from cl_mcp.swank.client import SwankConnection  # noqa: E402
+from cl_mcp.lisp.link import _eval_text as lisp  # noqa: E402  (Swank reads a request in a package of its own)
+from cl_mcp.lisp.swank.client import SwankConnection  # noqa: E402
 from tests.integration.attach_fixtures import SwankServer, temporary_home  # noqa: E402
 
 Row = tuple[str, str, str, str]

@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterator, Protocol
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cl_mcp import sexp  # noqa: E402
-from cl_mcp.sexp import Keyword, Symbol  # noqa: E402
+from cl_mcp.wire import sexp  # noqa: E402
+from cl_mcp.wire.sexp import Keyword, Symbol  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "lisp" / "cl-mcp-fixture"
 TARGET = "target < 50 ms"

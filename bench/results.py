@@ -37,9 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cl_mcp.linepattern import LinePattern  # noqa: E402
-from cl_mcp.outputs import Lines  # noqa: E402
-from cl_mcp.config import SessionConfig  # noqa: E402
+from cl_mcp.results.linepattern import LinePattern  # noqa: E402
+from cl_mcp.results.outputs import Lines  # noqa: E402
+from cl_mcp.lisp.config import SessionConfig  # noqa: E402
 from cl_mcp.tools.output import read_slice, search  # noqa: E402
 from devtools import timed, tool  # noqa: E402
 

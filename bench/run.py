@@ -36,10 +36,10 @@ from devtools import timed  # noqa: E402
 import pure  # noqa: E402  (bench/pure.py, beside this file)
 import results  # noqa: E402  (bench/results.py, beside this file)
 import watch  # noqa: E402  (bench/watch.py, beside this file)
-from cl_mcp import sexp  # noqa: E402
-from cl_mcp.config import ImageConfig  # noqa: E402
-from cl_mcp.image import LispImage  # noqa: E402
-from cl_mcp.swank.wire import encode_frame, parse_header  # noqa: E402
+from cl_mcp.wire import sexp  # noqa: E402
+from cl_mcp.lisp.config import ImageConfig  # noqa: E402
+from cl_mcp.lisp.image import LispImage  # noqa: E402
+from cl_mcp.lisp.swank.wire import encode_frame, parse_header  # noqa: E402
 
 CL_MCP = [str(Path(sys.executable).parent / "cl-mcp"), "--log-level", "warning"]
 SDK_SERVER = [sys.executable, str(ROOT / "bench" / "sdk_server.py")]

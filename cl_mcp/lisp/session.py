@@ -17,15 +17,15 @@ import logging
 import secrets
 from typing import Any
 
-from cl_mcp import idle_poll
 from cl_mcp.errors import ProtocolError, SessionError, SwankError
-from cl_mcp.config import SessionConfig
-from cl_mcp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in_image
-from cl_mcp.outputs import OutputStore
-from cl_mcp.sexp import Keyword, SExp, Symbol
-from cl_mcp.swank.client import DEFAULT_PACKAGE, SwankConnection
-from cl_mcp.thread_news import NewsNotices, ThreadNews
-from cl_mcp.unclaimed import Unclaimed
+from cl_mcp.lisp.config import SessionConfig
+from cl_mcp.lisp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in_image
+from cl_mcp.lisp.swank.client import DEFAULT_PACKAGE, SwankConnection
+from cl_mcp.lisp.thread_news import NewsNotices, ThreadNews
+from cl_mcp.lisp.unclaimed import Unclaimed
+from cl_mcp.results.outputs import OutputStore
+from cl_mcp.wire import idle_poll
+from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 
 log = logging.getLogger("cl_mcp.session")
 
