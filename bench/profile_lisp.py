@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import RawSwank  # noqa: E402
+from harness import RawSwank  # noqa: E402  (bench/harness.py, beside this file)
 
 from cl_mcp.wire.sexp import Keyword, Symbol, dumps  # noqa: E402
 
