@@ -79,7 +79,7 @@ class LispSession:
                               Keyword("suspend-seconds"), float(self.config.suspend_timeout),
                               Keyword("max-background"), self.config.max_background,
                               # The lane polls between requests with cl-mcp's own event
-                              # loop's spin and back-off (idle_poll.py); its stop after
+                              # loop's spin and back-off (wire/idle_poll.py); its stop after
                               # long waits is the agent's `*lane-long-waits-limit*'.
                               Keyword("idle-poll-microseconds"), microseconds(idle_poll.idle_spin()),
                               Keyword("poll-stolen-microseconds"), microseconds(idle_poll.STOLEN),

@@ -207,7 +207,7 @@ class SwankConnection:
                 self._read_now()
             if deadline is not None and not future.done():
                 # A timer, not asyncio.timeout: the request may start outside
-                # any task (see eager.py).  Only when the answer is not in
+                # any task (see server/eager.py).  Only when the answer is not in
                 # yet: the answer window is far shorter than any deadline.
                 timer = loop.call_later(deadline, _time_out, future)
             return await future
