@@ -28,15 +28,16 @@ from typing import Awaitable, Callable, Iterator, Protocol
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cl_mcp.link import _eval_text as lisp  # noqa: E402  (Swank reads a request in a package of its own)
-from cl_mcp.swank.client import SwankConnection  # noqa: E402
+from cl_mcp.lisp.link import _eval_text as lisp  # noqa: E402  (Swank reads a request in a package of its own)
+from cl_mcp.lisp.swank.client import SwankConnection  # noqa: E402
+from harness import CL_MCP, Server  # noqa: E402  (bench/harness.py, beside this file)
 from tests.integration.attach_fixtures import SwankServer, temporary_home  # noqa: E402
 
 Row = tuple[str, str, str, str]
 
 
 class Client(Protocol):
-    """What this row needs of bench/run.py's `Server`."""
+    """What this row needs of `Server` (bench/harness.py)."""
 
     def initialize(self) -> None: ...
     def call(self, method: str, params: dict | None = None) -> dict: ...
@@ -119,8 +120,6 @@ def rows(quick: bool, spawn: Callable[[list[str]], Client]) -> Iterator[Row]:
 def main() -> None:
     """Print the row alone."""
     import argparse
-
-    from run import CL_MCP, Server  # bench/run.py, which imports this module
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer rounds")

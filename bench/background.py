@@ -22,14 +22,14 @@ from typing import Iterator, Protocol
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from devtools import timed  # noqa: E402
+from harness import CL_MCP, Server, timed  # noqa: E402  (bench/harness.py, beside this file)
 
 Row = tuple[str, str, str, str]  # what, the p50 beside the loop, the usual p50, the ratio
 EVAL = {"name": "evaluate-lisp", "arguments": {"code": "(+ 1 2)"}}
 
 
 class Client(Protocol):
-    """What these rows need of bench/run.py's `Server`."""
+    """What these rows need of `Server` (bench/harness.py)."""
 
     def call(self, method: str, params: dict | None = None) -> dict: ...
 
@@ -74,8 +74,6 @@ def rows(client: Client, quick: bool) -> Iterator[Row]:
 def main() -> None:
     """Print the rows alone."""
     import argparse
-
-    from run import CL_MCP, Server  # bench/run.py, which imports this module
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer calls")

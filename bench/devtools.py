@@ -32,25 +32,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cl_mcp import sexp  # noqa: E402
-from cl_mcp.sexp import Keyword, Symbol  # noqa: E402
+from cl_mcp.wire import sexp  # noqa: E402
+from cl_mcp.wire.sexp import Keyword, Symbol  # noqa: E402
+from harness import CL_MCP, Client, Server, timed, tool  # noqa: E402  (bench/harness.py, beside this file)
 
 FIXTURE = ROOT / "tests" / "fixtures" / "lisp" / "cl-mcp-fixture"
 TARGET = "target < 50 ms"
 PACKAGE = "COMMON-LISP-USER"  # the session's package, which the tools pass
 
 Row = tuple[str, str, str, str]  # what, the tool's p50, the entry point's p50, the ratio
-
-
-class Client(Protocol):
-    """What these rows need of bench/run.py's `Server`."""
-
-    def call(self, method: str, params: dict | None = None) -> dict: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,14 +56,6 @@ class Query:
     tool: str
     arguments: dict[str, Any]
     entry: sexp.SExp  # the form the tool sends the agent
-
-
-def tool(client: Client, name: str, **arguments: Any) -> dict[str, Any]:
-    """The structured content of a successful call of tool NAME."""
-    response = client.call("tools/call", {"name": name, "arguments": arguments})
-    result = response.get("result")
-    assert result is not None and not result["isError"], response
-    return result["structuredContent"]
 
 
 def evaluate(client: Client, form: sexp.SExp) -> str:
@@ -100,15 +87,6 @@ def in_image(client: Client, form: sexp.SExp, count: int) -> list[float]:
                              [s("-"), s("n1"), s("n0")]],
                  s("samples")]]]]]
     return [int(ns) / 1e9 for ns in evaluate(client, timer).strip("()").split()]
-
-
-def timed(call: Callable[[], object], count: int) -> list[float]:
-    samples = []
-    for _ in range(count):
-        started = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - started)
-    return samples
 
 
 def ms(seconds: float) -> str:
@@ -219,8 +197,6 @@ def edit_row(client: Client, directory: Path, batches: int, batch: int) -> Row:
 def main() -> None:
     """Print the rows alone."""
     import argparse
-
-    from run import CL_MCP, Server  # bench/run.py, which imports this module
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer calls")

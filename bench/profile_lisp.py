@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import RawSwank  # noqa: E402
+from harness import RawSwank  # noqa: E402  (bench/harness.py, beside this file)
 
-from cl_mcp.sexp import Keyword, Symbol, dumps  # noqa: E402
+from cl_mcp.wire.sexp import Keyword, Symbol, dumps  # noqa: E402
 
 
 def lisp(code: str) -> list:

@@ -25,8 +25,8 @@ import fastjsonschema
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cl_mcp import sexp  # noqa: E402
-from cl_mcp.contracts import Schema, params_schema, shared_type, tool_definitions, tool_schema  # noqa: E402
+from cl_mcp.wire import sexp  # noqa: E402
+from cl_mcp.wire.contracts import Schema, params_schema, shared_type, tool_definitions, tool_schema  # noqa: E402
 
 Row = tuple[str, str, str, str]  # what, ours, the alternative, the ratio
 
@@ -139,7 +139,7 @@ def schema_rows(rounds: int) -> list[Row]:
 _STARTUP = """
 import json, sys, time
 from importlib import resources
-import cl_mcp.cli
+import cl_mcp.cli.main
 
 def load(name):
     return json.loads(resources.files("cl_mcp.schemas").joinpath(name).read_text("utf-8"))
@@ -153,7 +153,7 @@ if sys.argv[1] == "fastjsonschema":
     import fastjsonschema
     checks = [fastjsonschema.compile(schema, use_default=False) for schema in schemas]
 else:
-    from cl_mcp.schema_check import compile_schema
+    from cl_mcp.wire.schema_check import compile_schema
     checks = [compile_schema(schema) for schema in schemas]
 print(time.perf_counter() - started)
 """

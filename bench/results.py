@@ -37,11 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cl_mcp.linepattern import LinePattern  # noqa: E402
-from cl_mcp.outputs import Lines  # noqa: E402
-from cl_mcp.config import SessionConfig  # noqa: E402
+from cl_mcp.results.linepattern import LinePattern  # noqa: E402
+from cl_mcp.results.outputs import Lines  # noqa: E402
+from cl_mcp.lisp.config import SessionConfig  # noqa: E402
 from cl_mcp.tools.output import read_slice, search  # noqa: E402
-from devtools import timed, tool  # noqa: E402
+from harness import CL_MCP, Server, timed, tool  # noqa: E402  (bench/harness.py, beside this file)
 
 Row = tuple[str, str, str, str]  # what, cl-mcp's figure, its baseline, the ratio
 LINE = 100  # bytes a line of output takes: 99 x's and a newline
@@ -54,7 +54,7 @@ READ_LIMIT = SessionConfig().max_result_chars - 400
 
 
 class Client(Protocol):
-    """What these rows need of bench/run.py's `Server`."""
+    """What these rows need of `Server` (bench/harness.py)."""
 
     proc: subprocess.Popen[bytes]
 
@@ -220,8 +220,6 @@ def rows(client: Client, quick: bool = False) -> Iterator[Row]:
 def main() -> None:
     """Print the rows alone."""
     import argparse
-
-    from run import CL_MCP, Server  # bench/run.py, which imports this module
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer calls")

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from devtools import timed  # noqa: E402
+from harness import CL_MCP, Server, timed  # noqa: E402  (bench/harness.py, beside this file)
 from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home  # noqa: E402
 
 Row = tuple[str, str, str, str]  # what, the p50 watched, the p50 not, the ratio
@@ -82,6 +82,5 @@ def rows(server_of: Callable[[list[str]], object], quick: bool) -> Iterator[Row]
 
 
 if __name__ == "__main__":
-    from run import CL_MCP, Server  # noqa: E402  (bench/run.py, beside this file)
     for each in rows(lambda extra: Server(CL_MCP + extra), "--quick" in sys.argv):
         print(*each, sep=" | ")

@@ -1,3 +1,3 @@
-from cl_mcp.cli import main
+from cl_mcp.cli.main import main
 
 raise SystemExit(main())

@@ -33,7 +33,7 @@ from jsonschema.exceptions import best_match
 
 from cl_mcp import __version__
 from cl_mcp.errors import ClMcpError, JsonRpcError
-from cl_mcp.jsonrpc import LineSplitter, OversizedLine, encode
+from cl_mcp.wire.jsonrpc import LineSplitter, OversizedLine, encode
 
 log = logging.getLogger("cl_mcp.client")
 audit = logging.getLogger("cl_mcp.client.audit")

@@ -5,7 +5,7 @@ cl_mcp/schemas/tools.json; the handlers live beside this file.  Every
 handler's result is fitted to the result budget (--max-result-chars) on its
 way out, which tools/list tells hosts that read a size hint; its arguments,
 valid only within the integer bound, come in with every integral float
-its schema types "integer" made an int (cl_mcp/integers.py).
+its schema types "integer" made an int (cl_mcp/wire/integers.py).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from cl_mcp import budget
-from cl_mcp.contracts import Schema, tool_definitions, tool_schema
-from cl_mcp.integers import Normalize, bounded, integers_of
-from cl_mcp.render import Rendered
+from cl_mcp.results import budget
+from cl_mcp.results.render import Rendered
+from cl_mcp.wire.contracts import Schema, tool_definitions, tool_schema
+from cl_mcp.wire.integers import Normalize, bounded, integers_of
 
 if TYPE_CHECKING:  # loaded after initialize is answered
-    from cl_mcp.session import LispSession
+    from cl_mcp.lisp.session import LispSession
 
 Handler = Callable[["LispSession", dict[str, Any]], Awaitable[Rendered]]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp import sexp
 from cl_mcp.errors import SessionError
-from cl_mcp.sexp import SExp, Symbol
-from cl_mcp.session import LispSession
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.wire import sexp
+from cl_mcp.wire.sexp import SExp, Symbol
 
 # How long past its own deadline an evaluation may take to come back (the
 # image interrupts it itself) before cl-mcp gives up on the image.

@@ -14,11 +14,11 @@ import asyncio
 from typing import Any, Callable
 
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, error_result
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.render import Rendered, error_result
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, lisp_seconds, result_dict
 from cl_mcp.tools.evaluate import EVALUATION, evaluation_rendered, keep_output, rendered_running
+from cl_mcp.wire.sexp import Keyword, Symbol
 
 ABORT_DEADLINE = 15.0  # the image gives an aborted evaluation 10 s to unwind
 

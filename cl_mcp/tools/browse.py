@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp import sexp
-from cl_mcp.render import Rendered, condition_structure, error_text
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.render import Rendered, condition_structure, error_text
 from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds
+from cl_mcp.wire import sexp
+from cl_mcp.wire.sexp import Keyword, Symbol
 
 
 def _plist(value: Any) -> dict[str, Any]:

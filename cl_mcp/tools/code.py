@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, condition_structure, error_text, place_change, place_structure
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.render import Rendered, condition_structure, error_text, place_change, place_structure
 from cl_mcp.tools.agent import ask_agent, DEADLINE_GRACE, result_dict, strings
 from cl_mcp.tools.evaluate import Work, rendered_running, sent_to_background
 from cl_mcp.tools.window import answer_window, window_keywords
+from cl_mcp.wire.sexp import Keyword, Symbol
 
 # What each relation says about a referrer, in the result's first line.
 RELATION_VERBS = {

@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, condition_structure, error_text
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, SExp, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.render import Rendered, condition_structure, error_text
 from cl_mcp.tools.agent import DEADLINE_GRACE, call_cancellable, result_dict
 from cl_mcp.tools.forms import render_compiled_form
+from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 
 # The camelCase names of the agent's place keys, for structuredContent.
 CAMEL = {"end-line": "endLine", "old-line": "oldLine", "old-end-line": "oldEndLine",

@@ -7,15 +7,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from cl_mcp import budget
 from cl_mcp.errors import SessionError
-from cl_mcp.outputs import Kept
-from cl_mcp.render import Rendered, error_result, evaluation_structure, render_evaluation, with_reach
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, SExp, Symbol
-from cl_mcp.swank.client import DEFAULT_PACKAGE
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.lisp.swank.client import DEFAULT_PACKAGE
+from cl_mcp.results import budget
+from cl_mcp.results.outputs import Kept
+from cl_mcp.results.render import Rendered, error_result, evaluation_structure, render_evaluation, with_reach
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, lisp_seconds, result_dict
 from cl_mcp.tools.window import answer_window, window_keywords
+from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 
 log = logging.getLogger("cl_mcp.tools")
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp.render import Rendered, condition_structure, error_text
-from cl_mcp.session import LispSession
 from cl_mcp.errors import SessionError
-from cl_mcp.sexp import Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.render import Rendered, condition_structure, error_text
 from cl_mcp.tools.agent import DEADLINE_GRACE, call_cancellable, result_dict, strings
 from cl_mcp.tools.code import note_structure, note_text
+from cl_mcp.wire.sexp import Symbol
 
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp.render import Rendered, condition_structure, error_text, place_structure, place_text
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.render import Rendered, condition_structure, error_text, place_structure, place_text
 from cl_mcp.tools.agent import ask_agent, DEADLINE_GRACE, result_dict, strings
+from cl_mcp.wire.sexp import Keyword, Symbol
 
 
 

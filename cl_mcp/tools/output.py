@@ -1,5 +1,5 @@
 """read-output: the kept output of an earlier evaluation, by lines or by a
-regular expression, within the result budget (see cl_mcp/outputs.py).
+regular expression, within the result budget (see cl_mcp/results/outputs.py).
 An evaluation's output is kept on this side once its outcome is; the
 output so far of one still running in the background is read from the
 image (output-slice), beside the session's turn."""
@@ -11,12 +11,12 @@ from itertools import islice
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.linepattern import LinePattern, PatternError
-from cl_mcp.outputs import Lines, NotKept
-from cl_mcp.render import Rendered, condition_structure, error_text
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.linepattern import LinePattern, PatternError
+from cl_mcp.results.outputs import Lines, NotKept
+from cl_mcp.results.render import Rendered, condition_structure, error_text
 from cl_mcp.tools.evaluate import SLICE, SLICE_DEADLINE, read_call
+from cl_mcp.wire.sexp import Keyword, Symbol
 
 CONTEXT = 1  # lines shown before and after a matching line
 MAX_MATCHES = 10_000  # matching lines looked at, at most

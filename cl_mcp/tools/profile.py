@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp.render import Rendered, error_result
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.render import Rendered, error_result
 from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, result_dict, strings
+from cl_mcp.wire.sexp import Keyword, Symbol
 
 EMPTY: dict[str, Any] = {"rows": []}
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, error_result, render_frames
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.render import Rendered, error_result, render_frames
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, result_dict
 from cl_mcp.tools.evaluate import EVALUATION, Work, keep_output, rendered_within, sent_to_background
 from cl_mcp.tools.run_tests import outcome_rendered
 from cl_mcp.tools.window import answer_window, window_keywords
+from cl_mcp.wire.sexp import Keyword, Symbol
 
 
 async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Rendered:

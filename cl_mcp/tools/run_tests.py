@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp import budget
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, condition_structure, error_result, error_text, place_structure, place_text
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, SExp, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results import budget
+from cl_mcp.results.render import Rendered, condition_structure, error_result, error_text, place_structure, place_text
 from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, lisp_seconds, result_dict
 from cl_mcp.tools.evaluate import (AGENT_MAX_OUTPUT, Work, evaluation_rendered, keep_output, rendered_running,
                                    rendered_within, sent_to_background)
 from cl_mcp.tools.window import answer_window, window_keywords
+from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 
 BASE: dict[str, Any] = {"success": False, "stdout": "", "stderr": "", "warnings": []}
 

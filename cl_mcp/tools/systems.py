@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, condition_structure, error_result, error_text
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.render import Rendered, condition_structure, error_result, error_text
 from cl_mcp.tools.agent import result_dict, strings
 from cl_mcp.tools.code import note_counts, note_structure, notes_sections
 from cl_mcp.tools.evaluate import Work, rendered_running, sent_to_background
 from cl_mcp.tools.window import answer_window, window_keywords
+from cl_mcp.wire.sexp import Keyword, Symbol
 
 RESET_TEXT = "Session reset. All definitions cleared."
 MAX_WARNINGS = 20

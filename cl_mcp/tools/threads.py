@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from cl_mcp.errors import SessionError
-from cl_mcp.render import Rendered, error_result
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Keyword, Symbol
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.results.render import Rendered, error_result
 from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict
 from cl_mcp.tools.evaluate import rendered_within
+from cl_mcp.wire.sexp import Keyword, Symbol
 
 # Seconds the agent gives a thread to answer, with room for the call.
 THREAD_DEADLINE = 2 + DEADLINE_GRACE

@@ -6,8 +6,8 @@ statement of it is `window-first` (agent/registries.lisp)."""
 
 from __future__ import annotations
 
-from cl_mcp.sexp import Keyword, SExp
 from cl_mcp.tools.agent import lisp_seconds
+from cl_mcp.wire.sexp import Keyword, SExp
 
 
 def answer_window(requested: float | None, default: float, deadline: float | None) -> float | None:

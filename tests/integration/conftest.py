@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from cl_mcp.image import find_slime_dir
-from cl_mcp.render import without_number_line
+from cl_mcp.lisp.image import find_slime_dir
+from cl_mcp.results.render import without_number_line
 
 RESPONSE_TIMEOUT = 60.0
 

@@ -13,7 +13,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from cl_mcp.client import JsonRpcError, McpClient, ToolExecutionError
-from cl_mcp.contracts import first_error, shared_type
+from cl_mcp.wire.contracts import first_error, shared_type
 from tests.integration.conftest import McpProcess
 
 OLD = ["2024-11-05", "2025-03-26", "2025-06-18"]

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from cl_mcp.image import agent_parts, find_bootstrap
-from cl_mcp.sexp import dumps
+from cl_mcp.lisp.image import agent_parts, find_bootstrap
+from cl_mcp.wire.sexp import dumps
 
 CL_MCP = str(Path(sys.executable).parent / "cl-mcp")
 CORE_PATHNAME = "(namestring sb-ext:*core-pathname*)"

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from cl_mcp.config import SessionConfig
-from cl_mcp.session import LispSession
+from cl_mcp.lisp.config import SessionConfig
+from cl_mcp.lisp.session import LispSession
 from cl_mcp.tools.evaluate import evaluate
 from tests.integration.attach_fixtures import SwankServer, temporary_home
 from tests.integration.conftest import McpProcess

@@ -24,10 +24,10 @@ from typing import Any, Iterator
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
-from cl_mcp import jsonrpc
-from cl_mcp.contracts import first_error, shared_type
 from cl_mcp.errors import JsonRpcError
-from cl_mcp.jsonrpc import LineSplitter, OversizedLine
+from cl_mcp.wire import jsonrpc
+from cl_mcp.wire.contracts import first_error, shared_type
+from cl_mcp.wire.jsonrpc import LineSplitter, OversizedLine
 from tests.integration.conftest import McpProcess
 
 EXAMPLES = int(os.environ.get("CL_MCP_FUZZ_EXAMPLES", "300"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cl_mcp.config import ImageConfig, default_heap_size, physical_memory
-from cl_mcp.image import LispImage, find_bootstrap, find_slime_dir, make_private_dirs, saved_core
+from cl_mcp.lisp.config import ImageConfig, default_heap_size, physical_memory
+from cl_mcp.lisp.image import LispImage, find_bootstrap, find_slime_dir, make_private_dirs, saved_core
 from tests.integration.conftest import (McpProcess, cl_mcp, listening_ports, pid_alive, processes_naming,
                                          sbcl_children)
 

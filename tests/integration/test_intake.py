@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cl_mcp.errors import SERVER_BUSY
-from cl_mcp.intake import MAX_WAITING_BESIDE
+from cl_mcp.server.intake import MAX_WAITING_BESIDE
 from tests.integration.conftest import McpProcess, cl_mcp
 
 FLOOD_CALLS = 400

@@ -7,14 +7,14 @@ import socket
 
 import pytest
 
-from cl_mcp import idle_poll
-from cl_mcp.config import ImageConfig, SessionConfig
-from cl_mcp.image import LispImage
-from cl_mcp.session import LispSession
-from cl_mcp.sexp import Symbol
-from cl_mcp.swank import client
-from cl_mcp.swank.client import SwankConnection
-from cl_mcp.swank.wire import encode_frame
+from cl_mcp.lisp.config import ImageConfig, SessionConfig
+from cl_mcp.lisp.image import LispImage
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.lisp.swank import client
+from cl_mcp.lisp.swank.client import SwankConnection
+from cl_mcp.lisp.swank.wire import encode_frame
+from cl_mcp.wire import idle_poll
+from cl_mcp.wire.sexp import Symbol
 from tests.integration.conftest import McpProcess
 from tests.polling import all_cpus, one_cpu, several_cpus
 

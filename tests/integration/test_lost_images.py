@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from cl_mcp.image import LispImage
-from cl_mcp.link import EmbeddedLink
 from cl_mcp.errors import SessionError
-from cl_mcp.config import SessionConfig
-from cl_mcp.session import LispSession
+from cl_mcp.lisp.config import SessionConfig
+from cl_mcp.lisp.image import LispImage
+from cl_mcp.lisp.link import EmbeddedLink
+from cl_mcp.lisp.session import LispSession
+from cl_mcp.lisp.swank.client import SwankConnection
 from cl_mcp.tools.evaluate import evaluate
-from cl_mcp.swank.client import SwankConnection
 from tests.integration.conftest import McpProcess, pid_alive, sbcl_children
 from tests.integration.test_protocol_breadth import answers_to
 

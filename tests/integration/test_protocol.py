@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cl_mcp.contracts import first_error, shared_type
+from cl_mcp.wire.contracts import first_error, shared_type
 from tests.integration.conftest import McpProcess, cl_mcp
 
 CONTRACT_TOOLS = {"evaluate-lisp", "list-definitions", "reset-session", "load-system"}

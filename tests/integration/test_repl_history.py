@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from cl_mcp.render import without_number_line
+from cl_mcp.results.render import without_number_line
 from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
 from tests.integration.conftest import McpProcess, cl_mcp
 from tests.integration.devtools import MODES, cl_mcp_in

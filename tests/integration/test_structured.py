@@ -9,7 +9,7 @@ import pytest
 from jsonschema import Draft202012Validator
 from mcp import Client, StdioServerParameters
 
-from cl_mcp.contracts import first_error, shared_type
+from cl_mcp.wire.contracts import first_error, shared_type
 from tests.integration.conftest import McpProcess, cl_mcp
 
 CALLS = [

@@ -10,12 +10,12 @@ import socket
 import pytest
 
 from cl_mcp.errors import SwankError
-from cl_mcp.config import ImageConfig
-from cl_mcp.image import LispImage
-from cl_mcp.sexp import Keyword, Symbol
-from cl_mcp.swank import client
-from cl_mcp.swank.client import RexAborted, SwankConnection, _read_soon
-from cl_mcp.swank.wire import encode_message
+from cl_mcp.lisp.config import ImageConfig
+from cl_mcp.lisp.image import LispImage
+from cl_mcp.lisp.swank import client
+from cl_mcp.lisp.swank.client import RexAborted, SwankConnection, _read_soon
+from cl_mcp.lisp.swank.wire import encode_message
+from cl_mcp.wire.sexp import Keyword, Symbol
 from tests.integration.conftest import listening_ports
 from tests.polling import input_at_yield
 

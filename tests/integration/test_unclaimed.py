@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from cl_mcp.config import SessionConfig
-from cl_mcp.session import LispSession
+from cl_mcp.lisp.config import SessionConfig
+from cl_mcp.lisp.session import LispSession
 from cl_mcp.tools.background import await_evaluation
 from cl_mcp.tools.evaluate import evaluate
 

@@ -14,9 +14,9 @@ from typing import Any, Awaitable, Callable
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cl_mcp.contracts import MAX_PROBLEMS, json_pointer, json_text, tool_definitions, tool_schema
-from cl_mcp.render import invalid_arguments
-from cl_mcp.server import LEGACY_VERSIONS
+from cl_mcp.results.render import invalid_arguments
+from cl_mcp.server.server import LEGACY_VERSIONS
+from cl_mcp.wire.contracts import MAX_PROBLEMS, json_pointer, json_text, tool_definitions, tool_schema
 from tests.unit.test_server_intake import Harness
 
 SCHEMAS = {tool["name"]: tool_schema(tool["inputSchema"]) for tool in tool_definitions()}

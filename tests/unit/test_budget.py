@@ -6,8 +6,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cl_mcp.budget import MARKER_ROOM, cut_middle, fit_parts, fit_structure, fit_text, json_size, shares
-from cl_mcp.outputs import Kept, Lines, NotKept, OutputStore
+from cl_mcp.results.budget import MARKER_ROOM, cut_middle, fit_parts, fit_structure, fit_text, json_size, shares
+from cl_mcp.results.outputs import Kept, Lines, NotKept, OutputStore
 
 
 def how(line, lines):

@@ -5,9 +5,9 @@ import logging
 
 import pytest
 
-from cl_mcp.cli import build_parser, is_loopback, warn_if_remote
-from cl_mcp.commands import SERVER_FLAGS, SERVER_OPTIONS, split_server_options
-from cl_mcp.config import ImageConfig, default_heap_size
+from cl_mcp.cli.commands import SERVER_FLAGS, SERVER_OPTIONS, split_server_options
+from cl_mcp.cli.main import build_parser, is_loopback, warn_if_remote
+from cl_mcp.lisp.config import ImageConfig, default_heap_size
 
 
 def test_every_passed_on_option_is_a_server_option():

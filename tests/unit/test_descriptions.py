@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 
-from cl_mcp.contracts import load_schema, tool_definitions
-from cl_mcp.server import INSTRUCTIONS
-from cl_mcp.task_calls import TASK_TOOLS
+from cl_mcp.server.server import INSTRUCTIONS
+from cl_mcp.server.task_calls import TASK_TOOLS
+from cl_mcp.wire.contracts import load_schema, tool_definitions
 
 
 def named(text: str, name: str) -> bool:

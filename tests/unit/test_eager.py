@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from cl_mcp.eager import start_eagerly
+from cl_mcp.server.eager import start_eagerly
 
 
 def run(body):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cl_mcp.cli import build_parser, env_variable
+from cl_mcp.cli.main import build_parser, env_variable
 
 CL_MCP = str(Path(sys.executable).parent / "cl-mcp")
 

@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from cl_mcp import cli, idle_poll
-from cl_mcp.idle_poll import PollingSelector, new_event_loop
+from cl_mcp.cli import main as cli
+from cl_mcp.wire import idle_poll
+from cl_mcp.wire.idle_poll import PollingSelector, new_event_loop
 from tests.polling import all_cpus, input_at_yield, one_cpu, several_cpus
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import example, given, strategies as st
 
-from cl_mcp.contracts import tool_definitions, tool_schema
-from cl_mcp.integers import LIMIT, bounded, integers_of
+from cl_mcp.wire.contracts import tool_definitions, tool_schema
+from cl_mcp.wire.integers import LIMIT, bounded, integers_of
 
 SCHEMA = {
     "type": "object",

@@ -5,9 +5,9 @@ import json
 import pytest
 from hypothesis import given, strategies as st
 
-from cl_mcp import jsonrpc
 from cl_mcp.errors import PARSE_ERROR, JsonRpcError
-from cl_mcp.jsonrpc import LineSplitter, OversizedLine
+from cl_mcp.wire import jsonrpc
+from cl_mcp.wire.jsonrpc import LineSplitter, OversizedLine
 
 
 def test_splits_on_newline_only():

@@ -11,8 +11,8 @@ import time
 import pytest
 from hypothesis import assume, example, given, strategies as st
 
-from cl_mcp.linepattern import LinePattern, PatternError, Shape, compiled, shape
-from cl_mcp.outputs import Lines
+from cl_mcp.results.linepattern import LinePattern, PatternError, Shape, compiled, shape
+from cl_mcp.results.outputs import Lines
 from cl_mcp.tools.output import search
 
 # Atoms that never match a newline, so that no match spans lines and both

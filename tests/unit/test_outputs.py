@@ -9,8 +9,8 @@ import tracemalloc
 import pytest
 from hypothesis import given, strategies as st
 
-from cl_mcp import outputs
-from cl_mcp.outputs import Kept, Lines, NotKept, OutputStore, line_starts
+from cl_mcp.results import outputs
+from cl_mcp.results.outputs import Kept, Lines, NotKept, OutputStore, line_starts
 
 
 def plain_starts(text: str) -> list[int]:

@@ -1,6 +1,6 @@
 """The contract's result text, from agent plists (no Lisp involved)."""
 
-from cl_mcp.render import render_evaluation, with_reach, without_number_line
+from cl_mcp.results.render import render_evaluation, with_reach, without_number_line
 from cl_mcp.tools.definitions import render_definitions
 from cl_mcp.tools.systems import render_load
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jsonschema import Draft7Validator, Draft202012Validator
 
-from cl_mcp.contracts import load_schema, tool_definitions
-from cl_mcp.schema_check import compile_schema
+from cl_mcp.wire.contracts import load_schema, tool_definitions
+from cl_mcp.wire.schema_check import compile_schema
 
 shared = load_schema("shared-types.json")
 SCHEMAS = {f"shared:{name}": ({"$ref": f"#/definitions/{name}", "definitions": shared["definitions"]},

@@ -13,13 +13,13 @@ import tracemalloc
 from collections import Counter, defaultdict
 from typing import Any, Awaitable, Callable
 
-from cl_mcp import intake, server as server_module
 from cl_mcp.errors import SERVER_BUSY
-from cl_mcp.intake import MAX_QUEUED_BYTES, MAX_QUEUED_CALLS, MAX_WAITING_BESIDE, CallQueue, QueuedCall
-from cl_mcp.server import McpServer
-from cl_mcp.config import SessionConfig
-from cl_mcp.sexp import Keyword
-from cl_mcp.swank.client import DEFAULT_PACKAGE
+from cl_mcp.lisp.config import SessionConfig
+from cl_mcp.lisp.swank.client import DEFAULT_PACKAGE
+from cl_mcp.server import intake, server as server_module
+from cl_mcp.server.intake import MAX_QUEUED_BYTES, MAX_QUEUED_CALLS, MAX_WAITING_BESIDE, CallQueue, QueuedCall
+from cl_mcp.server.server import McpServer
+from cl_mcp.wire.sexp import Keyword
 
 BUSY_TAIL = "; try again when earlier calls have finished"
 

@@ -5,9 +5,9 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cl_mcp import sexp
 from cl_mcp.errors import ProtocolError
-from cl_mcp.sexp import Character, Keyword, Symbol, Unreadable
+from cl_mcp.wire import sexp
+from cl_mcp.wire.sexp import Character, Keyword, Symbol, Unreadable
 
 
 def test_writes_a_request_as_swank_expects():

@@ -11,16 +11,16 @@ import json
 import subprocess
 import sys
 
-from cl_mcp.contracts import tool_definitions
+from cl_mcp.wire.contracts import tool_definitions
 
 SERVE_INITIALIZE = """
 import asyncio, json, sys
-from cl_mcp import jsonrpc
-from cl_mcp.server import McpServer
-from cl_mcp.config import SessionConfig
+from cl_mcp.lisp.config import SessionConfig
+from cl_mcp.server.server import McpServer
+from cl_mcp.wire import jsonrpc
 
 def make_session():
-    from cl_mcp.session import LispSession
+    from cl_mcp.lisp.session import LispSession
     return LispSession(SessionConfig())
 
 async def main():
@@ -58,8 +58,8 @@ def test_initialize_is_answered_before_the_session_is_made() -> None:
     # The session's modules (the image, the link, the Swank client, the
     # s-expression codec) load when the session is first needed.
     loaded = set(initialize_in_fresh_process()["loaded"])
-    assert not loaded & {"cl_mcp.session", "cl_mcp.link", "cl_mcp.image", "cl_mcp.swank.client",
-                         "cl_mcp.sexp"}, sorted(loaded)
+    assert not loaded & {"cl_mcp.lisp.session", "cl_mcp.lisp.link", "cl_mcp.lisp.image", "cl_mcp.lisp.swank.client",
+                         "cl_mcp.wire.sexp"}, sorted(loaded)
 
 
 def test_re2_waits_for_the_first_search() -> None:

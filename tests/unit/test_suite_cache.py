@@ -4,7 +4,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from cl_mcp.image import cache_dir
+from cl_mcp.lisp.image import cache_dir
 
 
 def test_the_suite_keeps_a_cache_of_its_own():

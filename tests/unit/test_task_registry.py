@@ -1,5 +1,5 @@
 """TaskRegistry alone: a task's outcome whatever its job does, how long a
-task stays known, and stopping tasks (cl_mcp/tasks.py)."""
+task stays known, and stopping tasks (cl_mcp/server/tasks.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from cl_mcp.eager import start_eagerly
 from cl_mcp.errors import INTERNAL_ERROR, INVALID_PARAMS, JsonRpcError
-from cl_mcp.tasks import Task, TaskRegistry
+from cl_mcp.server.eager import start_eagerly
+from cl_mcp.server.tasks import Task, TaskRegistry
 
 REVISION = "2025-11-25"
 

@@ -1,9 +1,9 @@
-"""The [threads] notice made of the agent's news (cl_mcp/thread_news.py)."""
+"""The [threads] notice made of the agent's news (cl_mcp/lisp/thread_news.py)."""
 
 from __future__ import annotations
 
-from cl_mcp.sexp import loads
-from cl_mcp.thread_news import NewsNotices, ThreadNews
+from cl_mcp.lisp.thread_news import NewsNotices, ThreadNews
+from cl_mcp.wire.sexp import loads
 
 
 def news(text: str) -> ThreadNews:

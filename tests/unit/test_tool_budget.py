@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from cl_mcp.contracts import tool_definitions
+from cl_mcp.wire.contracts import tool_definitions
 
 
 def test_the_tools_fit_their_budget():

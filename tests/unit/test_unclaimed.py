@@ -1,7 +1,7 @@
 """The session's record of its background work: each outcome handed out
 once, and what the image forgot forgotten here too."""
 
-from cl_mcp.unclaimed import Unclaimed
+from cl_mcp.lisp.unclaimed import Unclaimed
 
 
 def test_the_first_claim_keeps_the_outcome_and_the_others_are_refused():

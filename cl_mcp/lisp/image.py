@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from cl_mcp import sexp
-from cl_mcp.config import ImageConfig
 from cl_mcp.errors import ImageError
+from cl_mcp.lisp.config import ImageConfig
+from cl_mcp.wire import sexp
 
 log = logging.getLogger("cl_mcp.image")
 
@@ -41,8 +41,8 @@ SLIME_SEARCH_PATH = (
 
 def find_bootstrap() -> Path:
     """The agent file: inside the installed package, or at the repository top."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "swank-bootstrap.lisp", here.parent / "swank-bootstrap.lisp"):
+    package = Path(__file__).resolve().parents[1]  # cl_mcp/, above cl_mcp/lisp/
+    for candidate in (package / "swank-bootstrap.lisp", package.parent / "swank-bootstrap.lisp"):
         if candidate.is_file():
             return candidate
     raise ImageError("swank-bootstrap.lisp is missing from the cl-mcp installation")

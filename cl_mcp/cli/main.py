@@ -10,14 +10,15 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, NoReturn
 
-from cl_mcp import __version__, idle_poll, jsonrpc
-from cl_mcp.jsonrpc import OversizedLine
-from cl_mcp.client_log import ClientLogHandler
-from cl_mcp.config import HEAP_SIZE_RANGE, ImageConfig, SessionConfig, parse_address
-from cl_mcp.stdio import StdioTransport, claim_stdout, reopen_closed_stdin
+from cl_mcp import __version__
+from cl_mcp.lisp.config import HEAP_SIZE_RANGE, ImageConfig, SessionConfig, parse_address
+from cl_mcp.server.client_log import ClientLogHandler
+from cl_mcp.wire import idle_poll, jsonrpc
+from cl_mcp.wire.jsonrpc import OversizedLine
+from cl_mcp.wire.stdio import StdioTransport, claim_stdout, reopen_closed_stdin
 
 if TYPE_CHECKING:
-    from cl_mcp.session import LispSession
+    from cl_mcp.lisp.session import LispSession
 
 log = logging.getLogger("cl_mcp")
 
@@ -199,10 +200,10 @@ async def first_of(*awaitables: Awaitable[object]) -> None:
 
 
 async def serve(config: SessionConfig, out_fd: int) -> int:
-    from cl_mcp.server import McpServer
+    from cl_mcp.server.server import McpServer
 
     def make_session() -> LispSession:
-        from cl_mcp.session import LispSession
+        from cl_mcp.lisp.session import LispSession
         return LispSession(config)
 
     server = McpServer(config, make_session, lambda message: transport.write(jsonrpc.encode(message)))
@@ -264,12 +265,12 @@ def run_command(name: str, argv: list[str]) -> int:
     logging.basicConfig(level="WARNING", stream=sys.stderr,
                         format="cl-mcp %(levelname)s %(name)s: %(message)s")
     if name == "repl":
-        from cl_mcp.repl import repl_command
+        from cl_mcp.cli.repl import repl_command
         return repl_command(argv)
     if name == "doctor":
-        from cl_mcp.doctor import doctor_command
+        from cl_mcp.cli.doctor import doctor_command
         return doctor_command(argv)
-    from cl_mcp import commands
+    from cl_mcp.cli import commands
     return {"eval": commands.eval_command, "tools": commands.tools_command,
             "call": commands.call_command}[name](argv)
 

@@ -12,9 +12,9 @@ import sys
 import threading
 from pathlib import Path
 
+from cl_mcp.cli.commands import ProgressPrinter, own_server, split_server_options
 from cl_mcp.client import McpClient, ToolResult
 from cl_mcp.errors import ClMcpError
-from cl_mcp.commands import ProgressPrinter, own_server, split_server_options
 
 HISTORY = Path.home() / ".cl_mcp_history"
 HELP = """Type Lisp forms; a form is evaluated once its parentheses balance.

@@ -10,7 +10,7 @@ leaves room for a burst of quick calls sent in one go
 (tests/integration/test_load.py sends 750).  Past either bound a call is
 refused at once; a call is always admitted when none is queued, whatever
 its size up to jsonrpc.MAX_LINE_BYTES.  Task calls count the same way,
-until their work leaves the session (cl_mcp/task_calls.py).
+until their work leaves the session (cl_mcp/server/task_calls.py).
 """
 
 from __future__ import annotations

@@ -30,10 +30,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine
 
 import orjson
 
-from cl_mcp import __version__, budget, jsonrpc
-from cl_mcp.config import SessionConfig
-from cl_mcp.eager import start_eagerly
-from cl_mcp.contracts import error_location, first_error, shared_type
+from cl_mcp import __version__
 from cl_mcp.errors import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -42,16 +39,21 @@ from cl_mcp.errors import (
     UNSUPPORTED_PROTOCOL_VERSION,
     JsonRpcError,
 )
-from cl_mcp.intake import CallQueue, QueuedCall, WaitingBeside
-from cl_mcp.jsonrpc import OversizedLine, params_meta
-from cl_mcp.render import Rendered, invalid_arguments
-from cl_mcp.request import META_CAPABILITIES, Request, check_params
-from cl_mcp.task_calls import TASK_TOOLS, TASKS_VERSION, TaskCalls, Then
-from cl_mcp.tasks import EXTENSION, EXTENSION_VERSION
+from cl_mcp.lisp.config import SessionConfig
+from cl_mcp.results import budget
+from cl_mcp.results.render import Rendered, invalid_arguments
+from cl_mcp.server.eager import start_eagerly
+from cl_mcp.server.intake import CallQueue, QueuedCall, WaitingBeside
+from cl_mcp.server.request import META_CAPABILITIES, Request, check_params
+from cl_mcp.server.task_calls import TASK_TOOLS, TASKS_VERSION, TaskCalls, Then
+from cl_mcp.server.tasks import EXTENSION, EXTENSION_VERSION
 from cl_mcp.tools import ToolSpec, build_tools
+from cl_mcp.wire import jsonrpc
+from cl_mcp.wire.contracts import error_location, first_error, shared_type
+from cl_mcp.wire.jsonrpc import OversizedLine, params_meta
 
 if TYPE_CHECKING:  # made after initialize is answered (McpServer.session)
-    from cl_mcp.session import LispSession
+    from cl_mcp.lisp.session import LispSession
 
 log = logging.getLogger("cl_mcp.server")
 

@@ -15,16 +15,16 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from cl_mcp import jsonrpc
-from cl_mcp.eager import start_eagerly
 from cl_mcp.errors import INVALID_PARAMS, METHOD_NOT_FOUND, JsonRpcError
-from cl_mcp.intake import CallQueue
-from cl_mcp.render import Rendered
-from cl_mcp.request import META_CAPABILITIES, Request, check_params
-from cl_mcp.tasks import EXTENSION, RELATED_TASK, Task, TaskRegistry
+from cl_mcp.results.render import Rendered
+from cl_mcp.server.eager import start_eagerly
+from cl_mcp.server.intake import CallQueue
+from cl_mcp.server.request import META_CAPABILITIES, Request, check_params
+from cl_mcp.server.tasks import EXTENSION, RELATED_TASK, Task, TaskRegistry
+from cl_mcp.wire import jsonrpc
 
 if TYPE_CHECKING:  # the session and the tools load after initialize is answered
-    from cl_mcp.session import LispSession
+    from cl_mcp.lisp.session import LispSession
     from cl_mcp.tools import ToolSpec
 
 # Tasks: 2025-11-25's experimental ones, asked for with `task` in a call's

@@ -17,15 +17,15 @@ import logging
 import secrets
 from typing import Any
 
-from cl_mcp import idle_poll
 from cl_mcp.errors import ProtocolError, SessionError, SwankError
-from cl_mcp.config import SessionConfig
-from cl_mcp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in_image
-from cl_mcp.outputs import OutputStore
-from cl_mcp.sexp import Keyword, SExp, Symbol
-from cl_mcp.swank.client import DEFAULT_PACKAGE, SwankConnection
-from cl_mcp.thread_news import NewsNotices, ThreadNews
-from cl_mcp.unclaimed import Unclaimed
+from cl_mcp.lisp.config import SessionConfig
+from cl_mcp.lisp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in_image
+from cl_mcp.lisp.swank.client import DEFAULT_PACKAGE, SwankConnection
+from cl_mcp.lisp.thread_news import NewsNotices, ThreadNews
+from cl_mcp.lisp.unclaimed import Unclaimed
+from cl_mcp.results.outputs import OutputStore
+from cl_mcp.wire import idle_poll
+from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 
 log = logging.getLogger("cl_mcp.session")
 
@@ -79,7 +79,7 @@ class LispSession:
                               Keyword("suspend-seconds"), float(self.config.suspend_timeout),
                               Keyword("max-background"), self.config.max_background,
                               # The lane polls between requests with cl-mcp's own event
-                              # loop's spin and back-off (idle_poll.py); its stop after
+                              # loop's spin and back-off (wire/idle_poll.py); its stop after
                               # long waits is the agent's `*lane-long-waits-limit*'.
                               Keyword("idle-poll-microseconds"), microseconds(idle_poll.idle_spin()),
                               Keyword("poll-stolen-microseconds"), microseconds(idle_poll.STOLEN),

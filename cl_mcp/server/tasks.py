@@ -10,7 +10,7 @@ evaluation.  Two revisions shape it differently on the wire (docs/tools.md,
 pollInterval) and 2026-07-28's `io.modelcontextprotocol/tasks` extension
 (the server decides, `resultType: "task"`, the outcome inline in
 `tasks/get`, ttlMs and pollIntervalMs).  This module keeps the state and
-says how it looks in each; cl_mcp/task_calls.py makes tasks of tool calls
+says how it looks in each; cl_mcp/server/task_calls.py makes tasks of tool calls
 and answers the methods.
 
 A task's ttl counts from its creation, but only an ended task is forgotten

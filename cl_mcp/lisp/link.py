@@ -21,12 +21,12 @@ import re
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
 
-from cl_mcp import idle_poll, sexp
 from cl_mcp.errors import ImageError, SessionError, SwankError
-from cl_mcp.config import ImageConfig
-from cl_mcp.image import LispImage, agent_digest, agent_parts, find_bootstrap
-from cl_mcp.sexp import SExp, Symbol
-from cl_mcp.swank.client import SwankConnection
+from cl_mcp.lisp.config import ImageConfig
+from cl_mcp.lisp.image import LispImage, agent_digest, agent_parts, find_bootstrap
+from cl_mcp.lisp.swank.client import SwankConnection
+from cl_mcp.wire import idle_poll, sexp
+from cl_mcp.wire.sexp import SExp, Symbol
 
 log = logging.getLogger("cl_mcp.link")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cl_mcp.contracts import error_location, first_error, params_schema
 from cl_mcp.errors import INVALID_PARAMS, JsonRpcError
-from cl_mcp.intake import QueuedCall
-from cl_mcp.jsonrpc import params_meta
+from cl_mcp.server.intake import QueuedCall
+from cl_mcp.wire.contracts import error_location, first_error, params_schema
+from cl_mcp.wire.jsonrpc import params_meta
 
 # A 2026-07-28 request's client capabilities, in its params' _meta.
 META_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"

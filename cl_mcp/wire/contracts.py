@@ -15,7 +15,7 @@ from functools import cache
 import os
 from typing import TYPE_CHECKING, Any
 
-from cl_mcp.schema_check import compile_schema
+from cl_mcp.wire.schema_check import compile_schema
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -25,12 +25,12 @@ log = logging.getLogger("cl_mcp.contracts")
 MAX_PROBLEMS = 10  # lines of Schema.problems
 MAX_REASON = 300  # characters of one problem's reason
 MAX_VALUE = 80  # characters of a value quoted in a reason
-SCHEMAS = os.path.join(os.path.dirname(__file__), "schemas")  # cl_mcp/schemas
+SCHEMAS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "schemas")  # cl_mcp/schemas
 
 
 def load_schema(name: str) -> Any:
     """A JSON file of cl_mcp/schemas."""
-    # Beside this file, as pip installs it; importlib.resources would cost
+    # In the package, as pip installs it; importlib.resources would cost
     # ~10 ms of imports before initialize is answered.
     with open(os.path.join(SCHEMAS, name), encoding="utf-8") as schema:
         return json.load(schema)

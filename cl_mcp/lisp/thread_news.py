@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from cl_mcp import sexp
-from cl_mcp.outputs import Kept
-from cl_mcp.sexp import SExp
+from cl_mcp.results.outputs import Kept
+from cl_mcp.wire import sexp
+from cl_mcp.wire.sexp import SExp
 
 # Output this short is shown in the notice itself, not only named.
 INLINE_CHARS = 600

@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from cl_mcp.client import ClientError, McpClient, JsonRpcError, ToolValidationError
-from cl_mcp.render import without_number_line
+from cl_mcp.results.render import without_number_line
 
 
 # The server's options that take a value (see cli.build_parser); the

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from cl_mcp import sexp
 from cl_mcp.errors import ProtocolError
+from cl_mcp.wire import sexp
 
 HEADER_LENGTH = 6
 MAX_PAYLOAD = 0xFFFFFF

@@ -23,10 +23,10 @@ import select
 import time
 from typing import Callable, Iterator
 
-from cl_mcp import sexp
 from cl_mcp.errors import ProtocolError, SwankError
-from cl_mcp.sexp import Keyword, SExp, Symbol
-from cl_mcp.swank.wire import FrameDecoder, encode_frame
+from cl_mcp.lisp.swank.wire import FrameDecoder, encode_frame
+from cl_mcp.wire import sexp
+from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 
 log = logging.getLogger("cl_mcp.swank")
 
@@ -130,7 +130,7 @@ class SwankConnection:
         self._on_output = on_output or (lambda text: log.info("lisp output: %s", text.rstrip()))
         self._pending: dict[int, asyncio.Future[SExp]] = {}
         # Who hears the agent's `:cl-mcp-threads` events: what the user's
-        # threads did, sent just before a reply (cl_mcp/thread_news.py).
+        # threads did, sent just before a reply (cl_mcp/lisp/thread_news.py).
         self.on_news: Callable[[SExp], None] | None = None
         self._debug_conditions: dict[int, str] = {}
         # Request ids; connections to one image share them (see `open`).
@@ -207,7 +207,7 @@ class SwankConnection:
                 self._read_now()
             if deadline is not None and not future.done():
                 # A timer, not asyncio.timeout: the request may start outside
-                # any task (see eager.py).  Only when the answer is not in
+                # any task (see server/eager.py).  Only when the answer is not in
                 # yet: the answer window is far shorter than any deadline.
                 timer = loop.call_later(deadline, _time_out, future)
             return await future

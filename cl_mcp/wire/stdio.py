@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from typing import Callable, Iterator
 
-from cl_mcp.jsonrpc import LineSplitter, OversizedLine
+from cl_mcp.wire.jsonrpc import LineSplitter, OversizedLine
 
 log = logging.getLogger("cl_mcp.stdio")
 
