@@ -18,6 +18,7 @@ from pathlib import Path
 from tests.integration.conftest import McpProcess
 from tests.truth import edits
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
+from tests.truth.notes import check_notes, read_notes
 from tests.truth.places import Compiled, Definition, Tally, check_places, oracle, read_oracle, unique
 from tests.truth.tests_oracle import check_library_tests
 from tests.truth.xref import CALLEES, check_xref
@@ -47,7 +48,8 @@ def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
     with tempfile.TemporaryDirectory(prefix="cl-mcp-truth-") as scratch:
         pristine = copy_library(library, Path(scratch) / "pristine")
         edited = copy_library(library, Path(scratch) / "edited")
-        process = McpProcess()
+        # Whole answers: what the result budget leaves out is tested elsewhere.
+        process = McpProcess("--max-result-chars", "1000000")
         try:
             process.initialize()
             load_copy(process, library, edited)
@@ -60,6 +62,8 @@ def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
             references: dict[tuple[str, str, str], list[int]] = {}
             recompiled: set[str] = set()
             check_xref(process, tally, "before edits", callees, edited, pristine, forms, references, recompiled)
+            files = sorted({form.file for form in forms})
+            check_notes(process, tally, "before edits", read_notes(pristine, library.system, edited), forms, files)
             for _ in range(rounds):
                 files = sorted({d.file for d in now.values()})
                 touched = rng.sample(files, min(len(files), rng.randint(1, 3)))
@@ -83,6 +87,7 @@ def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
                 check_places(process, tally, "after edits", compiled, lines, now)
                 forms = read_oracle(pristine, library.system, edited)[1]
                 check_xref(process, tally, "after edits", callees, edited, pristine, forms, references, recompiled)
+                check_notes(process, tally, "after edits", read_notes(pristine, library.system, edited), forms, files)
         finally:
             process.close(60)
     return tally
@@ -122,7 +127,8 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             if right or wrong:
                 out.append(f"| {name} | {answer} | {right + wrong} | {right} | {wrong} |")
     # The test-results oracle's kinds (total, failed test) are no definition types.
-    kinds = sorted({k for t in results.values() for a, k in [*t.right, *t.wrong] if a != "test results"})
+    kinds = sorted({k for t in results.values() for a, k in [*t.right, *t.wrong]
+                    if not a.startswith(("test results", "compiler notes"))})
     out += ["", "| definition type | answer | checked | right | wrong |", "|---|---|---|---|---|"]
     for kind in kinds:
         for answer in answers:
@@ -137,8 +143,14 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             "summary printed) is right when run-tests recognises no framework either. Its",
             "subset in `make test`: tests/integration/test_truth_tests.py. Not checked:",
             *(f"{lib.directory}'s tests: {lib.hanging_tests}." for lib in CORPUS if lib.hanging_tests),
-            "", "Not checked yet by the harness: compiler notes, frames, backtraces and output over",
-            "the corpus (their oracles run in tests/integration/test_backtraces_oracle.py and",
+            "", "Compiler notes (tests/truth/notes.py): a plain SBCL that loaded the library",
+            "compiles each of its files again (tests/truth/notes.lisp) and prints each condition",
+            "the compiler signals with a place: severity, message, and the top-level form it was",
+            "compiling. compile-file (`notes: \"all\"`, not loaded) of each file, before the edits",
+            "and after them, must list each of them (unless its answer says it left some out) and",
+            "no other, each at a line inside that top-level form, `unchanged`. Checked by severity.",
+            "", "Not checked yet by the harness: frames, backtraces and output over the corpus",
+            "(their oracles run in tests/integration/test_backtraces_oracle.py and",
             "test_late_output.py), and test places.", "", "## Wrong answers", ""]
     for name, tally in results.items():
         for failure in tally.failures[:40]:
