@@ -31,15 +31,17 @@ def notice_of(result: dict) -> str:
     return found.group(1) if found else ""
 
 
-def notices_until(lisp, wanted: str, seen: str = "", calls: int = 100) -> str:
+def notices_until(lisp, wanted: str, seen: str = "", within: float = 30) -> str:
     """SEEN and the [threads] notices of cheap calls, made until they
-    mention WANTED."""
-    for _ in range(calls):
-        if wanted in seen:
-            return seen
+    mention WANTED, for WITHIN seconds (a thread on a loaded machine may
+    take seconds to reach its error)."""
+    deadline = time.monotonic() + within
+    while wanted not in seen:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no notice mentioned {wanted!r} within {within} s; seen: {seen}")
         seen += notice_of(lisp.call("threads", action="list")) + "\n"
         time.sleep(0.05)
-    raise AssertionError(f"no notice mentioned {wanted!r}; seen: {seen}")
+    return seen
 
 
 def start(lisp, code: str) -> str:
