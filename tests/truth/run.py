@@ -17,12 +17,16 @@ from pathlib import Path
 
 from tests.integration.conftest import McpProcess
 from tests.truth import edits
+from tests.truth.backtraces import ANSWERS as BACKTRACES
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
 from tests.truth.places import Compiled, Definition, Tally, check_places, oracle, read_oracle, unique
 from tests.truth.tests_oracle import check_library_tests
+from tests.truth.threads import check_library_threads
 from tests.truth.xref import CALLEES, check_xref
 
 TABLE = Path(__file__).parents[2] / "docs" / "truth.md"
+# Answers that are not about definitions: no rows in the table by definition type.
+RUNNING = {"test results", "output", *BACKTRACES}
 COMPILABLE = {"function", "macro", "generic-function", "method", "variable"}
 
 
@@ -88,7 +92,7 @@ def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
     return tally
 
 
-def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> str:
+def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, output_rounds: int) -> str:
     """docs/truth.md: per library and per answer, then per definition type."""
     answers = sorted({a for t in results.values() for a, _ in [*t.right, *t.wrong]})
     out = ["# Truth on real code",
@@ -121,8 +125,7 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             wrong = sum(n for (a, _), n in tally.wrong.items() if a == answer)
             if right or wrong:
                 out.append(f"| {name} | {answer} | {right + wrong} | {right} | {wrong} |")
-    # The test-results oracle's kinds (total, failed test) are no definition types.
-    kinds = sorted({k for t in results.values() for a, k in [*t.right, *t.wrong] if a != "test results"})
+    kinds = sorted({k for t in results.values() for a, k in [*t.right, *t.wrong] if a not in RUNNING})
     out += ["", "| definition type | answer | checked | right | wrong |", "|---|---|---|---|---|"]
     for kind in kinds:
         for answer in answers:
@@ -136,9 +139,39 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             "or not) must be run-tests' too. A library whose runner is its own (no FiveAM or RT",
             "summary printed) is right when run-tests recognises no framework either. Its",
             "subset in `make test`: tests/integration/test_truth_tests.py.",
-            "", "Not checked yet by the harness: compiler notes, frames, backtraces and output over",
-            "the corpus (their oracles run in tests/integration/test_backtraces_oracle.py and",
-            "test_late_output.py), and test places.", "", "## Wrong answers", ""]
+            "",
+            "Backtraces (tests/truth/backtraces.py, backtraces.lisp): in a fresh cl-mcp, each",
+            "exported function of the library (compiled from its files; macros aside) is called",
+            "in a thread an evaluation starts, with NIL for each required argument (and, when",
+            "that returns, `:truth-wrong-type`), under the thread's outermost handler, which takes",
+            "`sb-debug:list-backtrace` at the signal and declines. A call is checked when that",
+            "handler saw an error and the thread stopped at it: the oracle's frames, from the one",
+            "that signalled (below `%SIGNAL`, or below `INTERNAL-ERROR` for a trap in compiled",
+            "code) down to the thread's outermost own frame, SBCL's evaluator and foreign frames",
+            "aside, must all appear in order in backtrace's answer for the evaluation number the",
+            "thread waits under, and in the threads tool's backtrace of the thread. A frame",
+            "appears when its printed call is the oracle's function name, printed in CL-USER with",
+            "`*print-length*` 10 and `*print-level*` 3 as docs/tools.md prints a frame, in",
+            "parentheses alone or followed by a space. Its subset in `make test`:",
+            "tests/integration/test_truth_backtraces.py.",
+            "",
+            "Output (tests/truth/output.py, output.lisp): writers write seeded random lines",
+            "(non-ASCII included, each begun with the writer's tag) one `write-string` a line, or",
+            "`format`'s `~A~%`, or one `write-char` a character, and count what they wrote; the",
+            "oracle is each writer's count of characters and lines and the MD5 of its text.",
+            "cl-mcp's answer is all the model can see of the scenario's calls: each evaluation's",
+            "own output and the threads' output each `[threads]` notice names, read whole with",
+            "read-output, each line's `[THREAD] ` mark taken off. A writer is right when its lines",
+            "there are its text exactly. The scenarios run the corpus's own threads:",
+            "bordeaux-threads' (writing to the global streams or to a kept evaluation's stream,",
+            "after that evaluation ended; several at once, joined by their evaluation; writing",
+            "then stopping at an error) and lparallel's kernel workers (tasks of an evaluation",
+            "after the one that made the kernel, whose streams it bound; futures that end after",
+            f"their evaluation; a kernel made and used by one evaluation), {output_rounds} seeded rounds",
+            "of each. Its subset in `make test`: tests/integration/test_truth_output.py.",
+            "",
+            "Not checked yet by the harness: compiler notes, frames' places and locals, and test",
+            "places.", "", "## Wrong answers", ""]
     for name, tally in results.items():
         for failure in tally.failures[:40]:
             out.append(f"- {name}: {failure}")
@@ -152,6 +185,7 @@ def main() -> None:
     parser.add_argument("libraries", nargs="*", help="directories of the corpus to check (default: all)")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seed", type=int, default=37)
+    parser.add_argument("--output-rounds", type=int, default=10, help="rounds of the output scenarios")
     parser.add_argument("--output", type=Path, default=TABLE)
     options = parser.parse_args()
     chosen = [lib for lib in CORPUS if not options.libraries or lib.directory in options.libraries]
@@ -162,10 +196,13 @@ def main() -> None:
         results[library.directory] = check_library(library, options.rounds, options.seed,
                                                    log=lambda text: print(text, file=sys.stderr))
         check_library_tests(library, results[library.directory])
+        check_library_threads(library, results[library.directory], options.output_rounds, options.seed,
+                              log=lambda text: print(text, file=sys.stderr))
         wrong = sum(results[library.directory].wrong.values())
         right = sum(results[library.directory].right.values())
         print(f"  {right} right, {wrong} wrong", file=sys.stderr)
-    options.output.write_text(table(results, time.monotonic() - started, options.rounds, options.seed))
+    options.output.write_text(table(results, time.monotonic() - started, options.rounds, options.seed,
+                                    options.output_rounds))
 
 
 if __name__ == "__main__":
