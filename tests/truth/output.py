@@ -6,7 +6,8 @@ count of characters and lines and the MD5 of the text.  cl-mcp's answer is
 everything the model can see of the calls the scenario made: each
 evaluation's own output and the threads' output each [threads] notice
 names, read whole through read-output (each line's `[THREAD] ` mark taken
-off).  A writer is right when its lines there, in its order, are its text
+off, and a line marked `[THREAD]+ ` joined to that thread's line before,
+as docs/tools.md says).  A writer is right when its lines there, in its order, are its text
 exactly.
 
 The scenarios drive the corpus's threads: bordeaux-threads' threads that
@@ -15,7 +16,8 @@ or after it ended, or that write and then stop at an error; lparallel's
 kernel workers, whose kernel binds the streams of the evaluation that made
 it, running tasks in later evaluations and futures that end after theirs.
 Each round draws the sizes, the ways of writing and the streams from the
-seed.  Lines stay under 200 characters (read-output cuts a line longer
+seed; writers that share a running evaluation's stream write each line
+with one WRITE-STRING (`Writers.make`).  Lines stay under 200 characters (read-output cuts a line longer
 than a quarter of the result budget) and a round writes well under the
 1,000,000 characters a stream gathers between two calls (docs/tools.md).
 """
@@ -36,8 +38,10 @@ from tests.truth.places import Tally
 LISP = Path(__file__).with_name("output.lisp")
 NEWS = re.compile(r'read-output \{"evaluation": (\d+)\}')
 NOTICE = re.compile(r"\n\n\[threads\]\n(.*)\Z", re.S)
-# A writer's line, with the mark of its thread when it came as news.
-LINE = re.compile(r"^(?:\[[^\]\n]*\] )?((w\d+[oe]) \d+ .*)$")
+# A line of the threads' output: its thread's mark, + when it continues
+# that thread's line before (docs/tools.md), and its text.
+MARKED = re.compile(r"^\[([^\]\n]*)\](\+?)(?: |$)(.*)$")
+TAG = re.compile(r"^(w\d+[oe]) \d+ ")
 STYLES = (":whole", ":format", ":chars")
 
 
@@ -97,12 +101,22 @@ def visible(seen: Seen) -> dict[str, list[str]]:
         notice = NOTICE.search(result["content"][0]["text"])
         for news in NEWS.findall(notice.group(1) if notice else ""):
             reads += [(int(news), "stdout"), (int(news), "stderr")]
-    by_tag: dict[str, list[str]] = {}
+    lines: list[str] = []
+    last: dict[tuple[str, str], int] = {}  # each thread's last line on each stream
     for number, stream in dict.fromkeys(reads):
         for line in read_whole(seen.process, number, stream):
-            found = LINE.match(line)
-            if found:
-                by_tag.setdefault(found.group(2), []).append(found.group(1))
+            marked = MARKED.match(line)
+            if marked and marked.group(2) and (marked.group(1), stream) in last:
+                lines[last[(marked.group(1), stream)]] += marked.group(3)
+                continue
+            if marked:
+                last[(marked.group(1), stream)] = len(lines)
+            lines.append(marked.group(3) if marked else line)
+    by_tag: dict[str, list[str]] = {}
+    for line in lines:
+        tag = TAG.match(line)
+        if tag:
+            by_tag.setdefault(tag.group(1), []).append(line)
     return by_tag
 
 
@@ -134,21 +148,26 @@ class Writers:
         self.rng = rng
         self.number = 0
 
-    def make(self, stream: str) -> tuple[str, str]:
-        """A tag and the form of a writer for STREAM (o or e)."""
+    def make(self, stream: str, shared: bool) -> tuple[str, str]:
+        """A tag and the form of a writer for STREAM (o or e); SHARED when
+        other threads write to the same stream of a running evaluation:
+        there a line written in pieces mixes with theirs, as on any stream
+        threads share, so it writes each line whole."""
         self.number += 1
         tag = f"w{self.number}{stream}"
         lines = self.rng.choice([1, 3, 40, self.rng.randint(1, 1500)])
+        style = ":whole" if shared else self.rng.choice(STYLES)
         return tag, (f'(truth-output:writer "{tag}" {lines} {self.rng.randint(0, 150)} '
-                     f'{self.rng.randint(0, 2**31)} :style {self.rng.choice(STYLES)})')
+                     f'{self.rng.randint(0, 2**31)} :style {style})')
 
 
-def writes(writers: Writers, streams: str) -> tuple[list[str], str]:
+def writes(writers: Writers, streams: str, shared: bool = False) -> tuple[list[str], str]:
     """Tags, and a form that writes each of STREAMS (o: OUT, e: ERR, the
-    variables the form runs with) with a writer of its own."""
+    variables the form runs with) with a writer of its own, SHARED or not
+    (`Writers.make`)."""
     tags, forms = [], []
     for stream in streams:
-        tag, writer = writers.make(stream)
+        tag, writer = writers.make(stream, shared)
         tags.append(tag)
         forms.append(f"(funcall {writer} {'out' if stream == 'o' else 'err'})")
     return tags, f"(progn {' '.join(forms)})"
@@ -182,10 +201,9 @@ def bt_joined(seen: Seen, writers: Writers) -> list[str]:
     streams or the global ones, and the evaluation joins them."""
     tags, threads = [], []
     for number in range(writers.rng.randint(2, 4)):
-        streams = writers.rng.choice(["o", "e", "oe"])
-        more, body = writes(writers, streams)
-        tags += more
         bind = "" if writers.rng.random() < 0.5 else "(out *standard-output*) (err *error-output*)"
+        more, body = writes(writers, writers.rng.choice(["o", "e", "oe"]), shared=bool(bind))
+        tags += more
         threads.append(f"""(bt:make-thread (let ({bind}) (lambda () (let ((out (or {'out' if bind else 'nil'} *standard-output*))
                                                                (err (or {'err' if bind else 'nil'} *error-output*)))
                                                            {body})))
@@ -250,7 +268,7 @@ def lparallel_same_evaluation(seen: Seen, writers: Writers) -> list[str]:
     while it runs."""
     tags, tasks = [], []
     for _ in range(writers.rng.randint(2, 6)):
-        more, body = writes(writers, writers.rng.choice(["o", "e", "oe"]))
+        more, body = writes(writers, writers.rng.choice(["o", "e", "oe"]), shared=True)
         tags += more
         tasks.append(f"(lambda () (let ((out *standard-output*) (err *error-output*)) {body}))")
     seen.eval(f"""(let ((lparallel:*kernel* (lparallel:make-kernel 3 :name "truth-kernel")))
