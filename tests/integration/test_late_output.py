@@ -142,6 +142,32 @@ def test_threads_of_one_name_each_have_their_lines_whole(lisp):
                                                                   "twin 1 begun, ended 1\n"], text
 
 
+def test_threads_writing_to_a_running_evaluations_stream_lose_nothing(lisp):
+    # Their writes to its buffer raced: lparallel's workers in a PMAP the
+    # evaluation ran lost up to half of what they wrote.
+    result = lisp.call("evaluate-lisp", code="""
+(let* ((out *standard-output*)
+       (gate (sb-thread:make-semaphore))
+       (threads (loop for i below 4
+                      collect (let ((i i))
+                                (sb-thread:make-thread
+                                 (lambda ()
+                                   (sb-thread:wait-on-semaphore gate)
+                                   (dotimes (n 3000) (write-string (format nil "t~D ~D~%" i n) out))))))))
+  (sb-thread:signal-semaphore gate 4)
+  (mapc #'sb-thread:join-thread threads)
+  (values))""")
+    assert not result["isError"], result
+    number = result["structuredContent"]["number"]
+    lines: list[str] = []
+    while True:
+        shown = lisp.call("read-output", evaluation=number, offset=len(lines) + 1)["structuredContent"]
+        lines += [line.split(": ", 1)[1] for line in shown["lines"]]
+        if len(lines) >= shown["totalLines"]:
+            break
+    assert sorted(lines) == sorted(f"t{i} {n}" for i in range(4) for n in range(3000))
+
+
 def test_lparallel_tasks_output_and_errors_reach_the_news(lisp):
     text, is_error = lisp.eval('(setf lparallel:*kernel* (lparallel:make-kernel 2 :name "lo-kernel"))')
     assert not is_error, text
