@@ -3,7 +3,8 @@ its corpus, in `make test` (`make truth` runs all of it): every exported
 function of cl-ppcre (whose methods specialise on (EQL ...)),
 named-readtables and lparallel, called with wrong arguments in a thread
 that stops at the error, has each frame `sb-debug:list-backtrace` showed
-at the signal in backtrace's answer and in threads' backtrace."""
+at the signal in backtrace's answer and in threads' backtrace, and called
+in an evaluation, in its error result's [Backtrace]."""
 
 from __future__ import annotations
 

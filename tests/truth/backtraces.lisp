@@ -3,7 +3,7 @@
 ;;;; Loaded by tests/truth/backtraces.py into the image of a cl-mcp that
 ;;;; loaded a library.  `library-functions' lists the library's exported
 ;;;; functions; `start-call' calls one in a thread of its own with wrong
-;;;; arguments, under a handler that takes `sb-debug:list-backtrace' at the
+;;;; arguments (`call-here', in the evaluation's own thread), under a handler that takes `sb-debug:list-backtrace' at the
 ;;;; signal and declines, so that the error goes on to the debugger (and
 ;;;; cl-mcp stops the thread there).  The handler is the thread's outermost:
 ;;;; it sees only an error no handler of the library took.  Nothing here
@@ -13,7 +13,7 @@
 
 (defpackage #:truth-backtraces
   (:use #:cl)
-  (:export #:library-functions #:start-call #:outcome))
+  (:export #:library-functions #:start-call #:call-here #:outcome))
 (in-package #:truth-backtraces)
 
 (defvar *outcomes* (make-hash-table :test 'equal :synchronized t)
@@ -92,6 +92,14 @@ and :METHOD aside), or a foreign frame's string."
                                   (and (symbolp part) (not (member part '(flet labels lambda :method)))))
                                 name)))))
 
+(defun evaluator-wrapper-p (name below)
+  "True for the (LAMBDA ()) SBCL's evaluator wraps an evaluated form in:
+NAME, with only EVAL and the evaluator's frames BELOW it (docs/tools.md:
+cl-mcp leaves it out with them)."
+  (and (equal name '(lambda ()))
+       below
+       (every (lambda (name) (or (eq name 'eval) (member name *evaluator*))) below)))
+
 (defun oracle-frames ()
   "Called by the handler: the names of the frames from the one that
 signalled (below SIGNAL's %SIGNAL that called the handler; when the
@@ -111,8 +119,8 @@ nested in its call); foreign frames and SBCL's evaluator left out."
                   (length names)))
           (*package* (find-package "COMMON-LISP-USER"))
           (*print-pretty* nil) (*print-length* 10) (*print-level* 3))
-      (loop for name in (subseq names from to)
-            unless (or (stringp name) (member name *evaluator*))
+      (loop for (name . below) on (subseq names from to)
+            unless (or (stringp name) (member name *evaluator*) (evaluator-wrapper-p name below))
               collect (prin1-to-string name)))))
 
 (defun run-call (function arguments outcome)
@@ -146,6 +154,13 @@ that one at once when the thread stops."
       (:returned (format t "RETURNED~%"))
       (t (format t "RUNNING~%")))
     (values)))
+
+(defun call-here (name value key)
+  "Call the function NAME with `wrong-arguments' of VALUE in this thread
+(an evaluation's), its outcome kept under KEY for `outcome'."
+  (let ((symbol (read-from-string name)))
+    (run-call symbol (wrong-arguments (fdefinition symbol) value)
+              (setf (gethash key *outcomes*) (list nil)))))
 
 (defun start-call (name value thread-name)
   "Call the function NAME (a string, PACKAGE:NAME) with `wrong-arguments'

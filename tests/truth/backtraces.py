@@ -8,7 +8,10 @@ checked when that handler saw an error and the thread stops at it: the
 oracle's frames, from the one that signalled down to the thread's
 outermost own frame, must all appear, in order, among the frames of two
 answers: backtrace of the evaluation number the thread waits under, and
-the threads tool's backtrace of the thread (taken by an interrupt).
+the threads tool's backtrace of the thread (taken by an interrupt).  The
+same call is then made in an evaluation's own thread: when it signals
+there too, the first 20 frames of that oracle (an error result shows 20)
+must appear in the result's [Backtrace].
 
 A frame appears when cl-mcp's printed call of it is the oracle's printed
 function name in parentheses, alone or followed by a space (then its
@@ -20,6 +23,7 @@ SBCL applies to the function name as a whole.
 from __future__ import annotations
 
 import itertools
+import re
 import time
 from pathlib import Path
 
@@ -27,7 +31,9 @@ from tests.integration.conftest import McpProcess
 from tests.truth.places import Tally
 
 LISP = Path(__file__).with_name("backtraces.lisp")
-ANSWERS = ("backtrace of a stopped thread", "threads backtrace")
+ANSWERS = ("backtrace of a stopped thread", "threads backtrace", "evaluate-lisp error")
+ERROR_FRAMES = 20  # an error result's backtrace shows at most these (docs/tools.md)
+FRAME = re.compile(r"\n(?=\d+: \()")
 # The wrong arguments, tried in turn until a call does not return.
 VALUES = ("nil", ":truth-wrong-type")
 
@@ -99,7 +105,26 @@ def check_call(process: McpProcess, tally: Tally, name: str, value: str, thread:
     tally.count(ANSWERS[1], "call", failure and f"{name} ({condition}): {failure}")
     aborted = process.call("invoke-restart", evaluation=evaluation, restart="ABORT")
     assert not aborted["isError"], aborted
+    check_evaluation(process, tally, name, value, thread)
     return "checked"
+
+
+def check_evaluation(process: McpProcess, tally: Tally, name: str, value: str, key: str) -> None:
+    """Call NAME with VALUE for each argument in an evaluation's own thread,
+    checked when it signals there too: the first frames of the oracle, as
+    many as an error result shows, must appear in its [Backtrace]."""
+    result = process.call("evaluate-lisp", code=f'(truth-backtraces:call-here "{name}" {value} "{key}-here")',
+                          timeout=10)
+    structure = result["structuredContent"]
+    outcome = lines_of(process, f'(truth-backtraces:outcome "{key}-here" :seconds 0)')
+    if structure.get("evaluation"):
+        aborted = process.call("invoke-restart", evaluation=structure["evaluation"], restart="ABORT")
+        assert not aborted["isError"], aborted
+    if outcome[0] != "SIGNALLED" or structure.get("error", {}).get("type") == "SB-EXT:TIMEOUT":
+        return
+    frames = [re.sub(r"^\d+: ", "", frame) for frame in FRAME.split(structure.get("error", {}).get("backtrace", ""))]
+    failure = missing(outcome[2:2 + ERROR_FRAMES], frames)
+    tally.count(ANSWERS[2], "call", failure and f"{name} ({outcome[1]}): {failure}")
 
 
 def check_backtraces(process: McpProcess, tally: Tally, copy: Path, log=print) -> None:
