@@ -7,8 +7,8 @@ everything the model can see of the calls the scenario made: each
 evaluation's own output and the threads' output each [threads] notice
 names, read whole through read-output (each line's `[THREAD] ` mark taken
 off, and a line marked `[THREAD]+ ` joined to that thread's line before,
-as docs/tools.md says).  A writer is right when its lines there, in its order, are its text
-exactly.
+as docs/tools.md says).  A writer is right when its lines there, in its
+order, are its text exactly.
 
 The scenarios drive the corpus's threads: bordeaux-threads' threads that
 write to the global streams or keep an evaluation's stream, while it runs
@@ -17,9 +17,10 @@ kernel workers, whose kernel binds the streams of the evaluation that made
 it, running tasks in later evaluations and futures that end after theirs.
 Each round draws the sizes, the ways of writing and the streams from the
 seed; writers that share a running evaluation's stream write each line
-with one WRITE-STRING (`Writers.make`).  Lines stay under 200 characters (read-output cuts a line longer
-than a quarter of the result budget) and a round writes well under the
-1,000,000 characters a stream gathers between two calls (docs/tools.md).
+with one WRITE-STRING (`Writers.make`).  Lines stay under 200 characters
+(read-output cuts a line longer than a quarter of the result budget) and
+a round writes well under the 1,000,000 characters a stream gathers
+between two calls (docs/tools.md).
 """
 
 from __future__ import annotations
@@ -200,14 +201,13 @@ def bt_joined(seen: Seen, writers: Writers) -> list[str]:
     """Several bordeaux-threads threads write at once, to the evaluation's
     streams or the global ones, and the evaluation joins them."""
     tags, threads = [], []
+    streams = "(out *standard-output*) (err *error-output*)"
     for number in range(writers.rng.randint(2, 4)):
-        bind = "" if writers.rng.random() < 0.5 else "(out *standard-output*) (err *error-output*)"
-        more, body = writes(writers, writers.rng.choice(["o", "e", "oe"]), shared=bool(bind))
+        kept = writers.rng.random() < 0.5  # the evaluation's streams, bound before the thread starts
+        more, body = writes(writers, writers.rng.choice(["o", "e", "oe"]), shared=kept)
         tags += more
-        threads.append(f"""(bt:make-thread (let ({bind}) (lambda () (let ((out (or {'out' if bind else 'nil'} *standard-output*))
-                                                               (err (or {'err' if bind else 'nil'} *error-output*)))
-                                                           {body})))
-                 :name "truth-bt-{number}")""")
+        function = f"(let ({streams}) (lambda () {body}))" if kept else f"(lambda () (let ({streams}) {body}))"
+        threads.append(f'(bt:make-thread {function} :name "truth-bt-{number}")')
     seen.eval(f"(mapc #'bt:join-thread (list {' '.join(threads)}))")
     seen.until(f"(truth-output:done-p {' '.join(map(quote, tags))})")
     return tags
