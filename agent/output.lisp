@@ -52,7 +52,9 @@ goes to (`end-capture').")
    (lock :initform (sb-thread:make-mutex :name "cl-mcp captured output") :reader lock
          :documentation "Held by each write: threads the evaluation runs (an
 lparallel PMAP's workers) write to it at once, and a write that grows the
-buffer while another fills it lost the other's characters."))
+buffer while another fills it lost the other's characters.  An
+evaluation stopped inside a write (its deadline) keeps it while it waits:
+its other writers wait with it."))
   (:documentation "A character output stream that keeps the first LIMIT
 characters written to it and counts the rest, so that a runaway printer
 cannot exhaust the image's memory or overflow a Swank frame."))
