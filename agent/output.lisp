@@ -48,7 +48,13 @@ fill pointer, so that its end can be read while output is still coming.")
    (ended :initform nil :accessor ended
           :documentation "Nil while its evaluation runs; then :stdout or
 :stderr, the threads' news text that what is written to it afterwards
-goes to (`end-capture')."))
+goes to (`end-capture').")
+   (lock :initform (sb-thread:make-mutex :name "cl-mcp captured output") :reader lock
+         :documentation "Held by each write: threads the evaluation runs (an
+lparallel PMAP's workers) write to it at once, and a write that grows the
+buffer while another fills it lost the other's characters.  An
+evaluation stopped inside a write (its deadline) keeps it while it waits:
+its other writers wait with it."))
   (:documentation "A character output stream that keeps the first LIMIT
 characters written to it and counts the rest, so that a runaway printer
 cannot exhaust the image's memory or overflow a Swank frame."))
@@ -78,21 +84,24 @@ pool's worker, bound to the stream of the evaluation that made it) writes
 to it from now on goes to the threads' news as KIND (:stdout or :stderr),
 as a user's thread's output does (`record-output', agent/user-threads.lisp,
 loaded later)."
-  (setf (ended stream) kind))
+  (sb-thread:with-recursive-lock ((lock stream))
+    (setf (ended stream) kind)))
 
 (defmethod sb-gray:stream-write-string :around ((stream capped-output-stream) string
                                                 &optional (start 0) end)
   "Once its evaluation has ended, STRING goes to the threads' news."
-  (if (ended stream)
-      (record-output (ended stream) sb-thread:*current-thread* string start (or end (length string)))
-      (call-next-method))
+  (sb-thread:with-recursive-lock ((lock stream))
+    (if (ended stream)
+        (record-output (ended stream) sb-thread:*current-thread* string start (or end (length string)))
+        (call-next-method)))
   string)
 
 (defmethod sb-gray:stream-write-char :around ((stream capped-output-stream) char)
   "Once its evaluation has ended, CHAR goes to the threads' news."
-  (if (ended stream)
-      (record-output (ended stream) sb-thread:*current-thread* (string char) 0 1)
-      (call-next-method))
+  (sb-thread:with-recursive-lock ((lock stream))
+    (if (ended stream)
+        (record-output (ended stream) sb-thread:*current-thread* (string char) 0 1)
+        (call-next-method)))
   char)
 
 (defmethod sb-gray:stream-write-string ((stream capped-output-stream) string

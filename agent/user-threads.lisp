@@ -34,9 +34,7 @@ cl-mcp's requests; the oldest are dropped first.")
   "One stream of the threads' output: its lines, each begun with the
 name of the thread that wrote it."
   (buffer (make-text-buffer))
-  (dropped 0)        ; the oldest characters, dropped past the limit
-  (writer nil)       ; the thread that wrote last
-  (line-start t))    ; whether the next character begins a line
+  (dropped 0))       ; the oldest characters, dropped past the limit
 
 (defstruct (news (:constructor make-news ()))
   "What user threads did since cl-mcp's last request."
@@ -62,9 +60,42 @@ takes the news first."
 (defvar *news* nil
   "The `news' cl-mcp has not heard yet, or nil.")
 
+(defstruct (thread-lines (:constructor make-thread-lines ()))
+  "A user thread's line on each stream: what it wrote of a line it has not
+ended (a text buffer, or nil), and the streams whose next line continues
+one cut when cl-mcp took the news."
+  (stdout nil)
+  (stderr nil)
+  (continued '()))
+
+(defvar *thread-lines* (make-hash-table :test 'eq :weakness :key)
+  "Each user thread's `thread-lines', guarded by `*news-lock*'.  A line
+goes to the news when its thread ends it, whole whatever other threads
+write meanwhile; what is unfinished when cl-mcp takes the news goes with
+it, ended there, and its rest comes in the next news marked [LABEL]+, so
+that the thread's text can be read back as it wrote it.")
+
 (defun thread-label (thread)
   "The name that marks THREAD's lines: its name, or its id."
   (or (sb-thread:thread-name thread) (format nil "thread ~D" (thread-id thread))))
+
+(defvar *news-labels* (make-hash-table :test 'eq :weakness :key :synchronized t)
+  "Each user thread's `news-label', by thread, made at its first write.")
+
+(defun news-label (thread)
+  "The name that marks THREAD's lines in the news: its `thread-label',
+with its id when another live thread had its name at its first write
+(lparallel names every worker of a kernel alike): a line that continues
+one cut before must say whose it is."
+  (or (gethash thread *news-labels*)
+      (setf (gethash thread *news-labels*)
+            (let ((name (sb-thread:thread-name thread)))
+              (if (and name (find-if (lambda (other)
+                                       (and (not (eq other thread))
+                                            (equal (sb-thread:thread-name other) name)))
+                                     (sb-thread:list-all-threads)))
+                  (format nil "~A (thread ~D)" name (thread-id thread))
+                  (thread-label thread))))))
 
 (defun current-news ()
   "The news being gathered (the caller holds `*news-lock*')."
@@ -88,53 +119,102 @@ steady flood moves the buffer once per quarter)."
         (incf (news-text-dropped text) drop)))
     (setf (news-text-buffer text) (append-text (news-text-buffer text) string start end))))
 
-(defun add-thread-text (text thread string start end)
-  "Append STRING from START to END to TEXT as THREAD's, each line begun
-with [LABEL]; a line another thread left unfinished is ended first.
-Return how many lines it began."
-  (let ((prefix (format nil "[~A] " (thread-label thread)))
+(defun add-thread-text (text thread string start end &key continued)
+  "Append STRING from START to END, whole lines but for the last, to TEXT
+as THREAD's, each line begun with [LABEL] (its first with [LABEL]+ when
+it CONTINUED the thread's line cut in the news before).  Return how many
+lines it began."
+  (let ((label (news-label thread))
         (lines 0))
-    (unless (or (news-text-line-start text) (eq (news-text-writer text) thread))
-      (keep-news-text text (string #\Newline) 0 1)
-      (setf (news-text-line-start text) t))
-    (setf (news-text-writer text) thread)
     (loop with position = start
           while (< position end)
-          do (when (news-text-line-start text)
+          do (let ((prefix (format nil "[~A]~:[~;+~] " label (and continued (zerop lines)))))
                (incf lines)
                ;; An empty line gets the name alone.
                (keep-news-text text prefix 0 (if (char= (char string position) #\Newline)
                                                  (1- (length prefix))
                                                  (length prefix))))
-             (let* ((newline (position #\Newline string :start position :end end))
-                    (stop (if newline (1+ newline) end)))
+             (let ((stop (1+ (or (position #\Newline string :start position :end end) (1- end)))))
                (keep-news-text text string position stop)
-               (setf (news-text-line-start text) (and newline t)
-                     position stop)))
+               (setf position stop)))
     lines))
 
+(defun add-lines (kind thread string start end)
+  "Keep what THREAD wrote to its KIND stream (:stdout or :stderr), STRING
+from START to END, in the news, and count it for THREAD (the caller holds
+`*news-lock*')."
+  (let* ((news (current-news))
+         (state (gethash thread *thread-lines*))
+         (lines (add-thread-text (if (eq kind :stdout) (news-stdout news) (news-stderr news))
+                                 thread string start end
+                                 :continued (and state (member kind (thread-lines-continued state)))))
+         (writers (news-writers news))
+         ;; Past the limit, new writers share one entry: a server that
+         ;; names a thread per connection must not grow the news.
+         (label (let ((own (news-label thread)))
+                  (if (or (< (length writers) *news-entry-limit*)
+                          (assoc own writers :test #'string=))
+                      own
+                      "(other threads)")))
+         (entry (assoc label writers :test #'string=)))
+    (when state
+      (setf (thread-lines-continued state) (remove kind (thread-lines-continued state))))
+    (if entry
+        (progn (incf (second entry) (- end start))
+               (incf (third entry) lines))
+        (setf (news-writers news)
+              (append writers (list (list label (- end start) lines)))))))
+
+(defun unfinished-line (state kind)
+  "STATE's unfinished line on KIND's stream, or nil."
+  (if (eq kind :stdout) (thread-lines-stdout state) (thread-lines-stderr state)))
+
+(defun (setf unfinished-line) (text state kind)
+  "Make TEXT (or nil) STATE's unfinished line on KIND's stream."
+  (if (eq kind :stdout) (setf (thread-lines-stdout state) text) (setf (thread-lines-stderr state) text)))
+
+(defun cut-unfinished-lines (thread state)
+  "Keep THREAD's unfinished lines (its STATE's) in the news, each ended by
+a newline it did not write: its next characters continue them (the
+caller holds `*news-lock*')."
+  (dolist (kind '(:stdout :stderr))
+    (let ((text (unfinished-line state kind)))
+      (when text
+        (setf (unfinished-line state kind) nil)
+        (add-lines kind thread text 0 (length text))
+        (keep-news-text (if (eq kind :stdout) (news-stdout *news*) (news-stderr *news*))
+                        (string #\Newline) 0 1)
+        (push kind (thread-lines-continued state))))))
+
 (defun record-output (kind thread string start end)
-  "Keep what THREAD wrote to its KIND stream (:stdout or :stderr), and
-count it for THREAD."
+  "Keep what THREAD wrote to its KIND stream (:stdout or :stderr): the
+lines it ends in the news, the rest as its unfinished line."
   (when (< start end)
     (with-news-lock
-      (let* ((news (current-news))
-             (lines (add-thread-text (if (eq kind :stdout) (news-stdout news) (news-stderr news))
-                                     thread string start end))
-             (writers (news-writers news))
-             ;; Past the limit, new writers share one entry: a server that
-             ;; names a thread per connection must not grow the news.
-             (label (let ((own (thread-label thread)))
-                      (if (or (< (length writers) *news-entry-limit*)
-                              (assoc own writers :test #'string=))
-                          own
-                          "(other threads)")))
-             (entry (assoc label writers :test #'string=)))
-        (if entry
-            (progn (incf (second entry) (- end start))
-                   (incf (third entry) lines))
-            (setf (news-writers news)
-                  (append writers (list (list label (- end start) lines)))))))))
+      (let* ((state (or (gethash thread *thread-lines*)
+                        (setf (gethash thread *thread-lines*) (make-thread-lines))))
+             (unfinished (unfinished-line state kind))
+             (newline (position #\Newline string :start start :end end :from-end t)))
+        (when newline
+          (if unfinished
+              (let ((text (append-text unfinished string start (1+ newline))))
+                (setf (unfinished-line state kind) nil)
+                (add-lines kind thread text 0 (length text)))
+              (add-lines kind thread string start (1+ newline)))
+          (setf start (1+ newline)))
+        (when (< start end)
+          (setf (unfinished-line state kind)
+                (append-text (or (unfinished-line state kind) (make-text-buffer)) string start end)))))))
+
+(defun line-column (kind thread)
+  "How far into its line THREAD is on its KIND stream: nil (unknown) when
+its line was cut in the news before."
+  (with-news-lock
+    (let ((state (gethash thread *thread-lines*)))
+      (cond ((null state) 0)
+            ((unfinished-line state kind) (fill-pointer (unfinished-line state kind)))
+            ((member kind (thread-lines-continued state)) nil)
+            (t 0)))))
 
 (defun stop-text (entry)
   "The lines that keep a stopped thread's error: its condition, then its
@@ -148,7 +228,12 @@ backtrace."
 its backtrace among THREAD's error output, and tell cl-mcp."
   (let ((text (stop-text entry)))
     (with-news-lock
-      (let ((news (current-news)))
+      (let ((news (current-news))
+            (state (gethash thread *thread-lines*)))
+        ;; What it wrote before comes first, its error on a line of its own.
+        (when state
+          (cut-unfinished-lines thread state)
+          (setf (thread-lines-continued state) (remove :stderr (thread-lines-continued state))))
         (add-thread-text (news-stderr news) thread text 0 (length text))
         (if (< (length (news-stops news)) *news-entry-limit*)
             (setf (news-stops news) (append (news-stops news) (list (without-backtrace entry))))
@@ -173,7 +258,14 @@ its backtrace among THREAD's error output, and tell cl-mcp."
 :number (under which the output is kept, when there is output), :stdout
 and :stderr (with :stdout-dropped, :stderr-dropped), :writers, :stops,
 :ends, :untold."
-  (let ((news (with-news-lock (shiftf *news* nil))))
+  (let ((news (with-news-lock
+                (maphash (lambda (thread state)
+                           (cond ((or (thread-lines-stdout state) (thread-lines-stderr state))
+                                  (cut-unfinished-lines thread state))
+                                 ((null (thread-lines-continued state))
+                                  (remhash thread *thread-lines*))))
+                         *thread-lines*)
+                (shiftf *news* nil))))
     (when news
       (let ((stdout (news-stdout news))
             (stderr (news-stderr news))
@@ -204,7 +296,7 @@ connections (in an image cl-mcp owns, they all do)."
 (defun deliver-thread-news ()
   "Send cl-mcp the news, just before the reply to one of its requests (a
 Swank pre-reply hook; `answer-directly' calls it too)."
-  (when (and *news* (cl-mcp-connection-p))
+  (when (and (or *news* (plusp (hash-table-count *thread-lines*))) (cl-mcp-connection-p))
     ;; Run before the reply is sent: an error here must not turn the
     ;; request it precedes into an abort.
     (handler-case
@@ -264,15 +356,11 @@ cl-mcp (the global value of the variable STREAM stands for)."
     char))
 
 (defmethod sb-gray:stream-line-column ((stream thread-output-stream))
-  "0 at the start of a line of the threads' output, as when nothing is
-kept since cl-mcp last heard (what comes next begins a line); else unknown.
-Once cl-mcp has detached, a user's thread's column is its stream's."
-  (let ((news *news*))
-    (cond ((and *detached* (eq (owner-by-name sb-thread:*current-thread*) :user))
-           (sb-kernel:charpos (passed-on stream)))
-          ((or (null news)
-               (news-text-line-start (if (eq (kind stream) :stdout) (news-stdout news) (news-stderr news))))
-           0))))
+  "How far into its line the current thread is (`line-column'); once
+cl-mcp has detached, a user's thread's column is its stream's."
+  (if (and *detached* (eq (owner-by-name sb-thread:*current-thread*) :user))
+      (sb-kernel:charpos (passed-on stream))
+      (line-column (kind stream) sb-thread:*current-thread*)))
 
 (defmethod sb-gray:stream-finish-output ((stream thread-output-stream))
   "Output passed on goes out now."
@@ -489,4 +577,4 @@ no news delivered, and the news nobody will read dropped."
   (sb-ext:without-package-locks
     (sb-int:unencapsulate 'sb-thread:make-thread 'watched))
   (setf swank::*pre-reply-hook* (remove 'deliver-thread-news swank::*pre-reply-hook*))
-  (with-news-lock (setf *news* nil)))
+  (with-news-lock (setf *news* nil) (clrhash *thread-lines*)))

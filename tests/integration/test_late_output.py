@@ -42,9 +42,15 @@ def news_text(lisp, notice: str, stream: str) -> str:
 
 
 def written_by(text: str, thread: str) -> str:
-    """What THREAD's lines of the threads' output say, its marks taken off."""
-    mark = f"[{thread}] "
-    return "".join(line[len(mark):] for line in text.splitlines(keepends=True) if line.startswith(mark))
+    """What THREAD's lines of the threads' output say, its marks taken off:
+    a line marked [THREAD]+ continues its line before (docs/tools.md)."""
+    written = ""
+    for line in text.splitlines(keepends=True):
+        if line.startswith(f"[{thread}]+"):
+            written = written[:-1] + line[len(thread) + 3:].removeprefix(" ")
+        elif line.startswith(f"[{thread}]"):
+            written += line[len(thread) + 2:].removeprefix(" ")
+    return written
 
 
 def wait_for(lisp, code: str, notice: str = "") -> str:
@@ -80,6 +86,85 @@ def test_a_thread_writing_to_an_ended_evaluations_stream_reaches_the_news(lisp):
     text = written_by(news_text(lisp, notice, "stdout"), "lo-keeper")
     count = int(lisp.eval("(gethash :plain *lo-written*)")[0].split()[1])
     assert (len(text), text) == (count, "".join(f"late line {i}\n" for i in range(300)))
+
+
+def test_a_line_begun_before_a_reply_and_ended_after_reaches_the_news_whole(lisp):
+    # Cut where a reply took the news and where another thread wrote, its
+    # rest came as a line of its own: "begun, " and "ended" read as two.
+    result = lisp.call("evaluate-lisp", code="""
+(defvar *lo-half* (sb-thread:make-semaphore))
+(defvar *lo-rest* (sb-thread:make-semaphore))
+(defparameter *lo-splitter*
+  (sb-thread:make-thread (lambda ()
+                           (write-string "begun, ")
+                           (sb-thread:signal-semaphore *lo-half*)
+                           (sb-thread:wait-on-semaphore *lo-rest*)
+                           (write-line "ended"))
+                         :name "lo-splitter"))""")
+    assert not result["isError"], result
+    notice = notice_of(result)
+    for code in ('(sb-thread:wait-on-semaphore *lo-half*) (sb-thread:join-thread (sb-thread:make-thread '
+                 '(lambda () (write-line "between")) :name "lo-between"))',
+                 "(sb-thread:signal-semaphore *lo-rest*) (sb-thread:join-thread *lo-splitter*)"):
+        result = lisp.call("evaluate-lisp", code=code)
+        assert not result["isError"], result
+        notice += notice_of(result) + "\n"
+    text = news_text(lisp, notice, "stdout")
+    assert (written_by(text, "lo-splitter"), written_by(text, "lo-between")) == ("begun, ended\n", "between\n"), text
+
+
+def test_threads_of_one_name_each_have_their_lines_whole(lisp):
+    # lparallel names every worker of a kernel alike: marked by the name
+    # alone, the rest of a line cut by a reply could be either's.
+    result = lisp.call("evaluate-lisp", code="""
+(defvar *lo-twins-half* (sb-thread:make-semaphore))
+(defvar *lo-twins-rest* (sb-thread:make-semaphore))
+(defparameter *lo-twins*
+  (loop for i below 2
+        collect (let ((i i))
+                  (sb-thread:make-thread (lambda ()
+                                           (format t "twin ~D begun, " i)
+                                           (sb-thread:signal-semaphore *lo-twins-half*)
+                                           (sb-thread:wait-on-semaphore *lo-twins-rest*)
+                                           (format t "ended ~D~%" i))
+                                         :name "lo-twin"))))""")
+    assert not result["isError"], result
+    notice = notice_of(result)
+    for code in ("(sb-thread:wait-on-semaphore *lo-twins-half* :n 2)",
+                 "(sb-thread:signal-semaphore *lo-twins-rest* 2) (mapc #'sb-thread:join-thread *lo-twins*)"):
+        result = lisp.call("evaluate-lisp", code=code)
+        assert not result["isError"], result
+        notice += notice_of(result) + "\n"
+    text = news_text(lisp, notice, "stdout")
+    labels = set(re.findall(r"^\[(lo-twin \(thread \d+\))\]", text, re.M))
+    assert sorted(written_by(text, label) for label in labels) == ["twin 0 begun, ended 0\n",
+                                                                  "twin 1 begun, ended 1\n"], text
+
+
+def test_threads_writing_to_a_running_evaluations_stream_lose_nothing(lisp):
+    # Their writes to its buffer raced: lparallel's workers in a PMAP the
+    # evaluation ran lost up to half of what they wrote.
+    result = lisp.call("evaluate-lisp", code="""
+(let* ((out *standard-output*)
+       (gate (sb-thread:make-semaphore))
+       (threads (loop for i below 4
+                      collect (let ((i i))
+                                (sb-thread:make-thread
+                                 (lambda ()
+                                   (sb-thread:wait-on-semaphore gate)
+                                   (dotimes (n 3000) (write-string (format nil "t~D ~D~%" i n) out))))))))
+  (sb-thread:signal-semaphore gate 4)
+  (mapc #'sb-thread:join-thread threads)
+  (values))""")
+    assert not result["isError"], result
+    number = result["structuredContent"]["number"]
+    lines: list[str] = []
+    while True:
+        shown = lisp.call("read-output", evaluation=number, offset=len(lines) + 1)["structuredContent"]
+        lines += [line.split(": ", 1)[1] for line in shown["lines"]]
+        if len(lines) >= shown["totalLines"]:
+            break
+    assert sorted(lines) == sorted(f"t{i} {n}" for i in range(4) for n in range(3000))
 
 
 def test_lparallel_tasks_output_and_errors_reach_the_news(lisp):

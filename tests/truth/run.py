@@ -17,13 +17,17 @@ from pathlib import Path
 
 from tests.integration.conftest import McpProcess
 from tests.truth import edits
+from tests.truth.backtraces import ANSWERS as BACKTRACES
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
 from tests.truth.notes import check_notes, read_notes
 from tests.truth.places import Compiled, Definition, Tally, check_places, oracle, read_oracle, unique
 from tests.truth.tests_oracle import check_library_tests
+from tests.truth.threads import check_library_threads
 from tests.truth.xref import CALLEES, check_xref
 
 TABLE = Path(__file__).parents[2] / "docs" / "truth.md"
+# Answers that are not about definitions: no rows in the table by definition type.
+RUNNING = {"test results", "output", *BACKTRACES}
 COMPILABLE = {"function", "macro", "generic-function", "method", "variable"}
 
 
@@ -62,8 +66,8 @@ def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
             references: dict[tuple[str, str, str], list[int]] = {}
             recompiled: set[str] = set()
             check_xref(process, tally, "before edits", callees, edited, pristine, forms, references, recompiled)
-            files = sorted({form.file for form in forms})
-            check_notes(process, tally, "before edits", read_notes(pristine, library.system, edited), forms, files)
+            sources = sorted({form.file for form in forms})
+            check_notes(process, tally, "before edits", read_notes(pristine, library.system, edited), forms, sources)
             for _ in range(rounds):
                 files = sorted({d.file for d in now.values()})
                 touched = rng.sample(files, min(len(files), rng.randint(1, 3)))
@@ -87,13 +91,14 @@ def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
                 check_places(process, tally, "after edits", compiled, lines, now)
                 forms = read_oracle(pristine, library.system, edited)[1]
                 check_xref(process, tally, "after edits", callees, edited, pristine, forms, references, recompiled)
-                check_notes(process, tally, "after edits", read_notes(pristine, library.system, edited), forms, files)
+                check_notes(process, tally, "after edits", read_notes(pristine, library.system, edited), forms,
+                            sources)
         finally:
             process.close(60)
     return tally
 
 
-def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> str:
+def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, output_rounds: int) -> str:
     """docs/truth.md: per library and per answer, then per definition type."""
     answers = sorted({a for t in results.values() for a, _ in [*t.right, *t.wrong]})
     out = ["# Truth on real code",
@@ -126,9 +131,8 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             wrong = sum(n for (a, _), n in tally.wrong.items() if a == answer)
             if right or wrong:
                 out.append(f"| {name} | {answer} | {right + wrong} | {right} | {wrong} |")
-    # The test-results oracle's kinds (total, failed test) are no definition types.
     kinds = sorted({k for t in results.values() for a, k in [*t.right, *t.wrong]
-                    if not a.startswith(("test results", "compiler notes"))})
+                    if a not in RUNNING and not a.startswith("compiler notes")})
     out += ["", "| definition type | answer | checked | right | wrong |", "|---|---|---|---|---|"]
     for kind in kinds:
         for answer in answers:
@@ -149,9 +153,49 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int) -> 
             "compiling. compile-file (`notes: \"all\"`, not loaded) of each file, before the edits",
             "and after them, must list each of them (unless its answer says it left some out) and",
             "no other, each at a line inside that top-level form, `unchanged`. Checked by severity.",
-            "", "Not checked yet by the harness: frames, backtraces and output over the corpus",
-            "(their oracles run in tests/integration/test_backtraces_oracle.py and",
-            "test_late_output.py), and test places.", "", "## Wrong answers", ""]
+            "Its subset in `make test`: tests/integration/test_truth_notes.py.",
+            "",
+            "Backtraces (tests/truth/backtraces.py, backtraces.lisp): in a fresh cl-mcp, each",
+            "exported function of the library (compiled from its files; macros aside) is called",
+            "in a thread an evaluation starts, with NIL for each required argument (and, when",
+            "that returns, `:truth-wrong-type`), under the thread's outermost handler, which takes",
+            "`sb-debug:list-backtrace` at the signal and declines. A call is checked when that",
+            "handler saw an error and the thread stopped at it: the oracle's frames, from the one",
+            "that signalled (below `%SIGNAL`, or below `INTERNAL-ERROR` for a trap in compiled",
+            "code) down to the thread's outermost own frame, SBCL's evaluator and foreign frames",
+            "aside, must all appear in order in backtrace's answer for the evaluation number the",
+            "thread waits under, and in the threads tool's backtrace of the thread. The same call",
+            "is then made in an evaluation's own thread: when it signals there too, the first 20",
+            "frames of that oracle (an error result shows 20; the `(LAMBDA ())` SBCL's evaluator",
+            "wraps a form in aside, as docs/tools.md says) must be in the result's `[Backtrace]`",
+            "(evaluate-lisp error). A frame",
+            "appears when its printed call is the oracle's function name, printed in CL-USER with",
+            "`*print-length*` 10 and `*print-level*` 3 as docs/tools.md prints a frame, in",
+            "parentheses alone or followed by a space. Its subset in `make test`:",
+            "tests/integration/test_truth_backtraces.py.",
+            "",
+            "Output (tests/truth/output.py, output.lisp): writers write seeded random lines",
+            "(non-ASCII included, each begun with the writer's tag) one `write-string` a line, or",
+            "`format`'s `~A~%`, or one `write-char` a character, and count what they wrote; the",
+            "oracle is each writer's count of characters and lines and the MD5 of its text.",
+            "cl-mcp's answer is all the model can see of the scenario's calls: each evaluation's",
+            "own output and the threads' output each `[threads]` notice names, read whole with",
+            "read-output, each line's `[THREAD] ` mark taken off (a `[THREAD]+` line joined to that",
+            "thread's line before, as docs/tools.md says). A writer is right when its lines there",
+            "are its text exactly. The scenarios run the corpus's own threads:",
+            "bordeaux-threads' (writing to the global streams or to a kept evaluation's stream,",
+            "after that evaluation ended; several at once, joined by their evaluation; writing",
+            "then stopping at an error) and lparallel's kernel workers (tasks of an evaluation",
+            "after the one that made the kernel, whose streams it bound; futures that end after",
+            f"their evaluation; a kernel made and used by one evaluation), {output_rounds} seeded rounds",
+            "of each. Its subset in `make test`: tests/integration/test_truth_output.py. Its first",
+            "runs found two faults, fixed since (875abbe, db57814): a thread's line was cut where a",
+            "reply took the news or another thread wrote, its rest a line of its own (lparallel's",
+            "workers, all named after their kernel, could not be told apart); and threads writing",
+            "at once to a running evaluation's stream lost characters (up to half of a PMAP's).",
+            "",
+            "Not checked yet by the harness: frames' places and locals, and test places.",
+            "", "## Wrong answers", ""]
     for name, tally in results.items():
         for failure in tally.failures[:40]:
             out.append(f"- {name}: {failure}")
@@ -165,6 +209,7 @@ def main() -> None:
     parser.add_argument("libraries", nargs="*", help="directories of the corpus to check (default: all)")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seed", type=int, default=37)
+    parser.add_argument("--output-rounds", type=int, default=10, help="rounds of the output scenarios")
     parser.add_argument("--output", type=Path, default=TABLE)
     options = parser.parse_args()
     chosen = [lib for lib in CORPUS if not options.libraries or lib.directory in options.libraries]
@@ -175,10 +220,13 @@ def main() -> None:
         results[library.directory] = check_library(library, options.rounds, options.seed,
                                                    log=lambda text: print(text, file=sys.stderr))
         check_library_tests(library, results[library.directory])
+        check_library_threads(library, results[library.directory], options.output_rounds, options.seed,
+                              log=lambda text: print(text, file=sys.stderr))
         wrong = sum(results[library.directory].wrong.values())
         right = sum(results[library.directory].right.values())
         print(f"  {right} right, {wrong} wrong", file=sys.stderr)
-    options.output.write_text(table(results, time.monotonic() - started, options.rounds, options.seed))
+    options.output.write_text(table(results, time.monotonic() - started, options.rounds, options.seed,
+                                    options.output_rounds))
 
 
 if __name__ == "__main__":

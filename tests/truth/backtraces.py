@@ -1,0 +1,143 @@
+"""The backtraces oracle and the check of cl-mcp's backtraces against it.
+
+Each exported function of a library (backtraces.lisp's `library-functions`:
+compiled from the library's files) is called with wrong arguments (NIL for
+each required parameter) in a thread an evaluation starts, under a handler
+that takes `sb-debug:list-backtrace` at the signal and declines.  A call is
+checked when that handler saw an error and the thread stops at it: the
+oracle's frames, from the one that signalled down to the thread's
+outermost own frame, must all appear, in order, among the frames of two
+answers: backtrace of the evaluation number the thread waits under, and
+the threads tool's backtrace of the thread (taken by an interrupt).  The
+same call is then made in an evaluation's own thread: when it signals
+there too, the first 20 frames of that oracle (an error result shows 20)
+must appear in the result's [Backtrace].
+
+A frame appears when cl-mcp's printed call of it is the oracle's printed
+function name in parentheses, alone or followed by a space (then its
+arguments): the oracle prints the name as docs/tools.md says a frame's
+call is printed (CL-USER, `*print-length*` 10, `*print-level*` 3), which
+SBCL applies to the function name as a whole.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from pathlib import Path
+
+from tests.integration.conftest import McpProcess
+from tests.truth.places import Tally
+
+LISP = Path(__file__).with_name("backtraces.lisp")
+ANSWERS = ("backtrace of a stopped thread", "threads backtrace", "evaluate-lisp error")
+ERROR_FRAMES = 20  # an error result's backtrace shows at most these (docs/tools.md)
+FRAME = re.compile(r"\n(?=\d+: \()")
+# The wrong arguments, tried in turn until a call does not return.
+VALUES = ("nil", ":truth-wrong-type")
+
+
+def lines_of(process: McpProcess, code: str) -> list[str]:
+    """The lines CODE prints, evaluated in PROCESS."""
+    result = process.call("evaluate-lisp", code=code, wait=120)
+    assert not result["isError"], result["content"][0]["text"][:2000]
+    return result["structuredContent"].get("stdout", "").splitlines()
+
+
+def lambda_nil(text: str) -> str:
+    """SBCL prints an empty lambda list as NIL in a name, as () in a frame's call."""
+    return text.replace("(LAMBDA NIL", "(LAMBDA ()")
+
+
+def missing(expected: list[str], calls: list[str]) -> str | None:
+    """Why EXPECTED (function names) do not all appear in order among CALLS
+    (printed calls); None when they do."""
+    calls = [lambda_nil(call) for call in calls]
+    position = 0
+    for name in map(lambda_nil, expected):
+        found = next((i for i in range(position, len(calls))
+                      if calls[i] == f"({name})" or calls[i].startswith(f"({name} ")), None)
+        if found is None:
+            return f"{name} missing after frame {position}: oracle {expected}, cl-mcp {calls}"
+        position = found + 1
+    return None
+
+
+def stopped_entry(process: McpProcess, thread: str, seconds: float = 10) -> dict | None:
+    """The threads list entry of THREAD once it is stopped at its error;
+    None when it ended, or did not stop within SECONDS."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        entries = process.call("threads", action="list")["structuredContent"]["threads"]
+        entry = next((e for e in entries if e["name"] == thread), None)
+        if entry is None or entry.get("state") == "stopped-at-error":
+            return entry
+        time.sleep(0.05)
+    return None
+
+
+def check_call(process: McpProcess, tally: Tally, name: str, value: str, thread: str) -> str:
+    """Call NAME with VALUE for each argument in THREAD and check the
+    backtraces; what became of the call."""
+    lines_of(process, f'(truth-backtraces:start-call "{name}" {value} "{thread}")')
+    outcome = lines_of(process, f'(truth-backtraces:outcome "{thread}")')
+    if outcome[0] != "SIGNALLED":
+        return outcome[0].lower()
+    entry = stopped_entry(process, thread)
+    if entry is None:
+        # The thread ended: the error was signalled, not raised (SIGNAL
+        # returned), when the call returned after all.
+        outcome = lines_of(process, f'(truth-backtraces:outcome "{thread}" :seconds 0)')
+        if outcome[0] == "RETURNED":
+            return "returned"
+        for answer in ANSWERS:
+            tally.count(answer, "call", f"{name}: thread {thread} signalled {outcome[1:2]} and did not stop")
+        return "not stopped"
+    condition, expected = outcome[1], outcome[2:]
+    evaluation = entry["evaluation"]
+    result = process.call("backtrace", evaluation=evaluation, count=200)
+    calls = [frame["call"] for frame in result.get("structuredContent", {}).get("frames", [])]
+    failure = missing(expected, calls)
+    tally.count(ANSWERS[0], "call", failure and f"{name} ({condition}): {failure}")
+    result = process.call("threads", action="backtrace", thread=entry["id"], count=200)
+    failure = missing(expected, result.get("structuredContent", {}).get("frames", []))
+    tally.count(ANSWERS[1], "call", failure and f"{name} ({condition}): {failure}")
+    aborted = process.call("invoke-restart", evaluation=evaluation, restart="ABORT")
+    assert not aborted["isError"], aborted
+    check_evaluation(process, tally, name, value, thread)
+    return "checked"
+
+
+def check_evaluation(process: McpProcess, tally: Tally, name: str, value: str, key: str) -> None:
+    """Call NAME with VALUE for each argument in an evaluation's own thread,
+    checked when it signals there too: the first frames of the oracle, as
+    many as an error result shows, must appear in its [Backtrace]."""
+    result = process.call("evaluate-lisp", code=f'(truth-backtraces:call-here "{name}" {value} "{key}-here")',
+                          timeout=10)
+    structure = result["structuredContent"]
+    outcome = lines_of(process, f'(truth-backtraces:outcome "{key}-here" :seconds 0)')
+    if structure.get("evaluation"):
+        aborted = process.call("invoke-restart", evaluation=structure["evaluation"], restart="ABORT")
+        assert not aborted["isError"], aborted
+    if outcome[0] != "SIGNALLED" or structure.get("error", {}).get("type") == "SB-EXT:TIMEOUT":
+        return
+    frames = [re.sub(r"^\d+: ", "", frame) for frame in FRAME.split(structure.get("error", {}).get("backtrace", ""))]
+    failure = missing(outcome[2:2 + ERROR_FRAMES], frames)
+    tally.count(ANSWERS[2], "call", failure and f"{name} ({outcome[1]}): {failure}")
+
+
+def check_backtraces(process: McpProcess, tally: Tally, copy: Path, log=print) -> None:
+    """Every exported function of the library loaded in PROCESS from COPY,
+    called with wrong arguments, its backtraces checked."""
+    lines_of(process, f'(load "{LISP}")')
+    names = lines_of(process, f'(format t "~{{~A~%~}}" (truth-backtraces:library-functions "{copy}/"))')
+    outcomes: dict[str, int] = {}
+    threads = itertools.count(1)
+    for name in names:
+        for value in VALUES:
+            outcome = check_call(process, tally, name, value, f"truth-bt-{next(threads)}")
+            if outcome != "returned":
+                break
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    log(f"  backtraces: {len(names)} functions: {outcomes}")
