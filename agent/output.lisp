@@ -52,9 +52,9 @@ goes to (`end-capture').")
    (lock :initform (sb-thread:make-mutex :name "cl-mcp captured output") :reader lock
          :documentation "Held by each write: threads the evaluation runs (an
 lparallel PMAP's workers) write to it at once, and a write that grows the
-buffer while another fills it lost the other's characters.  An
-evaluation stopped inside a write (its deadline) keeps it while it waits:
-its other writers wait with it."))
+buffer while another fills it lost the other's characters.  Taken with
+interrupts deferred (`with-stream-lock'), so that no thread waits at a stop
+holding it."))
   (:documentation "A character output stream that keeps the first LIMIT
 characters written to it and counts the rest, so that a runaway printer
 cannot exhaust the image's memory or overflow a Swank frame."))
@@ -78,19 +78,27 @@ cannot exhaust the image's memory or overflow a Swank frame."))
     (replace buffer string :start1 fill :start2 start :end2 end)
     buffer))
 
+(defmacro with-stream-lock ((stream) &body body)
+  "BODY holding STREAM's lock with interrupts deferred: an evaluation whose
+deadline came inside a write would wait at its stop holding the lock, and
+every other writer with it (as `with-agent-lock', which loads later).  A
+write only fills memory: it waits for nothing else."
+  `(sb-sys:without-interrupts
+     (sb-thread:with-recursive-lock ((lock ,stream)) ,@body)))
+
 (defun end-capture (stream kind)
   "STREAM's evaluation has ended: what a thread that kept it (a thread
 pool's worker, bound to the stream of the evaluation that made it) writes
 to it from now on goes to the threads' news as KIND (:stdout or :stderr),
 as a user's thread's output does (`record-output', agent/user-threads.lisp,
 loaded later)."
-  (sb-thread:with-recursive-lock ((lock stream))
+  (with-stream-lock (stream)
     (setf (ended stream) kind)))
 
 (defmethod sb-gray:stream-write-string :around ((stream capped-output-stream) string
                                                 &optional (start 0) end)
   "Once its evaluation has ended, STRING goes to the threads' news."
-  (sb-thread:with-recursive-lock ((lock stream))
+  (with-stream-lock (stream)
     (if (ended stream)
         (record-output (ended stream) sb-thread:*current-thread* string start (or end (length string)))
         (call-next-method)))
@@ -98,7 +106,7 @@ loaded later)."
 
 (defmethod sb-gray:stream-write-char :around ((stream capped-output-stream) char)
   "Once its evaluation has ended, CHAR goes to the threads' news."
-  (sb-thread:with-recursive-lock ((lock stream))
+  (with-stream-lock (stream)
     (if (ended stream)
         (record-output (ended stream) sb-thread:*current-thread* (string char) 0 1)
         (call-next-method)))

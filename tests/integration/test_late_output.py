@@ -8,6 +8,7 @@ that kept the evaluation's *standard-output*, and lparallel's workers
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 
@@ -165,6 +166,27 @@ def test_threads_writing_to_a_running_evaluations_stream_lose_nothing(lisp):
         if len(lines) >= shown["totalLines"]:
             break
     assert sorted(lines) == sorted(f"t{i} {n}" for i in range(4) for n in range(3000))
+
+
+def test_an_evaluation_stopped_at_its_deadline_while_writing_holds_up_no_other_writer(lisp):
+    # The evaluation writes all the time, so its deadline comes inside a
+    # write; a thread writing to the same stream must go on while it waits.
+    text, is_error = lisp.eval("""
+(defvar *lo-progress* 0)
+(let ((out *standard-output*))
+  (sb-thread:make-thread (lambda () (loop (write-string "w" out) (incf *lo-progress*) (sleep 0.001)))
+                         :name "lo-beside")
+  (loop (write-string (make-string 4000 :initial-element #\\x) out)))""", timeout=1, wait=20)
+    assert is_error and "deadline" in text, text
+    try:
+        before = lisp.eval("*lo-progress*")[0]
+        time.sleep(0.5)
+        assert lisp.eval("*lo-progress*")[0] != before
+    finally:
+        lisp.eval('(let ((beside (find "lo-beside" (sb-thread:list-all-threads) '
+                  ':key (function sb-thread:thread-name) :test (function equal)))) '
+                  '(when beside (sb-thread:terminate-thread beside)))')
+        lisp.call("invoke-restart", restart="ABORT")
 
 
 def test_lparallel_tasks_output_and_errors_reach_the_news(lisp):
