@@ -411,7 +411,22 @@ and a definition's opening line would be the wrong one."
            (evaluated-frame-place frame (second (second location))))
           ((and (consp location) (eq (first location) :error))
            (list :error (first-line (second location))))
-          (t (location-plist location files :characters t)))))
+          (t (location-plist (counted-from-one location frame) files :characters t)))))
+
+(defun counted-from-one (location frame)
+  "LOCATION, FRAME's, with its :position counted from 1 as the resolver
+reads every place's.  Swank places a frame whose code has debug blocks at
+the form it runs, counted from 0 (`stream-source-position'), its snippet
+read there; one without (code compiled with low debug) at its function's
+definition, counted from 1 as a definition's.  Taken as counted from 1, a
+form opening right after another parenthesis (DO's end test
+\"((safe-endp tail) ...)\") read as moved by an edit."
+  (destructuring-bind (buffer position &rest hints) (rest location)
+    (if (and (eq (first buffer) :file) (eq (first position) :position) (integerp (second position))
+             (handler-case (progn (sb-di:code-location-debug-block (sb-di:frame-code-location frame)) t)
+               (sb-di:no-debug-blocks () nil)))
+        (list* :location buffer (list :position (1+ (second position))) hints)
+        location)))
 
 ;;;; Reading code
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, registered_copy
 
 _packages = itertools.count(1)
 
@@ -117,3 +117,24 @@ def test_a_frame_of_evaluated_code_names_its_evaluation(lisp):
     form = "(SB-INT:NAMED-LAMBDA FRAME-PLACES-CAR (X) (BLOCK FRAME-PLACES-CAR (#:***HERE*** (CAR X))))"
     assert place["form"] == form
     assert f"     no file: defined by evaluation {number}: {form}" in text.splitlines()
+
+
+def test_a_frame_running_a_form_that_opens_inside_another_is_unchanged(lisp, tmp_path):
+    # Alexandria's PLIST-ALIST fails in DO's end test "((safe-endp tail)
+    # ...)": Swank counts that frame's position from 0, and read as
+    # counted from 1 it fell on the outer parenthesis, as if moved.
+    copy = registered_copy(lisp, Path("/usr/share/common-lisp/source/alexandria"), tmp_path / "alexandria")
+    loaded = lisp.call("load-system", system="alexandria")
+    assert not loaded["isError"], loaded
+    result = lisp.call("evaluate-lisp", code="(alexandria:plist-alist :not-a-plist)")
+    assert result["isError"], result
+    try:
+        frame = checked_call(lisp, "backtrace", evaluation=result["structuredContent"]["evaluation"],
+                             count=1)["structuredContent"]["frames"][0]
+        lists = copy / "alexandria-1" / "lists.lisp"
+        line = next(n for n, text in enumerate(lists.read_text().splitlines(), 1)
+                    if "((safe-endp tail) (nreverse alist))" in text)
+        assert (frame["file"], frame["line"], frame["place"]) == (str(lists), line, "unchanged"), frame
+        assert frame["snippet"].startswith("(safe-endp tail)"), frame
+    finally:
+        lisp.call("invoke-restart", restart="ABORT")

@@ -28,9 +28,11 @@ import time
 from pathlib import Path
 
 from tests.integration.conftest import McpProcess
-from tests.truth.places import Tally
+from tests.truth.frames import check_frames
+from tests.truth.places import Definition, Form, Tally, read_oracle
 
 LISP = Path(__file__).with_name("backtraces.lisp")
+Sources = tuple[list[Definition], list[Form], set[str]]
 ANSWERS = ("backtrace of a stopped thread", "threads backtrace", "evaluate-lisp error")
 ERROR_FRAMES = 20  # an error result's backtrace shows at most these (docs/tools.md)
 FRAME = re.compile(r"\n(?=\d+: \()")
@@ -77,9 +79,11 @@ def stopped_entry(process: McpProcess, thread: str, seconds: float = 10) -> dict
     return None
 
 
-def check_call(process: McpProcess, tally: Tally, name: str, value: str, thread: str) -> str:
+def check_call(process: McpProcess, tally: Tally, name: str, value: str, thread: str,
+               sources: Sources) -> str:
     """Call NAME with VALUE for each argument in THREAD and check the
-    backtraces; what became of the call."""
+    backtraces, and the places of their frames in the library's SOURCES;
+    what became of the call."""
     lines_of(process, f'(truth-backtraces:start-call "{name}" {value} "{thread}")')
     outcome = lines_of(process, f'(truth-backtraces:outcome "{thread}")')
     if outcome[0] != "SIGNALLED":
@@ -97,9 +101,10 @@ def check_call(process: McpProcess, tally: Tally, name: str, value: str, thread:
     condition, expected = outcome[1], outcome[2:]
     evaluation = entry["evaluation"]
     result = process.call("backtrace", evaluation=evaluation, count=200)
-    calls = [frame["call"] for frame in result.get("structuredContent", {}).get("frames", [])]
-    failure = missing(expected, calls)
+    frames = result.get("structuredContent", {}).get("frames", [])
+    failure = missing(expected, [frame["call"] for frame in frames])
     tally.count(ANSWERS[0], "call", failure and f"{name} ({condition}): {failure}")
+    check_frames(tally, frames, *sources, what=f"{name} ({condition})")
     result = process.call("threads", action="backtrace", thread=entry["id"], count=200)
     failure = missing(expected, result.get("structuredContent", {}).get("frames", []))
     tally.count(ANSWERS[1], "call", failure and f"{name} ({condition}): {failure}")
@@ -127,16 +132,19 @@ def check_evaluation(process: McpProcess, tally: Tally, name: str, value: str, k
     tally.count(ANSWERS[2], "call", failure and f"{name} ({outcome[1]}): {failure}")
 
 
-def check_backtraces(process: McpProcess, tally: Tally, copy: Path, log=print) -> None:
-    """Every exported function of the library loaded in PROCESS from COPY,
-    called with wrong arguments, its backtraces checked."""
+def check_backtraces(process: McpProcess, tally: Tally, copy: Path, system: str, log=print) -> None:
+    """Every exported function of SYSTEM loaded in PROCESS from COPY,
+    called with wrong arguments, its backtraces checked, and the places of
+    their frames in COPY's files (frames.py)."""
+    definitions, forms = read_oracle(copy, system, copy)
+    sources = (definitions, forms, {form.file for form in forms})
     lines_of(process, f'(load "{LISP}")')
     names = lines_of(process, f'(format t "~{{~A~%~}}" (truth-backtraces:library-functions "{copy}/"))')
     outcomes: dict[str, int] = {}
     threads = itertools.count(1)
     for name in names:
         for value in VALUES:
-            outcome = check_call(process, tally, name, value, f"truth-bt-{next(threads)}")
+            outcome = check_call(process, tally, name, value, f"truth-bt-{next(threads)}", sources)
             if outcome != "returned":
                 break
         outcomes[outcome] = outcomes.get(outcome, 0) + 1

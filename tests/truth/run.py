@@ -19,6 +19,7 @@ from tests.integration.conftest import McpProcess
 from tests.truth import edits
 from tests.truth.backtraces import ANSWERS as BACKTRACES
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
+from tests.truth.frames import ANSWER as FRAMES
 from tests.truth.notes import check_notes, read_notes
 from tests.truth.places import Compiled, Definition, Tally, check_places, oracle, read_oracle, unique
 from tests.truth.tests_oracle import check_library_tests
@@ -27,7 +28,7 @@ from tests.truth.xref import CALLEES, check_xref
 
 TABLE = Path(__file__).parents[2] / "docs" / "truth.md"
 # Answers that are not about definitions: no rows in the table by definition type.
-RUNNING = {"test results", "output", *BACKTRACES}
+RUNNING = {"test results", "output", FRAMES, *BACKTRACES}
 COMPILABLE = {"function", "macro", "generic-function", "method", "variable"}
 
 
@@ -194,7 +195,17 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, out
             "workers, all named after their kernel, could not be told apart); and threads writing",
             "at once to a running evaluation's stream lost characters (up to half of a PMAP's).",
             "",
-            "Not checked yet by the harness: frames' places and locals, and test places.",
+            "Frame places (tests/truth/frames.py): each frame of the library's files in",
+            "backtrace's answer for those calls must be at a line inside a definition, in its file,",
+            "of the function the frame runs (its printed call's name; a method's, or the `:IN`",
+            "function of a local function or lambda), from the definition's first line to the last",
+            "line of its top-level form, as places.lisp reads them, `unchanged`; a frame of a",
+            "function the file does not define by name (a library macro's) inside one of the",
+            "file's top-level forms. Its first run found frames whose code has debug blocks placed",
+            "one character early (Swank counts their position from 0, its definitions' from 1):",
+            "a form opening right after another parenthesis read as moved by an edit.",
+            "",
+            "Not checked yet by the harness: frames' locals, and test places.",
             "", "## Wrong answers", ""]
     for name, tally in results.items():
         for failure in tally.failures[:40]:

@@ -34,5 +34,5 @@ def check_library_threads(library: Library, tally: Tally, rounds: int, seed: int
     """LIBRARY's backtraces, and ROUNDS rounds of its output scenarios
     seeded with SEED, counted in TALLY."""
     with loaded(library) as (process, copy):
-        check_backtraces(process, tally, copy, log)
+        check_backtraces(process, tally, copy, library.system, log)
         check_output(process, tally, library.directory, rounds, seed, log)
