@@ -397,14 +397,27 @@ is the name there: `(test NAME', `(deftest NAME', `(5am:test (NAME'..."
                        (subseq lowered word-end name-start))
                 (<= (count 40 lowered :start word-end :end name-start) 1))))))
 
+(defparameter +test-octets+ (coerce (map 'list #'char-code "test") 'octets)
+  "What the operators that define tests have in their names (FiveAM's test
+and def-test, RT's and Fiasco's deftest, define-test).")
+
+(defun test-definer-p (lowered opening)
+  "True when the form opening at OPENING names a test in its operator."
+  (let ((end (or (position-if-not #'symbol-octet-p lowered :start (1+ opening)) (length lowered))))
+    (search +test-octets+ lowered :start2 (1+ opening) :end2 end)))
+
 (defun test-opening (needle lowered)
-  "The byte where a form naming NEEDLE (lowered bytes) opens in LOWERED."
-  (loop for start in (occurrences needle lowered)
-        for end = (+ start (length needle))
-        when (and (plusp start) (not (symbol-octet-p (aref lowered (1- start))))
-                  (or (= end (length lowered)) (not (symbol-octet-p (aref lowered end))))
-                  (test-opening-p lowered start))
-          return (skip-blanks-and-comments lowered (line-start lowered start))))
+  "The byte where a form naming NEEDLE (lowered bytes) opens in LOWERED: a
+test's before any other form naming it (esrap names a rule and its test
+alike)."
+  (let ((openings (loop for start in (occurrences needle lowered)
+                        for end = (+ start (length needle))
+                        when (and (plusp start) (not (symbol-octet-p (aref lowered (1- start))))
+                                  (or (= end (length lowered)) (not (symbol-octet-p (aref lowered end))))
+                                  (test-opening-p lowered start))
+                          collect (skip-blanks-and-comments lowered (line-start lowered start)))))
+    (or (find-if (lambda (opening) (test-definer-p lowered opening)) openings)
+        (first openings))))
 
 (defun name-candidates (name)
   "NAME, then NAME without each trailing .PART or -PART: a test made by a
@@ -461,10 +474,24 @@ file."
             when (and place (getf place :file))
               return place))))
 
-(defun placed (outcomes framework)
+(defun run-system-files (system)
+  "The source files of the loaded systems SYSTEM (a run's, or nil) names:
+itself and its secondary systems (\"named-readtables/test\"), whose tests
+a framework kept in the library's own package runs (named-readtables'
+copy of RT), so that no system depends on the framework's."
+  (when system
+    (let ((primary (asdf:primary-system-name system)))
+      (loop for name in (asdf:already-loaded-systems)
+            for loaded = (asdf:find-system name nil)
+            when (and loaded (string= (asdf:primary-system-name name) primary))
+              append (mapcar #'namestring (system-source-files loaded))))))
+
+(defun placed (outcomes framework system)
   "OUTCOMES (each with :symbol, the test's name, which is dropped) with
-each test's :place (see `location-plist')."
-  (let ((files (framework-files framework))
+each test's :place (see `location-plist'), looked for in the files of the
+systems that use FRAMEWORK, then in those of the run's SYSTEM."
+  (let ((files (remove-duplicates (append (framework-files framework) (run-system-files system))
+                                  :test #'string= :from-end t))
         (cache (make-hash-table :test 'equal)))
     (loop for outcome in outcomes
           for symbol = (getf outcome :symbol)
@@ -504,12 +531,13 @@ the run)."
          (counts (mapcar #'+ (fiveam-counts fiveam) (fiasco-counts fiasco)
                          (list (count-if #'fourth rt) 0 0 0)))
          (rt-problems (remove nil (mapcar #'rt-outcome rt)))
-         (problems (append (placed (remove nil (mapcar #'fiveam-outcome fiveam)) "FiveAM")
+         (system (test-run-system run))
+         (problems (append (placed (remove nil (mapcar #'fiveam-outcome fiveam)) "FiveAM" system)
                            (placed (loop for context in fiasco
                                          append (remove nil (mapcar #'fiasco-outcome
                                                                     (fiasco-call "FAILURES-OF" context))))
-                                   "Fiasco")
-                           (placed rt-problems "RT"))))
+                                   "Fiasco" system)
+                           (placed rt-problems "RT" system))))
     (setf counts (list (first counts)
                        (+ (second counts) (count :failure rt-problems :key #'second))
                        (+ (third counts) (count :error rt-problems :key #'second))

@@ -15,11 +15,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 from tests.integration.conftest import McpProcess
 from tests.integration.devtools import check_results_of, checked_call, cl_mcp_in
 from tests.integration.test_run_tests import framework_count
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
 from tests.truth.places import Tally
+from tests.truth.places_of_tests import check_test_places
 from tests.truth.tests_oracle import check_library_tests
 
 LIBRARIES = {library.directory: library for library in CORPUS}
@@ -138,3 +141,14 @@ def test_a_debug_run_ended_by_a_restart_says_how_many_did_not_run(tmp_path):
     ran = tests["passed"] + tests["failed"] + tests["errored"]
     assert tests["errored"] == 1 and tests["notRun"] == entries - ran > 0, tests
     assert f"; {entries - ran} did not run" in done["content"][0]["text"]
+
+
+@pytest.mark.parametrize("directory", ["esrap", "named-readtables", "cl-split-sequence"])
+def test_every_failing_test_is_placed_where_its_form_starts(directory):
+    # esrap names a rule and its test alike (the test was placed at the
+    # rule); named-readtables runs its tests with its own copy of RT, on
+    # which no system depends (they had no place).
+    tally = Tally()
+    check_test_places(LIBRARIES[directory], tally, log=lambda text: None)
+    assert tally.failures == []
+    assert tally.right.get(("test places", "test"), 0) >= 17, tally.right

@@ -66,8 +66,12 @@ def code_lines(text: str) -> list[str]:
             out.append(c if state in ("code", "bars") else " ")
         elif state == "string" or state == "bars":
             if c == "\\" and i + 1 < len(text):
-                out.append(" " if state == "string" else text[i:i + 2])
-                i += 1 if text[i + 1] == "\n" else 2
+                if text[i + 1] == "\n":  # the newline is counted as a line's end
+                    out.append(" " if state == "string" else c)
+                    i += 1
+                else:
+                    out.append("  " if state == "string" else text[i:i + 2])
+                    i += 2
                 continue
             closing = '"' if state == "string" else "|"
             if c == closing:
