@@ -49,13 +49,7 @@ is the next form's.
 When SOURCE does not read: the line at or before OFFSET that starts with an
 open parenthesis, by the convention Emacs's beginning-of-defun keeps, or
 OFFSET itself when there is none."
-  (let* ((starts (form-octet-starts source))
-         (ends (form-octet-ends source))
-         (before (position offset starts :test #'>= :from-end t))
-         (index (if (and (< (or before -1) (1- (length starts)))
-                         (or (null before) (>= offset (aref ends before))))
-                    (1+ (or before -1))
-                    before)))
+  (let ((index (top-level-form-index source offset)))
     (if index
         (utf-8-offset source (form-opening (source-file-string source)
                                            (aref (source-file-forms source) index)))
@@ -83,10 +77,10 @@ source file: (:name N :error MESSAGE)."
       ;; referrer: the referrer's name is looked for only when it is gone,
       ;; and when that is gone too, the line is the reference's.
       (multiple-value-bind (source offset status compiled-line)
-          (resolved-location location files :characters t)
+          (resolved-location location files :characters t :reference t)
         (if (and source (string= status "not-found"))
             (multiple-value-bind (named-source named-offset named-status named-line)
-                (resolved-location location files :name dspec :characters t)
+                (resolved-location location files :name dspec :characters t :reference t)
               (if (equal named-status "not-found")
                   (values source offset status compiled-line)
                   (values named-source named-offset named-status named-line)))

@@ -215,3 +215,60 @@ def test_an_xref_caller_after_a_form_a_false_feature_skips_is_the_next_form(lisp
     line = oracle_line(pristine, edited, "iterate", edited / "iterate.lisp", "function", "WALK-CDR")
     found, _ = callers_of(lisp, "iterate::walk-arglist", "ITERATE::WALK-CDR")
     assert found and [r["line"] for r in found] == [line] * len(found), found
+
+
+def test_an_xref_reference_on_a_form_a_false_feature_skips_is_at_its_caller_s_opening(lisp, tmp_path):
+    # Swank cannot read WALK-CDR's form (its #L is iterate's compile-time
+    # readtable's only) and places the reference where SBCL's reader started
+    # it, on the `#+nil` form above; lines put between the two move only the caller.
+    pristine, edited = loaded(lisp, tmp_path, "iterate")
+    source = edited / "iterate.lisp"
+    line = oracle_line(pristine, edited, "iterate", source, "function", "WALK-CDR")
+    found, _ = callers_of(lisp, "iterate::walk-arglist", "ITERATE::WALK-CDR")
+    assert [(r["line"], r["referenceLine"], r["place"]) for r in found] == [(line, line, "unchanged")], found
+    source.write_text(source.read_text().replace("\n(defun walk-cdr ", "\n;; one\n;; two\n;; three\n(defun walk-cdr ", 1))
+    found, _ = callers_of(lisp, "iterate::walk-arglist", "ITERATE::WALK-CDR")
+    assert [(r["line"], r["referenceLine"], r["place"], r["compiledLine"]) for r in found] == [
+        (line + 3, line + 3, "found-after-edit", line)], found
+
+
+def test_an_xref_reference_whose_caller_was_deleted_is_not_found_at_a_like_call(lisp, tmp_path):
+    # MODIFY-RULE, further down, holds a `(rule-expression rule)` line too.
+    pristine, edited = loaded(lisp, tmp_path, "esrap")
+    interface = edited / "src" / "interface.lisp"
+    found, _ = callers_of(lisp, "esrap::rule-expression", "ESRAP:ADD-RULE")
+    compiled = [r["referenceLine"] for r in found]
+    text = interface.read_text()
+    start = text.index("(defun add-rule (symbol rule)")
+    interface.write_text(text[:start] + text[text.index("(defun find-rule (symbol)"):])
+    found, _ = callers_of(lisp, "esrap::rule-expression", "ESRAP:ADD-RULE")
+    assert compiled and [(r["place"], r["compiledLine"]) for r in found] == [("not-found", line) for line in compiled]
+
+
+def test_an_xref_reference_that_moved_in_a_function_beside_a_compiler_macro_of_its_name(lisp, tmp_path):
+    # cl-ppcre's SPLIT is a function and, below it, a compiler macro: the
+    # reference is in the function's form, renamed, whatever the compiler macro's name.
+    pristine, edited = loaded(lisp, tmp_path, "cl-ppcre")
+    api = edited / "api.lisp"
+    found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
+    compiled = sorted(r["referenceLine"] for r in found)
+    lines = api.read_text().splitlines(keepends=True)
+    opening = lines.index("(defun split (regex target-string\n")
+    lines[opening] = "(defun split-renamed (regex target-string\n"
+    api.write_text("".join(lines[:opening + 1] + [";; inserted\n"] * 4 + lines[opening + 1:]))
+    found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
+    assert compiled and sorted((r["referenceLine"], r["place"], r["compiledLine"]) for r in found) == [
+        (line + 4, "found-after-edit", line) for line in compiled], found
+
+
+def test_an_xref_reference_whose_function_was_deleted_is_not_placed_at_its_compiler_macro(lisp, tmp_path):
+    pristine, edited = loaded(lisp, tmp_path, "cl-ppcre")
+    api = edited / "api.lisp"
+    found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
+    compiled = sorted(r["referenceLine"] for r in found)
+    text = api.read_text()
+    start = text.index("(defun split (regex target-string\n")
+    api.write_text(text[:start] + text[text.index("#-:cormanlisp\n(define-compiler-macro split "):])
+    found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
+    assert compiled and sorted((r["place"], r["compiledLine"]) for r in found) == [
+        ("not-found", line) for line in compiled], found
