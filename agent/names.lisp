@@ -104,7 +104,7 @@ OCTETS, and the first `*snippet-lines*' lines from there (at most
   "A file as it is now, read once for one reply: its bytes, and what is
 derived from them on first use."
   path octets (%lowered nil) (%text nil) (%forms :unknown) (%ends nil)
-  (%octet-starts nil) (%octet-ends nil))
+  (%octet-starts nil) (%octet-ends nil) (%line-bags nil))
 
 (defun file-source (path files)
   "The `source-file' at PATH, kept in FILES (an equal hash table) across
@@ -477,39 +477,64 @@ last one's.  Nil when SOURCE does not read."
         (1+ (or before -1))
         before)))
 
-(defun form-code-lines (source offset)
-  "The lines that hold code of the top-level form of SOURCE holding byte
-OFFSET (see `top-level-form-index'), each a byte vector without its blanks
-at either end: its blank lines and comment lines are left out, since an
-edit around code may add or take those.  Nil when SOURCE does not read."
-  (let ((index (top-level-form-index source offset))
-        (octets (source-file-octets source)))
-    (when index
-      (loop with end = (aref (form-octet-ends source) index)
-            for from = (aref (form-octet-starts source) index) then (1+ newline)
-            for newline = (or (position 10 octets :start from :end end) end)
-            for first = (position-if-not #'octet-blank-p octets :start from :end newline)
-            when (and first (/= (aref octets first) #.(char-code #\;)))
-              collect (subseq octets first (1+ (position-if-not #'octet-blank-p octets :start first
-                                                                                       :end newline :from-end t)))
-            until (>= newline end)))))
+(defstruct (line-bag (:constructor make-line-bag ()))
+  "The lines that hold code of a top-level form (blank and comment lines
+left out, since an edit around code may add or take those), each a byte
+vector without its blanks at either end: how many there are, and how many
+times each is there."
+  (size 0) (counts (make-hash-table :test 'equalp)))
 
-(defun same-form-p (then source offset)
+(defun code-line-bag (octets start end)
+  "The `line-bag' of the lines of OCTETS from byte START to END."
+  (let ((bag (make-line-bag)))
+    (loop for from = start then (1+ newline)
+          for newline = (or (position 10 octets :start from :end end) end)
+          for first = (position-if-not #'octet-blank-p octets :start from :end newline)
+          when (and first (/= (aref octets first) #.(char-code #\;)))
+            do (incf (line-bag-size bag))
+               (incf (gethash (subseq octets first (1+ (position-if-not #'octet-blank-p octets :start first
+                                                                                         :end newline :from-end t)))
+                              (line-bag-counts bag) 0))
+          until (>= newline end))
+    bag))
+
+(defun form-line-bags (source)
+  "The `line-bag' of each of SOURCE's top-level forms, a vector in the
+order of `form-octet-starts'."
+  (or (source-file-%line-bags source)
+      (setf (source-file-%line-bags source)
+            (map 'vector (lambda (start end) (code-line-bag (source-file-octets source) start end))
+                 (form-octet-starts source) (form-octet-ends source)))))
+
+(defun shared-lines (a b)
+  "How many of the lines of `line-bag' A `line-bag' B holds too."
+  (loop for line being the hash-keys of (line-bag-counts a) using (hash-value count)
+        sum (min count (gethash line (line-bag-counts b) 0))))
+
+(defun likeness (a b)
+  "How alike two `line-bag's are, from 0 to 1: twice their shared lines
+over all their lines."
+  (let ((size (+ (line-bag-size a) (line-bag-size b))))
+    (if (zerop size) 0 (/ (* 2 (shared-lines a b)) size))))
+
+(defun same-form-p (then then-offset source offset)
   "True when the top-level form of SOURCE (a `source-file') holding byte
-OFFSET holds at least half of THEN, the code lines of a form as
-`form-code-lines' gives them: it is that form, edited (lines added, taken
-or changed: its opening line renamed, say), not another one that makes a
-like call.  True when SOURCE does not read."
-  (let ((now (form-code-lines source offset))
-        (counts (make-hash-table :test 'equalp)))
-    (or (zerop (length (form-octet-starts source)))
-        (progn
-          (dolist (line now) (incf (gethash line counts 0)))
-          (>= (* 2 (count-if (lambda (line)
-                               (when (plusp (gethash line counts 0))
-                                 (decf (gethash line counts))))
-                             then))
-              (length then))))))
+OFFSET is the form of THEN (the text it was compiled from) holding byte
+THEN-OFFSET (see `top-level-form-index'), edited: it holds at least half
+of that form's code lines (lines added, taken or changed: its opening
+line renamed, say), and no other form of THEN is more like it.  Another
+form that makes a like call is not it, even one written much like it (a
+method beside its twin: cl-ppcre's greedy and non-greedy matchers).  True
+when either does not read."
+  (let ((then-index (top-level-form-index then then-offset))
+        (index (top-level-form-index source offset)))
+    (or (null then-index) (null index)
+        (let* ((was (aref (form-line-bags then) then-index))
+               (is (aref (form-line-bags source) index))
+               (likeness (likeness was is)))
+          (and (>= (* 2 (shared-lines was is)) (line-bag-size was))
+               (loop for other across (form-line-bags then)
+                     never (> (likeness other is) likeness)))))))
 
 (defun same-form-offset (now compiled here)
   "The byte offset in COMPILED (a `source-file') as far into the top-level
@@ -664,8 +689,7 @@ skips), it is at the next form's opening, then and now."
                           ((eq (first buffer) :buffer-and-file)
                            (compiled-buffer-line file (second position) (third position) snippet name))
                           (t (compiled-place file offset snippet name source files)))
-                  (let* ((then (and reference compiled-offset (compiled-source file files)))
-                         (then-lines (and then (form-code-lines then compiled-offset))))
+                  (let ((then (and reference compiled-offset (compiled-source file files))))
                     (when then
                       ;; `top-level-form-start' is agent/code.lisp's, loaded later.
                       (setf compiled (place-at (source-file-octets then)
@@ -673,8 +697,9 @@ skips), it is at the next form's opening, then and now."
                                                     (top-level-form-start then compiled-offset)))))
                     (multiple-value-bind (found status)
                         (resolve-offset source recorded (or compiled-snippet snippet) name
-                                        (and then-lines
-                                             (lambda (candidate) (same-form-p then-lines source candidate))))
+                                        (and then
+                                             (lambda (candidate)
+                                               (same-form-p then compiled-offset source candidate))))
                       (when (and reference (string/= status "not-found"))
                         (setf found (max found (top-level-form-start source found))))
                       (let ((line (place-at (source-file-octets source) found)))

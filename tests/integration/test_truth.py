@@ -272,3 +272,30 @@ def test_an_xref_reference_whose_function_was_deleted_is_not_placed_at_its_compi
     found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
     assert compiled and sorted((r["place"], r["compiledLine"]) for r in found) == [
         ("not-found", line) for line in compiled], found
+
+
+def references_from(lisp: McpProcess, symbol: str, caller: str) -> list[dict]:
+    """xref's references to SYMBOL from the referrer whose printed name holds CALLER."""
+    result = lisp.call("xref", symbol=symbol, relation="calls")
+    assert not result["isError"], result
+    return [r for r in result["structuredContent"]["references"] if caller in r["name"]]
+
+
+@pytest.mark.parametrize("name, callee, caller, deleted, next_form", [
+    # The two methods differ in their closure macro's name and the opening line.
+    ("cl-ppcre", "cl-ppcre::create-matcher-aux", "CREATE-NON-GREEDY-CONSTANT-LENGTH-MATCHER",
+     "(defmethod create-non-greedy-constant-length-matcher ", "(defgeneric create-non-greedy-no-zero-matcher "),
+    # SPLIT-VECTOR-IF is SPLIT-VECTOR-IF-NOT with position-if for position-if-not.
+    ("cl-split-sequence", "split-sequence::split-vector-from-start", "SPLIT-VECTOR-IF-NOT",
+     "(defun split-vector-if-not\n", "(defun split-vector\n"),
+])
+def test_an_xref_reference_whose_caller_was_deleted_is_not_found_in_its_twin(lisp, tmp_path, name, callee,
+                                                                              caller, deleted, next_form):
+    pristine, edited = loaded(lisp, tmp_path, name)
+    [source] = [path for path in edited.rglob("*.lisp") if deleted in path.read_text()]
+    compiled = sorted(r["referenceLine"] for r in references_from(lisp, callee, caller))
+    text = source.read_text()
+    source.write_text(text[:text.index(deleted)] + text[text.index(next_form):])
+    found = references_from(lisp, callee, caller)
+    assert compiled and sorted((r["place"], r["compiledLine"]) for r in found) == [
+        ("not-found", line) for line in compiled], found
