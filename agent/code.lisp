@@ -28,15 +28,21 @@
 
 (defun form-opening (text start)
   "Where the form at START of TEXT opens: past the #+ and #- feature
-expressions before it (a top-level form's bounds hold them), as
-find-definition places a definition.  The agent's forms part, loaded
-later, gives `skip-lisp-blanks'."
-  (loop while (and (< (1+ start) (length text)) (char= (char text start) #\#)
-                   (member (char text (1+ start)) '(#\+ #\-)))
-        do (setf start (skip-lisp-blanks
-                        text (nth-value 1 (let ((*package* (find-package "KEYWORD"))
-                                                (*read-suppress* t))
-                                            (read-from-string text t nil :start (+ start 2)))))))
+expressions before it (a top-level form's bounds hold them), and past
+each form a false one skips (a `#-:lispworks' left above two
+`#+:lispworks' forms reads the form after them), as find-definition
+places a definition.  The agent's forms part, loaded later, gives
+`skip-lisp-blanks' and `skipped-by-feature-p'."
+  (with-input-from-string (in text)
+    (loop while (and (< (1+ start) (length text)) (char= (char text start) #\#)
+                     (member (char text (1+ start)) '(#\+ #\-)))
+          do (setf start (skip-lisp-blanks
+                          text (if (handler-case (skipped-by-feature-p text start in)
+                                     (error () nil))
+                                   (file-position in)
+                                   (nth-value 1 (let ((*package* (find-package "KEYWORD"))
+                                                      (*read-suppress* t))
+                                                  (read-from-string text t nil :start (+ start 2)))))))))
   start)
 
 (defun top-level-form-start (source offset)

@@ -299,3 +299,17 @@ def test_an_xref_reference_whose_caller_was_deleted_is_not_found_in_its_twin(lis
     found = references_from(lisp, callee, caller)
     assert compiled and sorted((r["place"], r["compiledLine"]) for r in found) == [
         ("not-found", line) for line in compiled], found
+
+
+def test_an_xref_caller_read_past_forms_a_false_feature_skips_is_placed_at_its_form(lisp, tmp_path):
+    # The #-:lispworks method deleted but not its `#-:lispworks` line: that
+    # line now reads STREAM-WRITE-CHAR's method, past two #+:lispworks ones.
+    pristine, edited = loaded(lisp, tmp_path, "cl-flexi-streams")
+    output = edited / "output.lisp"
+    text = output.read_text()
+    start = text.index("(defmethod write-byte* (byte (flexi-output-stream flexi-output-stream))  \n")
+    text = text[:start] + text[text.index("#+:lispworks\n(defmethod write-byte*"):]
+    output.write_text(text)
+    line = text[:text.index("(defmethod stream-write-char ((stream flexi-output-stream) char)\n")].count("\n") + 1
+    found = references_from(lisp, "flexi-streams::char-to-octets", "STREAM-WRITE-CHAR")
+    assert found and [r["line"] for r in found] == [line] * len(found), found
