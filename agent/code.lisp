@@ -28,15 +28,21 @@
 
 (defun form-opening (text start)
   "Where the form at START of TEXT opens: past the #+ and #- feature
-expressions before it (a top-level form's bounds hold them), as
-find-definition places a definition.  The agent's forms part, loaded
-later, gives `skip-lisp-blanks'."
-  (loop while (and (< (1+ start) (length text)) (char= (char text start) #\#)
-                   (member (char text (1+ start)) '(#\+ #\-)))
-        do (setf start (skip-lisp-blanks
-                        text (nth-value 1 (let ((*package* (find-package "KEYWORD"))
-                                                (*read-suppress* t))
-                                            (read-from-string text t nil :start (+ start 2)))))))
+expressions before it (a top-level form's bounds hold them), and past
+each form a false one skips (a `#-:lispworks' left above two
+`#+:lispworks' forms reads the form after them), as find-definition
+places a definition.  The agent's forms part, loaded later, gives
+`skip-lisp-blanks' and `skipped-by-feature-p'."
+  (with-input-from-string (in text)
+    (loop while (and (< (1+ start) (length text)) (char= (char text start) #\#)
+                     (member (char text (1+ start)) '(#\+ #\-)))
+          do (setf start (skip-lisp-blanks
+                          text (if (handler-case (skipped-by-feature-p text start in)
+                                     (error () nil))
+                                   (file-position in)
+                                   (nth-value 1 (let ((*package* (find-package "KEYWORD"))
+                                                      (*read-suppress* t))
+                                                  (read-from-string text t nil :start (+ start 2)))))))))
   start)
 
 (defun top-level-form-start (source offset)
@@ -49,13 +55,7 @@ is the next form's.
 When SOURCE does not read: the line at or before OFFSET that starts with an
 open parenthesis, by the convention Emacs's beginning-of-defun keeps, or
 OFFSET itself when there is none."
-  (let* ((starts (form-octet-starts source))
-         (ends (form-octet-ends source))
-         (before (position offset starts :test #'>= :from-end t))
-         (index (if (and (< (or before -1) (1- (length starts)))
-                         (or (null before) (>= offset (aref ends before))))
-                    (1+ (or before -1))
-                    before)))
+  (let ((index (top-level-form-index source offset)))
     (if index
         (utf-8-offset source (form-opening (source-file-string source)
                                            (aref (source-file-forms source) index)))
@@ -83,10 +83,10 @@ source file: (:name N :error MESSAGE)."
       ;; referrer: the referrer's name is looked for only when it is gone,
       ;; and when that is gone too, the line is the reference's.
       (multiple-value-bind (source offset status compiled-line)
-          (resolved-location location files :characters t)
+          (resolved-location location files :characters t :reference t)
         (if (and source (string= status "not-found"))
             (multiple-value-bind (named-source named-offset named-status named-line)
-                (resolved-location location files :name dspec :characters t)
+                (resolved-location location files :name dspec :characters t :reference t)
               (if (equal named-status "not-found")
                   (values source offset status compiled-line)
                   (values named-source named-offset named-status named-line)))

@@ -103,7 +103,8 @@ OCTETS, and the first `*snippet-lines*' lines from there (at most
 (defstruct (source-file (:constructor make-source-file (path octets)))
   "A file as it is now, read once for one reply: its bytes, and what is
 derived from them on first use."
-  path octets (%lowered nil) (%text nil) (%forms :unknown) (%ends nil))
+  path octets (%lowered nil) (%text nil) (%forms :unknown) (%ends nil)
+  (%octet-starts nil) (%octet-ends nil) (%line-bags nil))
 
 (defun file-source (path files)
   "The `source-file' at PATH, kept in FILES (an equal hash table) across
@@ -201,15 +202,17 @@ for its first byte."
           do (setf best position)
         finally (return best)))
 
-(defun snippet-offset (snippet octets origin)
+(defun snippet-offset (snippet octets origin &optional within)
   "Where SNIPPET (bytes) is in OCTETS, as SLIME's isearch finds it: the
 longest match of its start, at least its first line (a definition's
 opening line, which edits inside the form leave alone), nearest ORIGIN;
-nil when its first line is nowhere."
+nil when its first line is nowhere.  WITHIN, a predicate or nil, says
+which offsets may be it."
   (let* ((opening (subseq snippet 0 (let ((newline (position 10 snippet)))
                                       ;; a whole line: not a prefix of a longer name's
                                       (if newline (1+ newline) (length snippet)))))
-         (candidates (and (plusp (length opening)) (occurrences opening octets)))
+         (candidates (and (plusp (length opening))
+                          (remove-if-not (or within (constantly t)) (occurrences opening octets))))
          (lengths (mapcar (lambda (candidate) (common-prefix-length snippet octets candidate))
                           candidates))
          (best (reduce #'max lengths :initial-value 0)))
@@ -315,11 +318,11 @@ search) when it has none."
   (let ((at (search "setf" text)))
     (if at (concatenate 'string (subseq text 0 at) (subseq text (+ at 4))) text)))
 
-(defun definition-offset (sought lowered origin)
+(defun definition-offset (sought lowered origin &optional within)
   "Where a definition SOUGHT describes (see `defining-opening-p'; its name
 compared without case) opens in LOWERED, a file's bytes in lower case,
 nearest ORIGIN: `(defun NAME', `(defmethod (setf NAME)'...; nil when there
-is none."
+is none.  WITHIN, a predicate or nil, says which offsets may be it."
   (let ((needle (lowered-octets (sb-ext:string-to-octets (sought-name sought) :external-format :utf-8))))
     (and (plusp (length needle))
          (nearest (loop for start in (occurrences needle lowered)
@@ -335,7 +338,8 @@ is none."
                                               (map 'string #'code-char
                                                    (subseq lowered end (min (length lowered) (+ end 2000))))
                                               0))))
-                          collect (skip-blanks-and-comments lowered (line-start lowered start)))
+                          collect (skip-blanks-and-comments lowered (line-start lowered start)) into found
+                        finally (return (remove-if-not (or within (constantly t)) found)))
                   origin))))
 
 (defun opening-line-names-p (lowered offset sought)
@@ -358,14 +362,16 @@ nothing."
   (and (< at (length octets))
        (= (common-prefix-length needle octets at) (min (length needle) (- (length octets) at)))))
 
-(defun resolve-offset (source recorded snippet name)
+(defun resolve-offset (source recorded snippet name &optional within)
   "Where the form recorded at byte RECORDED of the file whose `source-file'
 is SOURCE is now, and what was found: (values OFFSET STATUS), STATUS
 \"unchanged\" (SNIPPET, a string or nil, is whole at RECORDED),
 \"found-after-edit\", or \"not-found\" (OFFSET is then RECORDED).  NAME, a `sought' or
 nil (see `location-name'), is the definition's: a snippet found on a line that does not name it,
 while a definition of the name is elsewhere, was read from the edited file
-rather than the compiled one (Swank's source cache did not hold that)."
+rather than the compiled one (Swank's source cache did not hold that).
+WITHIN, a predicate or nil, says where SNIPPET, moved, or NAME's
+definition may be now."
   (let* ((octets (source-file-octets source))
          (recorded (max 0 (min recorded (length octets))))
          (at (skip-blanks-and-comments octets recorded))
@@ -373,11 +379,11 @@ rather than the compiled one (Swank's source cache did not hold that)."
                       (swank-octets snippet)))
          (found (and needle (if (whole-at-p needle octets at)
                                 at
-                                (snippet-offset needle octets recorded)))))
+                                (snippet-offset needle octets recorded within)))))
     (flet ((place (offset) (values offset (if (and (= offset at) (whole-at-p needle octets at))
                                               "unchanged"
                                               "found-after-edit")))
-           (named () (and name (definition-offset name (source-file-lowered source) recorded))))
+           (named () (and name (definition-offset name (source-file-lowered source) recorded within))))
       (cond ((and found (or (null name) (opening-line-names-p (source-file-lowered source) found name)))
              (place found))
             ((named) (place (named)))
@@ -446,13 +452,89 @@ source cache holds it, or nil."
 
 (defun form-octet-starts (source)
   "The byte offsets where SOURCE's top-level forms start (see
-`source-file-forms'), or nil."
-  (map 'vector (lambda (start) (utf-8-offset source start)) (source-file-forms source)))
+`source-file-forms'), a vector, empty when one does not read."
+  (or (source-file-%octet-starts source)
+      (setf (source-file-%octet-starts source)
+            (map 'vector (lambda (start) (utf-8-offset source start)) (source-file-forms source)))))
 
 (defun form-octet-ends (source)
   "The byte offsets where SOURCE's top-level forms end (see
-`source-file-ends'), or nil."
-  (map 'vector (lambda (end) (utf-8-offset source end)) (source-file-ends source)))
+`source-file-ends'), a vector, empty when one does not read."
+  (or (source-file-%octet-ends source)
+      (setf (source-file-%octet-ends source)
+            (map 'vector (lambda (end) (utf-8-offset source end)) (source-file-ends source)))))
+
+(defun top-level-form-index (source offset)
+  "The index (in the order of `form-octet-starts') of the top-level form of
+SOURCE (a `source-file') holding byte OFFSET; OFFSET between two forms (on
+a form a false #+ or #- skips: SBCL's reader, and so Swank's position,
+starts the next form there) is the next form's, and past the last form the
+last one's.  Nil when SOURCE does not read."
+  (let* ((starts (form-octet-starts source))
+         (before (position offset starts :test #'>= :from-end t)))
+    (if (and (< (or before -1) (1- (length starts)))
+             (or (null before) (>= offset (aref (form-octet-ends source) before))))
+        (1+ (or before -1))
+        before)))
+
+(defstruct (line-bag (:constructor make-line-bag ()))
+  "The lines that hold code of a top-level form (blank and comment lines
+left out, since an edit around code may add or take those), each a byte
+vector without its blanks at either end: how many there are, and how many
+times each is there."
+  (size 0) (counts (make-hash-table :test 'equalp)))
+
+(defun code-line-bag (octets start end)
+  "The `line-bag' of the lines of OCTETS from byte START to END."
+  (let ((bag (make-line-bag)))
+    (loop for from = start then (1+ newline)
+          for newline = (or (position 10 octets :start from :end end) end)
+          for first = (position-if-not #'octet-blank-p octets :start from :end newline)
+          when (and first (/= (aref octets first) #.(char-code #\;)))
+            do (incf (line-bag-size bag))
+               (incf (gethash (subseq octets first (1+ (position-if-not #'octet-blank-p octets :start first
+                                                                                         :end newline :from-end t)))
+                              (line-bag-counts bag) 0))
+          until (>= newline end))
+    bag))
+
+(defun form-line-bags (source)
+  "The `line-bag' of each of SOURCE's top-level forms, a vector in the
+order of `form-octet-starts'."
+  (or (source-file-%line-bags source)
+      (setf (source-file-%line-bags source)
+            (map 'vector (lambda (start end) (code-line-bag (source-file-octets source) start end))
+                 (form-octet-starts source) (form-octet-ends source)))))
+
+(defun shared-lines (a b)
+  "How many of the lines of `line-bag' A `line-bag' B holds too."
+  (loop for line being the hash-keys of (line-bag-counts a) using (hash-value count)
+        sum (min count (gethash line (line-bag-counts b) 0))))
+
+(defun likeness (a b)
+  "How alike two `line-bag's are, from 0 to 1: twice their shared lines
+over all their lines."
+  (let ((size (+ (line-bag-size a) (line-bag-size b))))
+    (if (zerop size) 0 (/ (* 2 (shared-lines a b)) size))))
+
+(defun same-form-p (then then-offset source offset)
+  "True when the top-level form of SOURCE (a `source-file') holding byte
+OFFSET is the form of THEN (the text it was compiled from) holding byte
+THEN-OFFSET (see `top-level-form-index'), edited: it holds at least half
+of that form's code lines (lines added, taken or changed: its opening
+line renamed, say), and no other form of THEN is more like it.  Another
+form that makes a like call is not it, even one written much like it (a
+method beside its twin: cl-ppcre's greedy and non-greedy matchers).  True
+when either does not read."
+  (let ((then-index (top-level-form-index then then-offset))
+        (index (top-level-form-index source offset)))
+    (or (null then-index) (null index)
+        (let* ((was (aref (form-line-bags then) then-index))
+               (is (aref (form-line-bags source) index))
+               (likeness (likeness was is)))
+          (and (>= (* 2 (shared-lines was is)) (line-bag-size was))
+               (loop for other across (form-line-bags then)
+                     never (> (likeness other is) likeness)))))))
 
 (defun same-form-offset (now compiled here)
   "The byte offset in COMPILED (a `source-file') as far into the top-level
@@ -473,7 +555,8 @@ lines; nil when that text is unknown.  Swank counts the position in that
 text when the definition recorded its file's date (a function, a method),
 and in NOW, the file as it is now, when it did not (a class, a condition):
 by its top-level form's number, whose form the compiled text then has at
-the same number.  SNIPPET and the one returned are in `*swank-text-format*'."
+the same number.  SNIPPET and the one returned are in `*swank-text-format*';
+the third value is the form's byte offset in that text (see `compiled-source')."
   (let ((compiled (compiled-source path files)))
     (when (and compiled snippet)
       (let* ((needle (swank-octets snippet))
@@ -491,7 +574,7 @@ the same number.  SNIPPET and the one returned are in `*swank-text-format*'."
                                           snippet
                                           (swank-snippet octets (skip-blanks-and-comments octets start)))
                                       name)))
-            (values (place-at octets form) (swank-snippet octets form))))))))
+            (values (place-at octets form) (swank-snippet octets form) form)))))))
 
 (defvar *compiled-forms* (make-hash-table :test 'equal)
   "What compile-form compiled, by (FILE . POSITION), POSITION the 1-based
@@ -560,7 +643,7 @@ code compiled from any buffer (Swank places those in the buffer only)."
           buffer (and snippet (subseq snippet 0 (or (position #\Newline snippet)
                                                      (min (length snippet) 200))))))
 
-(defun resolved-location (location files &key name characters)
+(defun resolved-location (location files &key name characters reference)
   "Where Swank's LOCATION is in its file as it is now (see
 `resolve-offset'; NAME, a definition's name, helps find it after edits):
 (values SOURCE OFFSET STATUS COMPILED-LINE), SOURCE a `source-file' and
@@ -569,7 +652,13 @@ OFFSET in bytes; or (values nil WHY) when it has no file.  Understands
 definition's) and bytes otherwise (a compiler note's), and
 (:buffer-and-file B F) with (:offset START OFFSET) (C-c C-c in a buffer
 visiting F); (:buffer B) has no file.  FILES, an equal hash table, keeps
-each file read once per reply."
+each file read once per reply.
+With REFERENCE, LOCATION is a reference's, in a referrer's top-level form:
+moved, it is looked for only in a form now that is that form edited (see
+`same-form-p'), since a like call in another form is another referrer's;
+and between two forms, where Swank places it when it cannot read the
+form (SBCL's reader started it there, before a form a false #+ or #-
+skips), it is at the next form's opening, then and now."
   (if (not (and (consp location) (eq (first location) :location)))
       (values nil (if (and (consp location) (stringp (second location)))
                       (second location)
@@ -595,21 +684,32 @@ each file read once per reply."
                      (source (file-source (namestring (truename file)) files))
                      (recorded (if characters (character-to-octet-offset source offset) offset))
                      (name (location-name name)))
-                (multiple-value-bind (compiled compiled-snippet)
+                (multiple-value-bind (compiled compiled-snippet compiled-offset)
                     (cond ((not characters) nil)
                           ((eq (first buffer) :buffer-and-file)
                            (compiled-buffer-line file (second position) (third position) snippet name))
                           (t (compiled-place file offset snippet name source files)))
-                  (multiple-value-bind (found status)
-                      (resolve-offset source recorded (or compiled-snippet snippet) name)
-                    (let ((line (place-at (source-file-octets source) found)))
-                      (cond ((string= status "not-found"))
-                            ;; Where it was compiled, whatever changed around it
-                            ((eql compiled line) (setf status "unchanged"))
-                            (compiled (setf status "found-after-edit")))
-                      (values source found status
-                              (unless (string= status "unchanged")
-                                (or compiled (place-at (source-file-octets source) recorded)))))))))))))
+                  (let ((then (and reference compiled-offset (compiled-source file files))))
+                    (when then
+                      ;; `top-level-form-start' is agent/code.lisp's, loaded later.
+                      (setf compiled (place-at (source-file-octets then)
+                                               (max compiled-offset
+                                                    (top-level-form-start then compiled-offset)))))
+                    (multiple-value-bind (found status)
+                        (resolve-offset source recorded (or compiled-snippet snippet) name
+                                        (and then
+                                             (lambda (candidate)
+                                               (same-form-p then compiled-offset source candidate))))
+                      (when (and reference (string/= status "not-found"))
+                        (setf found (max found (top-level-form-start source found))))
+                      (let ((line (place-at (source-file-octets source) found)))
+                        (cond ((string= status "not-found"))
+                              ;; Where it was compiled, whatever changed around it
+                              ((eql compiled line) (setf status "unchanged"))
+                              (compiled (setf status "found-after-edit")))
+                        (values source found status
+                                (unless (string= status "unchanged")
+                                  (or compiled (place-at (source-file-octets source) recorded))))))))))))))
 
 (defun place-plist (source offset status compiled-line)
   "(:file F :line L :column C :snippet S :status STATUS [:compiled-line N])

@@ -219,3 +219,101 @@ def test_an_xref_caller_after_a_form_a_false_feature_skips_is_the_next_form(lisp
     line = oracle_line(pristine, edited, "iterate", edited / "iterate.lisp", "function", "WALK-CDR")
     found, _ = callers_of(lisp, "iterate::walk-arglist", "ITERATE::WALK-CDR")
     assert found and [r["line"] for r in found] == [line] * len(found), found
+
+
+def test_an_xref_reference_on_a_form_a_false_feature_skips_is_at_its_caller_s_opening(lisp, tmp_path):
+    # Swank cannot read WALK-CDR's form (its #L is iterate's compile-time
+    # readtable's only) and places the reference where SBCL's reader started
+    # it, on the `#+nil` form above; lines put between the two move only the caller.
+    pristine, edited = loaded(lisp, tmp_path, "iterate")
+    source = edited / "iterate.lisp"
+    line = oracle_line(pristine, edited, "iterate", source, "function", "WALK-CDR")
+    found, _ = callers_of(lisp, "iterate::walk-arglist", "ITERATE::WALK-CDR")
+    assert [(r["line"], r["referenceLine"], r["place"]) for r in found] == [(line, line, "unchanged")], found
+    source.write_text(source.read_text().replace("\n(defun walk-cdr ", "\n;; one\n;; two\n;; three\n(defun walk-cdr ", 1))
+    found, _ = callers_of(lisp, "iterate::walk-arglist", "ITERATE::WALK-CDR")
+    assert [(r["line"], r["referenceLine"], r["place"], r["compiledLine"]) for r in found] == [
+        (line + 3, line + 3, "found-after-edit", line)], found
+
+
+def test_an_xref_reference_whose_caller_was_deleted_is_not_found_at_a_like_call(lisp, tmp_path):
+    # MODIFY-RULE, further down, holds a `(rule-expression rule)` line too.
+    pristine, edited = loaded(lisp, tmp_path, "esrap")
+    interface = edited / "src" / "interface.lisp"
+    found, _ = callers_of(lisp, "esrap::rule-expression", "ESRAP:ADD-RULE")
+    compiled = [r["referenceLine"] for r in found]
+    text = interface.read_text()
+    start = text.index("(defun add-rule (symbol rule)")
+    interface.write_text(text[:start] + text[text.index("(defun find-rule (symbol)"):])
+    found, _ = callers_of(lisp, "esrap::rule-expression", "ESRAP:ADD-RULE")
+    assert compiled and [(r["place"], r["compiledLine"]) for r in found] == [("not-found", line) for line in compiled]
+
+
+def test_an_xref_reference_that_moved_in_a_function_beside_a_compiler_macro_of_its_name(lisp, tmp_path):
+    # cl-ppcre's SPLIT is a function and, below it, a compiler macro: the
+    # reference is in the function's form, renamed, whatever the compiler macro's name.
+    pristine, edited = loaded(lisp, tmp_path, "cl-ppcre")
+    api = edited / "api.lisp"
+    found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
+    compiled = sorted(r["referenceLine"] for r in found)
+    lines = api.read_text().splitlines(keepends=True)
+    opening = lines.index("(defun split (regex target-string\n")
+    lines[opening] = "(defun split-renamed (regex target-string\n"
+    api.write_text("".join(lines[:opening + 1] + [";; inserted\n"] * 4 + lines[opening + 1:]))
+    found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
+    assert compiled and sorted((r["referenceLine"], r["place"], r["compiledLine"]) for r in found) == [
+        (line + 4, "found-after-edit", line) for line in compiled], found
+
+
+def test_an_xref_reference_whose_function_was_deleted_is_not_placed_at_its_compiler_macro(lisp, tmp_path):
+    pristine, edited = loaded(lisp, tmp_path, "cl-ppcre")
+    api = edited / "api.lisp"
+    found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
+    compiled = sorted(r["referenceLine"] for r in found)
+    text = api.read_text()
+    start = text.index("(defun split (regex target-string\n")
+    api.write_text(text[:start] + text[text.index("#-:cormanlisp\n(define-compiler-macro split "):])
+    found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
+    assert compiled and sorted((r["place"], r["compiledLine"]) for r in found) == [
+        ("not-found", line) for line in compiled], found
+
+
+def references_from(lisp: McpProcess, symbol: str, caller: str) -> list[dict]:
+    """xref's references to SYMBOL from the referrer whose printed name holds CALLER."""
+    result = lisp.call("xref", symbol=symbol, relation="calls")
+    assert not result["isError"], result
+    return [r for r in result["structuredContent"]["references"] if caller in r["name"]]
+
+
+@pytest.mark.parametrize("name, callee, caller, deleted, next_form", [
+    # The two methods differ in their closure macro's name and the opening line.
+    ("cl-ppcre", "cl-ppcre::create-matcher-aux", "CREATE-NON-GREEDY-CONSTANT-LENGTH-MATCHER",
+     "(defmethod create-non-greedy-constant-length-matcher ", "(defgeneric create-non-greedy-no-zero-matcher "),
+    # SPLIT-VECTOR-IF is SPLIT-VECTOR-IF-NOT with position-if for position-if-not.
+    ("cl-split-sequence", "split-sequence::split-vector-from-start", "SPLIT-VECTOR-IF-NOT",
+     "(defun split-vector-if-not\n", "(defun split-vector\n"),
+])
+def test_an_xref_reference_whose_caller_was_deleted_is_not_found_in_its_twin(lisp, tmp_path, name, callee,
+                                                                              caller, deleted, next_form):
+    pristine, edited = loaded(lisp, tmp_path, name)
+    [source] = [path for path in edited.rglob("*.lisp") if deleted in path.read_text()]
+    compiled = sorted(r["referenceLine"] for r in references_from(lisp, callee, caller))
+    text = source.read_text()
+    source.write_text(text[:text.index(deleted)] + text[text.index(next_form):])
+    found = references_from(lisp, callee, caller)
+    assert compiled and sorted((r["place"], r["compiledLine"]) for r in found) == [
+        ("not-found", line) for line in compiled], found
+
+
+def test_an_xref_caller_read_past_forms_a_false_feature_skips_is_placed_at_its_form(lisp, tmp_path):
+    # The #-:lispworks method deleted but not its `#-:lispworks` line: that
+    # line now reads STREAM-WRITE-CHAR's method, past two #+:lispworks ones.
+    pristine, edited = loaded(lisp, tmp_path, "cl-flexi-streams")
+    output = edited / "output.lisp"
+    text = output.read_text()
+    start = text.index("(defmethod write-byte* (byte (flexi-output-stream flexi-output-stream))  \n")
+    text = text[:start] + text[text.index("#+:lispworks\n(defmethod write-byte*"):]
+    output.write_text(text)
+    line = text[:text.index("(defmethod stream-write-char ((stream flexi-output-stream) char)\n")].count("\n") + 1
+    found = references_from(lisp, "flexi-streams::char-to-octets", "STREAM-WRITE-CHAR")
+    assert found and [r["line"] for r in found] == [line] * len(found), found
