@@ -232,8 +232,8 @@ which offsets may be it."
   "What a definition is looked for by when its snippet is not in the file
 any more: its symbol's NAME, the defining OPERATORS it is written with
 \(lower-case strings; nil for any `(def...'), SETF, true for a (SETF
-NAME) definition, and for a method its SPECIALIZERS as `written-specializers'
-gives them (nil for any)."
+NAME) definition, and for a method its qualifiers and SPECIALIZERS as
+`written-specializers' gives them (nil for any)."
   name operators setf specializers)
 
 (defun skip-token (text index)
@@ -252,22 +252,31 @@ gives them (nil for any)."
   "TOKEN, a symbol as written, without its package prefix."
   (subseq token (1+ (or (position #\: token :from-end t) -1))))
 
+(defun qualifier-word (token)
+  "A method qualifier as written (TOKEN, in lower case), as
+`dspec-specializer-words' names it: a keyword with its colon, any other
+symbol without its package."
+  (if (char= (char token 0) #\:) token (bare-name token)))
+
 (defun written-specializers (text index)
-  "The specializers of the DEFMETHOD whose name ends at INDEX of TEXT (in
-lower case), as written: each a class's name without its package, \"t\"
-for an unspecialized parameter, \"(eql\" for an (EQL ...) one; nil when
-its lambda list does not parse so simply."
-  (let ((i (skip-blank-text text index)) (n (length text)) (specializers '()))
+  "The qualifiers and specializers of the DEFMETHOD whose name ends at INDEX
+of TEXT (in lower case), as written: (QUALIFIERS . SPECIALIZERS), each
+qualifier a `qualifier-word', each specializer a class's name without its
+package, \"t\" for an unspecialized parameter, \"(eql\" for an (EQL ...)
+one; nil when its lambda list does not parse so simply."
+  (let ((i (skip-blank-text text index)) (n (length text)) (specializers '()) (qualifiers '()))
     (when (and (< i n) (char= (char text i) #\))) ; the end of (SETF NAME)
       (setf i (skip-blank-text text (1+ i))))
     (loop while (and (< i n) (char/= (char text i) #\()) ; qualifiers
-          do (setf i (skip-blank-text text (skip-token text i))))
+          do (let ((end (skip-token text i)))
+               (when (> end i) (push (qualifier-word (subseq text i end)) qualifiers))
+               (setf i (skip-blank-text text end))))
     (when (< i n)
       (setf i (1+ i))
       (loop
         (setf i (skip-blank-text text i))
         (cond ((or (>= i n) (char= (char text i) #\;)) (return nil))
-              ((member (char text i) '(#\) #\&)) (return (reverse specializers)))
+              ((member (char text i) '(#\) #\&)) (return (cons (reverse qualifiers) (reverse specializers))))
               ((char= (char text i) #\()
                (let ((at (skip-blank-text text (skip-token text (skip-blank-text text (1+ i))))))
                  (cond ((>= at n) (return nil))
@@ -371,12 +380,15 @@ nil (see `location-name'), is the definition's: a snippet found on a line that d
 while a definition of the name is elsewhere, was read from the edited file
 rather than the compiled one (Swank's source cache did not hold that).
 WITHIN, a predicate or nil, says where SNIPPET, moved, or NAME's
-definition may be now."
+definition may be now; never where SBCL's reader would not read it
+(`read-by-sbcl-p')."
   (let* ((octets (source-file-octets source))
          (recorded (max 0 (min recorded (length octets))))
          (at (skip-blanks-and-comments octets recorded))
          (needle (and snippet (plusp (length (string-trim " " snippet)))
                       (swank-octets snippet)))
+         (within (lambda (candidate)
+                   (and (read-by-sbcl-p source candidate) (or (null within) (funcall within candidate)))))
          (found (and needle (if (whole-at-p needle octets at)
                                 at
                                 (snippet-offset needle octets recorded within)))))
@@ -463,6 +475,20 @@ source cache holds it, or nil."
   (or (source-file-%octet-ends source)
       (setf (source-file-%octet-ends source)
             (map 'vector (lambda (end) (utf-8-offset source end)) (source-file-ends source)))))
+
+(defun read-by-sbcl-p (source offset)
+  "True when byte OFFSET of SOURCE (a `source-file') is in a form SBCL's
+reader reads: inside a top-level form, past the forms its false #+ or #-
+skip (flexi-streams keeps a #+:lispworks twin of a method, word for word,
+and an edit may leave a #-:lispworks above it); true when the file does
+not read.  `form-opening' is agent/code.lisp's, loaded later."
+  (let* ((starts (form-octet-starts source))
+         (before (position offset starts :test #'>= :from-end t)))
+    (or (zerop (length starts))
+        (and before
+             (< offset (aref (form-octet-ends source) before))
+             (>= offset (utf-8-offset source (form-opening (source-file-string source)
+                                                           (aref (source-file-forms source) before))))))))
 
 (defun top-level-form-index (source offset)
   "The index (in the order of `form-octet-starts') of the top-level form of
@@ -629,11 +655,18 @@ there is nothing to look for."
     (t nil)))
 
 (defun dspec-specializer-words (name rest)
-  "The specializers in REST of a method's dspec (DEFMETHOD NAME . REST) as
-`written-specializers' gives them from its text."
-  (mapcar (lambda (specializer)
-            (if (consp specializer) "(eql" (string-downcase (symbol-name specializer))))
-          (nth-value 1 (dspec-method-signature name rest))))
+  "The qualifiers and specializers in REST of a method's dspec (DEFMETHOD
+NAME . REST) as `written-specializers' gives them from its text: a
+primary method is no place of its :after one."
+  (multiple-value-bind (qualifiers specializers) (dspec-method-signature name rest)
+    (cons (mapcar (lambda (qualifier)
+                    (cond ((keywordp qualifier) (format nil ":~(~A~)" (symbol-name qualifier)))
+                          ((symbolp qualifier) (string-downcase (symbol-name qualifier)))
+                          (t (string-downcase (princ-to-string qualifier)))))
+                  qualifiers)
+          (mapcar (lambda (specializer)
+                    (if (consp specializer) "(eql" (string-downcase (symbol-name specializer))))
+                  specializers))))
 
 (defun buffer-place-message (buffer snippet)
   "Why a place in an Emacs BUFFER has no file, with the first line of its

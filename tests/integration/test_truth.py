@@ -317,3 +317,32 @@ def test_an_xref_caller_read_past_forms_a_false_feature_skips_is_placed_at_its_f
     line = text[:text.index("(defmethod stream-write-char ((stream flexi-output-stream) char)\n")].count("\n") + 1
     found = references_from(lisp, "flexi-streams::char-to-octets", "STREAM-WRITE-CHAR")
     assert found and [r["line"] for r in found] == [line] * len(found), found
+
+
+def test_a_deleted_method_is_not_found_at_its_twin_that_a_false_feature_skips(lisp, tmp_path):
+    # Deleted with its `#-:lispworks` line left: its #+:lispworks twin,
+    # word for word, comes next, and SBCL's reader skips it.
+    pristine, edited = loaded(lisp, tmp_path, "cl-flexi-streams")
+    output = edited / "output.lisp"
+    text = output.read_text()
+    start = text.index("(defmethod write-byte* (byte (flexi-output-stream flexi-output-stream))  \n")
+    output.write_text(text[:start] + text[text.index("#+:lispworks\n(defmethod write-byte*"):])
+    result = lisp.call("find-definition", symbol="flexi-streams::write-byte*")
+    found = [d for d in result["structuredContent"]["definitions"]
+             if d["type"] == "method" and d.get("specializers") == ["T", "FLEXI-STREAMS:FLEXI-OUTPUT-STREAM"]]
+    assert len(found) == 1 and found[0]["place"] == "not-found", result
+
+
+def test_a_deleted_after_method_is_not_found_at_its_primary_method(lisp, tmp_path):
+    # flexi-streams' STREAM-WRITE-CHAR has a primary and an :after method
+    # with the same specializers: the :after one deleted is not at the other.
+    pristine, edited = loaded(lisp, tmp_path, "cl-flexi-streams")
+    output = edited / "output.lisp"
+    text = output.read_text()
+    start = text.index("(defmethod stream-write-char :after ((stream flexi-output-stream) char)\n")
+    output.write_text(text[:start] + text[text.index("\n\n(", start) + 2:])
+    result = lisp.call("find-definition", symbol="sb-gray:stream-write-char")
+    found = [d for d in result["structuredContent"]["definitions"]
+             if d["type"] == "method" and d.get("qualifiers") == [":AFTER"]
+             and d.get("specializers") == ["FLEXI-STREAMS:FLEXI-OUTPUT-STREAM", "T"]]
+    assert len(found) == 1 and found[0]["place"] == "not-found", result

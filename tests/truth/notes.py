@@ -22,6 +22,7 @@ once.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections import defaultdict
 from dataclasses import dataclass
@@ -44,8 +45,14 @@ class Note:
     message: str
 
 
+UNREADABLE = re.compile(r"#<[^<>]*>")
+
+
 def one_line(text: str) -> str:
-    return " ".join(text.split())
+    """TEXT with its whitespace runs one space, and each unreadable object
+    (`#<SB-C::CTRAN 1 {1004A2B3C3}>`, whose number and address differ
+    between two compilations) the same."""
+    return UNREADABLE.sub("#<>", " ".join(text.split()))
 
 
 def read_notes(pristine: Path, system: str, edited: Path) -> list[Note]:
@@ -57,7 +64,7 @@ def read_notes(pristine: Path, system: str, edited: Path) -> list[Note]:
     notes = []
     for line in run.stdout.splitlines():
         _, file, severity, form, after, message = line.split("\t", 5)
-        notes.append(Note(file, severity, int(form), int(after), message))
+        notes.append(Note(file, severity, int(form), int(after), one_line(message)))
     return notes
 
 
