@@ -11,9 +11,8 @@ from __future__ import annotations
 import pytest
 
 from tests.truth.backtraces import ANSWERS, check_backtraces, missing
-from tests.truth.corpus import CORPUS
+from tests.truth.corpus import CORPUS, loaded
 from tests.truth.places import Tally
-from tests.truth.threads import loaded
 
 LIBRARIES = {library.directory: library for library in CORPUS}
 

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.truth.corpus import CORPUS
+from tests.truth.corpus import CORPUS, loaded
 from tests.truth.output import SCENARIOS, check_output
 from tests.truth.places import Tally
-from tests.truth.threads import loaded
 
 LIBRARIES = {library.directory: library for library in CORPUS}
 

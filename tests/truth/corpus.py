@@ -5,8 +5,11 @@ there."""
 from __future__ import annotations
 
 import shutil
+import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from tests.integration.conftest import McpProcess
 
@@ -61,3 +64,18 @@ def load_copy(process: McpProcess, library: Library, copy: Path) -> None:
     assert not is_error, text
     loaded = process.call("load-system", system=library.system, wait=600)
     assert not loaded["isError"], loaded["content"][0]["text"][:2000]
+
+
+@contextmanager
+def loaded(library: Library, *options: str) -> Iterator[tuple[McpProcess, Path]]:
+    """A fresh cl-mcp (embedded, started with OPTIONS) that loaded a fresh
+    copy of LIBRARY, and the copy."""
+    with tempfile.TemporaryDirectory(prefix="cl-mcp-truth-") as scratch:
+        copy = copy_library(library, Path(scratch))
+        process = McpProcess(*options)
+        try:
+            process.initialize()
+            load_copy(process, library, copy)
+            yield process, copy
+        finally:
+            process.close(60)

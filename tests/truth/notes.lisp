@@ -22,16 +22,10 @@
 
 (require :asdf)
 (require :sb-posix)
+(load (merge-pathnames "system-files.lisp" *load-truename*))
 
 (defpackage #:truth-notes (:use #:cl))
 (in-package #:truth-notes)
-
-(defun source-files (component)
-  "Every CL source file under COMPONENT, in the system's order."
-  (typecase component
-    (asdf:cl-source-file (list component))
-    (asdf:parent-component (mapcan #'source-files (asdf:component-children component)))
-    (t '())))
 
 (defun severity (condition)
   "CONDITION's severity, in the order Swank's SBCL backend tells them."
@@ -86,17 +80,10 @@
         (compile-file file :output-file (format nil "/tmp/truth-notes-~D.fasl" (sb-posix:getpid)))))))
 
 (defun main (pristine system edited)
-  (push (pathname pristine) asdf:*central-registry*)
-  (let ((*standard-output* (make-broadcast-stream)) (*error-output* (make-broadcast-stream)))
-    (handler-bind ((warning #'muffle-warning))
-      (asdf:load-system system)))
-  (let ((out *standard-output*))
-    (dolist (component (source-files (asdf:find-system system)))
-      (let ((file (namestring (merge-pathnames (enough-namestring (asdf:component-pathname component)
-                                                                  (truename pristine))
-                                               (truename edited)))))
-        (handler-case (compile-noting file out)
-          (error (e) (format *error-output* "~A: ~A~%" file e)))))))
+  (truth-system-files:load-quietly pristine system)
+  (dolist (file (truth-system-files:edited-files pristine system edited))
+    (handler-case (compile-noting file *standard-output*)
+      (error (e) (format *error-output* "~A: ~A~%" file e)))))
 
 (destructuring-bind (pristine system edited) (rest sb-ext:*posix-argv*)
   (main pristine system edited))

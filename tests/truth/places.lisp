@@ -24,6 +24,7 @@
 ;;;; No part of cl-mcp or Swank is loaded.
 
 (require :asdf)
+(load (merge-pathnames "system-files.lisp" *load-truename*))
 
 (defpackage #:truth-places (:use #:cl))
 (in-package #:truth-places)
@@ -36,13 +37,6 @@
     (define-compiler-macro . "compiler-macro") (defsetf . "setf-expander")
     (define-setf-expander . "setf-expander"))
   "The defining operators the oracle knows, with find-definition's type word.")
-
-(defun source-files (component)
-  "Every CL source file under COMPONENT, in the system's order."
-  (typecase component
-    (asdf:cl-source-file (list component))
-    (asdf:parent-component (mapcan #'source-files (asdf:component-children component)))
-    (t '())))
 
 (defun skip-to-form (stream)
   "Move STREAM past blanks, comments and false feature expressions to
@@ -168,16 +162,8 @@ would evaluate it: IN-PACKAGE, IN-READTABLE, an EVAL-WHEN for compile time."
                                inner (if (eq inner form) text (subseq text at)) end)))))))))
 
 (defun main (pristine system edited files)
-  (push (pathname pristine) asdf:*central-registry*)
-  (let ((*standard-output* (make-broadcast-stream)) (*error-output* (make-broadcast-stream)))
-    (handler-bind ((warning #'muffle-warning))
-      (asdf:load-system system)))
-  (dolist (file (or files
-                    (mapcar (lambda (c)
-                              (namestring (merge-pathnames (enough-namestring (asdf:component-pathname c)
-                                                                              (truename pristine))
-                                                           (truename edited))))
-                            (source-files (asdf:find-system system)))))
+  (truth-system-files:load-quietly pristine system)
+  (dolist (file (or files (truth-system-files:edited-files pristine system edited)))
     (handler-case (read-file file)
       (error (e) (format *error-output* "~A: ~A~%" file e)))))
 

@@ -9,13 +9,12 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.integration.conftest import McpProcess
-from tests.truth.corpus import Library, copy_library, load_copy
+from tests.truth.corpus import Library, loaded
 from tests.truth.places import Tally
 
 # FiveAM's run! (explain!), and RT's and SB-RT's do-tests.
@@ -145,12 +144,5 @@ def check_library_tests(library: Library, tally: Tally) -> None:
     if library.hanging_tests:
         print(f"  {library.system}: tests not checked: {library.hanging_tests}", file=sys.stderr)
         return
-    with tempfile.TemporaryDirectory(prefix="cl-mcp-truth-tests-") as scratch:
-        copy = copy_library(library, Path(scratch))
-        process = McpProcess()
-        try:
-            process.initialize()
-            load_copy(process, library, copy)
-            check_tests(process, library, copy, tally)
-        finally:
-            process.close(60)
+    with loaded(library) as (process, copy):
+        check_tests(process, library, copy, tally)
