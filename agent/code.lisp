@@ -259,7 +259,9 @@ are left out: loading a file again redefines everything in it.")
   "Compiler notes reported for one compilation, at most.")
 
 (defparameter *note-message-limit* 2000
-  "Characters of one compiler note's message, at most.")
+  "Characters of one compiler note's message kept, at most; a longer one
+ends with a line that says how many were cut (`marked-text'), as a
+value's does.")
 
 (defparameter *use-limit* 50
   "Places listed for one undefined function, variable or type, at most.")
@@ -303,7 +305,8 @@ note cl-mcp leaves out (see `*note-severities*')."
         (reference (and undefined (gethash (getf note :message) undefined))))
     (when severity
       (append (list :severity severity
-                    :message (cap-string (getf note :message) *note-message-limit*))
+                    :message (multiple-value-call #'marked-text
+                               (cap-string (getf note :message) *note-message-limit*)))
               (location-plist (getf note :location) files)
               (and reference (list :undefined reference))))))
 

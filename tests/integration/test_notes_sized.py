@@ -8,6 +8,7 @@ In an image cl-mcp owns and in a programmer's image it attaches to."""
 from __future__ import annotations
 
 import itertools
+import re
 import shutil
 from pathlib import Path
 
@@ -126,3 +127,16 @@ def test_an_undefined_function_names_every_place_that_uses_it(lisp, tmp_path):
     assert (note["file"], note["line"]) in [(use["file"], use["line"]) for use in note["uses"]]
     assert (f"used at:\n  {util}:{util_line}:3 (CL-PPCRE::USES-NOWHERE-1)\n"
             f"  {api}:{api_line}:11 (CL-PPCRE::USES-NOWHERE-2)") in result["content"][0]["text"]
+
+
+def test_a_long_note_message_says_it_was_cut(lisp, tmp_path):
+    # SBCL's warning prints the constant whole: over 2,000 characters.
+    path = tmp_path / "long-note.lisp"
+    numbers = " ".join(str(n) for n in range(1000))
+    path.write_text(f"(defun long-note (x)\n  (+ x '({numbers})))\n")
+    check_results_of(lisp, "compile-file")
+    result = checked_call(lisp, "compile-file", path=str(path), load=False)
+    (note,) = [n for n in result["structuredContent"]["notes"] if n["message"].split()[:2] == ["Constant", "(0"]]
+    message = note["message"]
+    assert re.search(r"\n… \[\d+ more characters truncated\]$", message), message[-200:]
+    assert 2000 < len(message) < 2100, len(message)

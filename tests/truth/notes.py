@@ -46,6 +46,7 @@ class Note:
 
 
 UNREADABLE = re.compile(r"#<[^<>]*>")
+TRUNCATED = re.compile(r" … \[\d+ more characters truncated\]$")
 
 
 def one_line(text: str) -> str:
@@ -105,15 +106,20 @@ def wrong_note(note: dict, expected: set[tuple[str, str, int]], seen: set[tuple[
     it is goes into SEEN."""
     message, line = one_line(note["message"]), note.get("line") or 0
     where = f"{short(file)}:{line} {note['severity']} {message[:100]!r}"
-    candidates = sorted(form for severity, text, form in expected
-                        if severity == note["severity"] and text == message)
+    # A message cut at cl-mcp's limit ends with a line that says so.
+    cut = TRUNCATED.search(message)
+    kept = message[:cut.start()] if cut else None
+    candidates = sorted((form, text) for severity, text, form in expected
+                        if severity == note["severity"]
+                        and (text == message or (kept is not None and len(text) > len(kept)
+                                                 and text.startswith(kept))))
     if not candidates:
         return f"{where}: SBCL signalled no such condition in the file"
-    for form in candidates:
+    for form, text in candidates:
         if form < len(forms) and forms[form].start <= line <= forms[form].end:
-            seen.add((note["severity"], message, form))
+            seen.add((note["severity"], text, form))
             if note.get("place", "unchanged") != "unchanged":
                 return f"{where}: place {note.get('place')} in a file compiled as it is"
             return None
-    spans = ", ".join(f"{forms[f].start}-{forms[f].end}" if f < len(forms) else f"form {f}" for f in candidates[:3])
+    spans = ", ".join(f"{forms[f].start}-{forms[f].end}" if f < len(forms) else f"form {f}" for f, _ in candidates[:3])
     return f"{where}: not inside the top-level form SBCL compiled ({spans})"
