@@ -222,7 +222,6 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
            #:backtrace-of
            #:eval-in-frame-of
            #:cancel-evaluation
-           #:cancellable
            #:output-tail
            #:output-slice
            #:abort-all

@@ -397,41 +397,43 @@ does not change them (as SLIME's inspector does not)."
             (values result nil)
             (values nil (list :status :error :error result)))))))
 
-(defun inspect-of (&key code handle part (start 0) package (timeout 30))
+(defun inspect-of (&key code handle part (start 0) package (timeout 30) (tag nil))
   "Inspect the value of CODE (read and evaluated in PACKAGE, CL-USER when
 nil), or the object inspected earlier under HANDLE, or its PART-th part
 (counting from 0, as listed).  Return :status :ok, :handle (the object's),
 :class, :printed, :description, :parts from START (at most
 `*inspect-page*', each :label, :value and, when it has an object, :handle),
 :start, :total and :cut (Swank's content was cut at
-`*inspect-content-limit*'); or a :status :error plist."
-  (let ((missing (missing-internals-error :inspect)))
-    (when missing
-      (return-from inspect-of missing)))
-  (let ((object nil) (own-handle nil))
-    (cond (code
-           (let ((target (if package (find-named-package package) (find-package "COMMON-LISP-USER"))))
-             (unless target
-               (return-from inspect-of
-                 (name-error "PACKAGE-ERROR" (format nil "The package ~S does not exist." package))))
-             (multiple-value-bind (value failure) (evaluate-for-inspection code target timeout)
-               (when failure
-                 (return-from inspect-of failure))
-               (setf object value))))
-          (t
-           (multiple-value-bind (value found) (recall-object handle)
-             (unless found
-               (return-from inspect-of
-                 (name-error "CL-MCP:UNKNOWN-HANDLE"
-                             (format nil "No inspected object has handle ~A: handles last until reset-session, for the newest ~:D objects."
-                                     handle *inspect-handle-limit*))))
-             (setf object value)
-             (if part
-                 (let ((entry (nth part (nth-value 1 (object-parts object)))))
-                   (unless (and entry (fourth entry))
-                     (return-from inspect-of
-                       (name-error "CL-MCP:NO-SUCH-PART"
-                                   (format nil "Object ~A has no part ~A with a value to inspect." handle part))))
-                   (setf object (third entry)))
-                 (setf own-handle handle)))))
-    (inspect-report object (or own-handle (remember-object object)) (max 0 start))))
+`*inspect-content-limit*'); or a :status :error plist.  Cancellable
+under TAG (`with-cancellable'): CODE is the user's."
+  (with-cancellable (tag)
+    (let ((missing (missing-internals-error :inspect)))
+      (when missing
+        (return-from inspect-of missing)))
+    (let ((object nil) (own-handle nil))
+      (cond (code
+             (let ((target (if package (find-named-package package) (find-package "COMMON-LISP-USER"))))
+               (unless target
+                 (return-from inspect-of
+                   (name-error "PACKAGE-ERROR" (format nil "The package ~S does not exist." package))))
+               (multiple-value-bind (value failure) (evaluate-for-inspection code target timeout)
+                 (when failure
+                   (return-from inspect-of failure))
+                 (setf object value))))
+            (t
+             (multiple-value-bind (value found) (recall-object handle)
+               (unless found
+                 (return-from inspect-of
+                   (name-error "CL-MCP:UNKNOWN-HANDLE"
+                               (format nil "No inspected object has handle ~A: handles last until reset-session, for the newest ~:D objects."
+                                       handle *inspect-handle-limit*))))
+               (setf object value)
+               (if part
+                   (let ((entry (nth part (nth-value 1 (object-parts object)))))
+                     (unless (and entry (fourth entry))
+                       (return-from inspect-of
+                         (name-error "CL-MCP:NO-SUCH-PART"
+                                     (format nil "Object ~A has no part ~A with a value to inspect." handle part))))
+                     (setf object (third entry)))
+                   (setf own-handle handle)))))
+      (inspect-report object (or own-handle (remember-object object)) (max 0 start)))))

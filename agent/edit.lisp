@@ -557,10 +557,13 @@ it (a file the image may not write, say): nothing reaches the debugger."
   (destructuring-bind (outcome value) (call-guarded thunk *file-call-timeout*)
     (if (eq outcome :ok) value (list :status :error :error value))))
 
-(defun edit-form-of (path &rest arguments &key target line action text compile max-output)
-  "`%edit-form-of' with every condition that ends it an error plist."
+(defun edit-form-of (path &rest arguments &key target line action text compile max-output tag)
+  "`%edit-form-of' with every condition that ends it an error plist,
+cancellable under TAG (`with-cancellable'): its compile runs the user's
+macros."
   (declare (ignore target line action text compile max-output))
-  (guarded-plist (lambda () (apply #'%edit-form-of path arguments))))
+  (with-cancellable (tag)
+    (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments)))))
 
 (defun %edit-form-of (path &key target line (action :replace) (text "") (compile t) (max-output 20000))
   "Do ACTION (:replace, :insert-before, :insert-after or :delete) with the

@@ -230,7 +230,7 @@ temporary file (`reader-error-text')."
                        unless (eq key :location) append (list key value))))
         note)))
 
-(defun compile-form-of (path line &key (max-output 20000))
+(defun compile-form-of (path line &key (max-output 20000) (tag nil))
   "Compile the top-level form of the file at PATH (absolute) that holds
 LINE, as SLIME's C-c C-c does: read in the package of the nearest
 `in-package' above it and its readtable (see `form-package'), through `swank:compile-string-for-emacs', so the
@@ -238,12 +238,16 @@ definitions it makes record the file and the form's place.  Return a
 plist: :status (:ok, or :error when it did not compile), :success, :line
 and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
 :notes (see `note-plist', placed in the file) and :dropped; or a :status
-:error plist when the form cannot be found or read."
-  (let ((missing (missing-internals-error :compile-form)))
-    (when missing
-      (return-from compile-form-of missing)))
-  (let ((problem (source-file-problem path)))
-    (when problem (return-from compile-form-of problem)))
+:error plist when the form cannot be found or read.  Cancellable under TAG
+(`with-cancellable'): the compile runs the user's macros."
+  (with-cancellable (tag)
+    (or (missing-internals-error :compile-form)
+        (source-file-problem path)
+        (%compile-form-at path line max-output))))
+
+(defun %compile-form-at (path line max-output)
+  "`compile-form-of' of the form that holds LINE of the file at PATH, an
+existing file."
   (let* ((file (namestring (truename path)))
          (text (with-open-file (in file :external-format (or (swank/backend:guess-external-format file)
                                                              :utf-8))
@@ -252,14 +256,14 @@ and :end-line (the form's), :package, :defined (\"TYPE NAME\" strings),
                    (subseq buffer 0 end))))
          (index (line-index text line)))
     (unless index
-      (return-from compile-form-of
+      (return-from %compile-form-at
         (name-error "CL-MCP:NO-FORM" (format nil "~A has ~D lines; there is no line ~D."
                                              file (line-at text (length text)) line))))
     (handler-case
         (let* ((forms (top-level-form-bounds text index))
                (form (car (last forms))))
           (unless (and form (<= (line-at text (car form)) line (line-at text (cdr form))))
-            (return-from compile-form-of
+            (return-from %compile-form-at
               (name-error "CL-MCP:NO-FORM"
                           (format nil "Line ~D of ~A is not inside a top-level form~@[; the next one starts at line ~D~]."
                                   line file (and form (line-at text (car form)))))))

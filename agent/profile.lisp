@@ -381,7 +381,7 @@ and are unprofiled when the code ends, however it ends."
         (set-profiling 'sb-profile:unprofile
                        (intersection ours (sb-profile:profile) :test #'equal))))))
 
-(defun profile-of (code &key (mode :cpu) (max-rows 20) package functions packages (timeout 30))
+(defun profile-of (code &key (mode :cpu) (max-rows 20) package functions packages (timeout 30) (tag nil))
   "Run CODE (read and evaluated in PACKAGE, CL-USER when nil; output
 dropped; at most TIMEOUT seconds) under a profiler.  MODE :cpu or :alloc:
 SB-SPROF samples this thread; return :status :ok, :samples (in all),
@@ -394,17 +394,19 @@ samples.  MODE :deterministic: SB-PROFILE counts the calls of FUNCTIONS
 were profiled, and called), :already-profiled (the names asked for that
 were profiled before, left alone) and :rows, the first MAX-ROWS of the
 called ones by seconds, each (:function :calls :seconds :consed
-:per-call), seconds in millionths.  Or a :status :error plist."
-  (let ((target (if package (find-named-package package) (find-package "COMMON-LISP-USER"))))
-    (cond ((null target)
-           (name-error "PACKAGE-ERROR" (format nil "The package ~S does not exist." package)))
-          ((and (not (eq mode :deterministic)) (or functions packages))
-           (error-report "CL-MCP:INVALID-ARGUMENTS"
-                         "functions and packages are for mode deterministic; mode ~(~A~) samples the whole thread."
-                         mode))
-          (t (call-with-profile-lock
-              timeout
-              (lambda (left)
-                (if (eq mode :deterministic)
-                    (count-calls code target functions packages max-rows left)
-                    (sample-code code target mode max-rows left))))))))
+:per-call), seconds in millionths.  Or a :status :error plist.  Cancellable
+under TAG (`with-cancellable')."
+  (with-cancellable (tag)
+    (let ((target (if package (find-named-package package) (find-package "COMMON-LISP-USER"))))
+      (cond ((null target)
+             (name-error "PACKAGE-ERROR" (format nil "The package ~S does not exist." package)))
+            ((and (not (eq mode :deterministic)) (or functions packages))
+             (error-report "CL-MCP:INVALID-ARGUMENTS"
+                           "functions and packages are for mode deterministic; mode ~(~A~) samples the whole thread."
+                           mode))
+            (t (call-with-profile-lock
+                timeout
+                (lambda (left)
+                  (if (eq mode :deterministic)
+                      (count-calls code target functions packages max-rows left)
+                      (sample-code code target mode max-rows left)))))))))

@@ -266,12 +266,12 @@ no evaluation runs it so."
         (setf value (funcall thunk) done t)))
     (if done value cancelled)))
 
-(defun cancellable (tag function &rest arguments)
-  "FUNCTION (an agent entry point's name) applied to ARGUMENTS, cancellable
-under TAG (`call-cancellable'); once cancelled, a CL-MCP:CANCELLED report.
-cl-mcp sends a tool's call that runs code wrapped so."
-  (call-cancellable tag (lambda () (apply function arguments))
-                    (command-error "CL-MCP:CANCELLED" "The call was cancelled.")))
+(defmacro with-cancellable ((tag) &body body)
+  "BODY, cancellable under TAG (`call-cancellable'): its value, or once
+cancelled a CL-MCP:CANCELLED report.  An entry point that runs the user's
+code and reports no evaluation of its own takes its :tag so."
+  `(call-cancellable ,tag (lambda () ,@body)
+                     (command-error "CL-MCP:CANCELLED" "The call was cancelled.")))
 
 ;;;; Answering a request from inside
 ;;;

@@ -116,14 +116,12 @@ in an ellipsis)."
         line)))
 
 (defun request-parts (form)
-  "The entry point, arguments and tag of FORM, a request cl-mcp sent: a
-call, or a call wrapped by `cancellable'."
-  (if (and (consp form) (eq (first form) 'cancellable) (consp (third form)))
-      (values (second (third form)) (nthcdr 3 form) (second form))
-      (values (and (consp form) (first form))
-              (and (consp form) (rest form))
-              (and (consp form) (loop for (key value) on (rest form)
-                                      when (eq key :tag) return value)))))
+  "The entry point, arguments and tag (its :tag) of FORM, a call cl-mcp
+sent."
+  (if (consp form)
+      (values (first form) (rest form)
+              (loop for (key value) on (rest form) when (eq key :tag) return value))
+      (values nil nil nil)))
 
 (defun call-subject (entry arguments)
   "What a call to ENTRY with ARGUMENTS acts on: a plist of :subject (text)

@@ -22,7 +22,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cl_mcp.lisp.swank.wire import encode_frame  # noqa: E402
+from cl_mcp.lisp.swank.framing import encode_frame  # noqa: E402
 from relay import ANSWER, REQUEST  # noqa: E402  (bench/relay.py, beside this file)
 
 

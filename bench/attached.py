@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from cl_mcp.lisp.link import _eval_text as lisp  # noqa: E402  (Swank reads a request in a package of its own)
-from cl_mcp.lisp.swank.client import SwankConnection  # noqa: E402
+from cl_mcp.lisp.swank.connection import SwankConnection  # noqa: E402
 from harness import CL_MCP, Server  # noqa: E402  (bench/harness.py, beside this file)
 from tests.integration.attach_fixtures import SwankServer, temporary_home  # noqa: E402
 

@@ -29,7 +29,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from cl_mcp.lisp.config import ImageConfig  # noqa: E402
 from cl_mcp.lisp.image import LispImage  # noqa: E402
-from cl_mcp.lisp.swank.wire import encode_frame, parse_header  # noqa: E402
+from cl_mcp.lisp.swank.framing import encode_frame, parse_header  # noqa: E402
 from cl_mcp.wire import sexp  # noqa: E402
 
 CL_MCP = [str(Path(sys.executable).parent / "cl-mcp"), "--log-level", "warning"]

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cl_mcp.lisp.swank.wire import encode_frame  # noqa: E402
+from cl_mcp.lisp.swank.framing import encode_frame  # noqa: E402
 
 REQUEST = ('(:emacs-rex (cl-mcp-agent:evaluate "(+ 1 2)" :timeout 30 :tag {0}) '
            '"COMMON-LISP-USER" t {0})')

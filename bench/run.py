@@ -11,7 +11,6 @@ of a noisy shared machine; throughputs are medians of several runs.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import compileall
 import os
 import platform

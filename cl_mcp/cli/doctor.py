@@ -14,7 +14,7 @@ from cl_mcp.errors import ClMcpError
 from cl_mcp.lisp.config import HEAP_SIZE_CAP, HEAP_SIZE_FLOOR, ImageConfig, physical_memory
 from cl_mcp.lisp.image import (LispImage, cache_dir, cache_problem, cached_code, find_bootstrap, find_slime_dir,
                           saved_core)
-from cl_mcp.lisp.swank.client import SwankConnection
+from cl_mcp.lisp.swank.connection import SwankConnection
 from cl_mcp.wire.sexp import Symbol, plist
 
 # Where Debian's cl-* packages and local projects keep .asd files.

@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Protocol
 from cl_mcp.errors import ImageError, SessionError, SwankError
 from cl_mcp.lisp.config import ImageConfig
 from cl_mcp.lisp.image import LispImage, agent_digest, agent_parts, find_bootstrap
-from cl_mcp.lisp.swank.client import SwankConnection
+from cl_mcp.lisp.swank.connection import SwankConnection
 from cl_mcp.wire import idle_poll, sexp
 from cl_mcp.wire.sexp import SExp, Symbol
 
@@ -39,7 +39,7 @@ ABORT_TIMEOUT = 10.0  # cancel-evaluation waits up to 5 s in the image itself
 # How long a request on the lane waits for its answer before it lets the
 # event loop run (see SwankConnection._read_now): (+ 1 2) takes ~50 µs.
 # For the first `idle_poll.idle_spin()` it polls rather than sleeps (see
-# swank/client.py's _read_soon): ≈60 µs less per quick evaluation on the VMs
+# swank/connection.py's _read_soon): ≈60 µs less per quick evaluation on the VMs
 # measured, but ≈30 % more on one CPU, where it only delays the image.
 LANE_ANSWER_WINDOW = 0.001
 

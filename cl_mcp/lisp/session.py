@@ -20,7 +20,7 @@ from typing import Any
 from cl_mcp.errors import ProtocolError, SessionError, SwankError
 from cl_mcp.lisp.config import SessionConfig
 from cl_mcp.lisp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in_image
-from cl_mcp.lisp.swank.client import DEFAULT_PACKAGE, SwankConnection
+from cl_mcp.lisp.swank.connection import DEFAULT_PACKAGE, SwankConnection
 from cl_mcp.lisp.thread_news import NewsNotices, ThreadNews
 from cl_mcp.lisp.unclaimed import Unclaimed
 from cl_mcp.results.outputs import OutputStore
@@ -28,6 +28,16 @@ from cl_mcp.wire import idle_poll
 from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 
 log = logging.getLogger("cl_mcp.session")
+
+
+def call_failure(error: ProtocolError | SwankError, connection: SwankConnection) -> SessionError | None:
+    """The error of a call on CONNECTION that failed with ERROR, or None
+    when CONNECTION closed: what that costs is the link's to say."""
+    if isinstance(error, ProtocolError):  # the request itself cannot be sent
+        return SessionError("CL-MCP:REQUEST-TOO-LARGE", str(error))
+    if not connection.closed:
+        return SessionError("CL-MCP:SWANK-ERROR", str(error))
+    return None
 
 
 class LispSession:
@@ -69,7 +79,9 @@ class LispSession:
         self._link.start_in_background()
 
     async def _set_up(self, connection: SwankConnection) -> None:
-        """Configure a fresh connection's image for this session."""
+        """Configure a fresh connection's image for this session.  The link
+        calls it while it opens CONNECTION, before it hands out any, so it
+        sends its form with `rex` itself: `call` would wait for the link."""
         connection.on_news = self._hear_news
         def microseconds(seconds: float) -> int:
             return round(seconds * 1_000_000)
@@ -111,17 +123,15 @@ class LispSession:
         self.running_tag = tag
         try:
             return await connection.rex(form, deadline=deadline)
-        except ProtocolError as error:  # the request itself cannot be sent
-            raise SessionError("CL-MCP:REQUEST-TOO-LARGE", str(error)) from None
         except asyncio.CancelledError:
             if tag is not None and not control.closed:
                 await asyncio.shield(abort_in_image(control, tag))
             raise
         except TimeoutError:
             raise await self._link.unresponsive(control, tag, deadline) from None
-        except SwankError as error:
-            if not connection.closed:
-                raise SessionError("CL-MCP:SWANK-ERROR", str(error)) from None
+        except (ProtocolError, SwankError) as error:
+            if (failed := call_failure(error, connection)) is not None:
+                raise failed from None
             raise await self._link.lost(connection, control, tag) from None
         finally:
             self.running_tag = None
@@ -131,23 +141,26 @@ class LispSession:
         has the turn (no turn needed): await-evaluation waits there for a
         background evaluation without holding up the session's other calls.
         A cancelled caller leaves FORM to finish on its own, still counted
-        in `beside_in_image` until the image answers (intake.WaitingBeside)."""
+        in `beside_in_image` until the image answers (intake.WaitingBeside).
+
+        Its failures are `call`'s but for two, which it reports without
+        asking the link what they cost: a call beside holds no turn, so
+        it must not decide the image's fate (another call owns the image
+        meanwhile, and a discard from here could stop the image the next
+        call has just started); the call with the turn, or the next one,
+        meets the same failure and the link acts then."""
         _, control = await self._link.connections()
         rex = asyncio.ensure_future(control.rex(form, deadline=deadline))
         self.beside_in_image += 1
         rex.add_done_callback(self._answered_beside)
         try:
             return await asyncio.shield(rex)
-        except ProtocolError as error:
-            raise SessionError("CL-MCP:REQUEST-TOO-LARGE", str(error)) from None
         except TimeoutError:
             raise SessionError("CL-MCP:TIMEOUT",
                                f"The image did not answer within {deadline:g} s.") from None
-        except SwankError as error:
-            if control.closed:
-                raise SessionError("CL-MCP:CONNECTION-LOST",
-                                   "The connection to the image was lost during this call.") from None
-            raise SessionError("CL-MCP:SWANK-ERROR", str(error)) from None
+        except (ProtocolError, SwankError) as error:
+            raise call_failure(error, control) or SessionError(
+                "CL-MCP:CONNECTION-LOST", "The connection to the image was lost during this call.") from None
 
     def _answered_beside(self, rex: asyncio.Future[SExp]) -> None:
         self.beside_in_image -= 1
@@ -155,7 +168,10 @@ class LispSession:
             rex.exception()  # its caller may be gone: retrieved, so never logged as lost
 
     async def output_tail(self) -> str | None:
-        """The latest line of output of the call running now, if any."""
+        """The latest line of output of the call running now, if any: a
+        progress line, asked beside the call (`rex` on the control
+        connection, neither `call` nor `call_beside`), whose failure costs
+        nothing but the line."""
         tag, control = self.running_tag, self._control
         if tag is None or control is None or control.closed:
             return None

@@ -7,7 +7,6 @@ I/O."""
 
 from __future__ import annotations
 
-import bisect
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -156,7 +155,3 @@ class Lines:
         start = self.starts[number - 1]
         end = self.starts[number] - 1 if number < len(self.starts) else len(self.text)
         return self.text[start:end].removesuffix("\n")
-
-    def line_at(self, position: int) -> int:
-        """The number of the line holding character POSITION."""
-        return bisect.bisect_right(self.starts, position)

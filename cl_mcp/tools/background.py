@@ -16,11 +16,11 @@ from typing import Any, Callable
 from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, error_result
-from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, lisp_seconds, result_dict
+from cl_mcp.tools.calls import agent_plist, agent_value, follow_package, lisp_seconds
 from cl_mcp.tools.evaluate import EVALUATION, evaluation_rendered, keep_output, rendered_running
 from cl_mcp.wire.sexp import Keyword, Symbol
 
-ABORT_DEADLINE = 15.0  # the image gives an aborted evaluation 10 s to unwind
+ABORT_SECONDS = 10.0  # the image gives an aborted evaluation 10 s to unwind
 
 
 def already_fetched(number: int, base: dict[str, Any]) -> Rendered:
@@ -41,8 +41,7 @@ async def await_evaluation(session: LispSession, arguments: dict[str, Any]) -> R
     if abort:
         form += [Keyword("abort"), True]
     try:
-        result = result_dict(await session.call_beside(
-            form, (ABORT_DEADLINE if abort else wait) + DEADLINE_GRACE))
+        result = await agent_plist(session, form, ABORT_SECONDS if abort else wait, beside=True)
         if result.get("status") != "running" and result.get("number") == number:
             # Two overlapping calls may both be shown the outcome: the
             # first to claim it keeps it, so its output is kept once.
@@ -51,13 +50,13 @@ async def await_evaluation(session: LispSession, arguments: dict[str, Any]) -> R
             # The outcome stays in the image until it is kept here: a call
             # cancelled before this point loses nothing.
             try:
-                result["line-offsets"] = await keep_output(session, result, session.call_beside)
+                result["line-offsets"] = await keep_output(session, result, beside=True)
             except BaseException:
                 session.background.release(number, stint)
                 raise
             try:  # kept: the image may forget it, whatever happens to this call
-                await asyncio.shield(session.call_beside(
-                    [Symbol("cl-mcp-agent:forget-outcome"), number], DEADLINE_GRACE))
+                await asyncio.shield(agent_value(
+                    session, [Symbol("cl-mcp-agent:forget-outcome"), number], 0, beside=True))
             finally:
                 session.background.kept(number, stint)
         elif result.get("status") != "running":

@@ -8,7 +8,7 @@ from typing import Any
 
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, condition_structure, error_text
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds
+from cl_mcp.tools.calls import ask_agent, failure, lisp_seconds
 from cl_mcp.wire import sexp
 from cl_mcp.wire.sexp import Keyword, Symbol
 
@@ -73,9 +73,9 @@ async def apropos(session: LispSession, arguments: dict[str, Any]) -> Rendered:
         form += [Keyword("external-only"), Symbol("t")]
     if arguments.get("type"):
         form += [Keyword("type"), arguments["type"]]
-    result, failure = await ask_agent(session, form, session.config.eval_timeout + DEADLINE_GRACE)
-    if failure is not None:
-        return apropos_error(arguments, *failure)
+    result = await ask_agent(session, form, session.config.eval_timeout)
+    if failed := failure(result):
+        return apropos_error(arguments, *failed)
     return render_apropos(result)
 
 
@@ -99,9 +99,9 @@ async def macroexpand(session: LispSession, arguments: dict[str, Any]) -> Render
                        Keyword("timeout"), lisp_seconds(timeout)]
     if arguments.get("all"):
         form += [Keyword("all"), Symbol("t")]
-    result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE)
-    if failure is not None:
-        return macroexpand_error(arguments, *failure)
+    result = await ask_agent(session, form, timeout)
+    if failed := failure(result):
+        return macroexpand_error(arguments, *failed)
     expanded = _flag(result.get("expanded"))
     text = result["expansion"] + ("" if expanded else f"\n{NOT_EXPANDED}")
     return Rendered(text, False, {"form": arguments["form"], "expansion": result["expansion"],

@@ -9,7 +9,7 @@ from typing import Any
 from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, condition_structure, error_text, place_change, place_structure
-from cl_mcp.tools.agent import ask_agent, DEADLINE_GRACE, result_dict, strings
+from cl_mcp.tools.calls import agent_plist, ask_agent, failure, result_dict, strings
 from cl_mcp.tools.evaluate import Work, rendered_running, sent_to_background
 from cl_mcp.tools.window import answer_window, window_keywords
 from cl_mcp.wire.sexp import Keyword, Symbol
@@ -103,9 +103,9 @@ async def xref(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     relation = arguments.get("relation", "calls")
     form = [Symbol("cl-mcp-agent:xref-of"), arguments["symbol"], Keyword(relation),
             Keyword("package"), arguments.get("package") or session.package]
-    result, failure = await ask_agent(session, form, session.config.eval_timeout + DEADLINE_GRACE)
-    if failure is not None:
-        return xref_error(arguments, *failure)
+    result = await ask_agent(session, form, session.config.eval_timeout)
+    if failed := failure(result):
+        return xref_error(arguments, *failed)
     return render_xref(result)
 
 
@@ -235,7 +235,7 @@ async def compile_file(session: LispSession, arguments: dict[str, Any]) -> Rende
                     Keyword("load"), bool(arguments.get("load", True)),
                     Keyword("notes"), Keyword(arguments.get("notes", "warnings")), Keyword("tag"), tag,
                     *window_keywords(window)]
-            result = result_dict(await session.call(form, session.config.load_timeout + DEADLINE_GRACE, tag))
+            result = await agent_plist(session, form, session.config.load_timeout, tag=tag)
     except SessionError as error:
         return compile_error(error.kind, error.message)
     if result.get("status") == "running":

@@ -7,7 +7,7 @@ from typing import Any
 from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, error_result
-from cl_mcp.tools.agent import DEADLINE_GRACE
+from cl_mcp.tools.calls import agent_value
 from cl_mcp.wire.sexp import Keyword, Symbol
 
 SECTIONS = (
@@ -42,7 +42,7 @@ async def list_definitions(session: LispSession, arguments: dict[str, Any]) -> R
     form = [Symbol("cl-mcp-agent:list-definitions"), Keyword("type"), kind]
     try:
         async with session.turn():
-            found = await session.call(form, session.config.eval_timeout + DEADLINE_GRACE)
+            found = await agent_value(session, form, session.config.eval_timeout)
     except SessionError as error:
         return error_result(error.kind, error.message, {"definitions": []})
     entries = [(k.name if isinstance(k, Keyword) else k, name, detail)

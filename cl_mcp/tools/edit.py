@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, condition_structure, error_text
-from cl_mcp.tools.agent import DEADLINE_GRACE, call_cancellable, result_dict
+from cl_mcp.tools.calls import ask_agent, result_dict
 from cl_mcp.tools.forms import render_compiled_form
 from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 
@@ -43,19 +42,6 @@ def target_form(arguments: dict[str, Any], answer: dict[str, Any]) -> list[SExp]
     return [Keyword("line"), arguments["line"]]
 
 
-async def call_agent(session: LispSession, form: list[SExp], deadline: float,
-                     runs_code: bool = False) -> dict[str, Any]:
-    """FORM's plist from the agent (`call_cancellable` when it RUNS_CODE: an
-    edit's compile runs the user's macros), a session failure as a :status
-    :error one (ask_agent would drop a refusal's problem and candidates)."""
-    try:
-        async with session.turn():
-            return result_dict(await (call_cancellable(session, form, deadline) if runs_code
-                                      else session.call(form, deadline)))
-    except SessionError as error:
-        return {"status": "error", "error": {"type": error.kind, "message": error.message}}
-
-
 def agent_error(result: dict[str, Any], answer: dict[str, Any]) -> Rendered:
     """The tool error for a refused call: its problem (where a text stops
     reading) or its candidates (an ambiguous name) kept in ANSWER."""
@@ -78,7 +64,7 @@ async def edit_form(session: LispSession, arguments: dict[str, Any]) -> Rendered
             Keyword("action"), Keyword(arguments.get("action", "replace")),
             Keyword("text"), arguments.get("text", ""),
             Keyword("compile"), bool(arguments.get("compile", True))]
-    result = await call_agent(session, form, session.config.load_timeout + DEADLINE_GRACE, runs_code=True)
+    result = await ask_agent(session, form, session.config.load_timeout, runs_code=True)  # its compile runs macros
     if result.get("status") != "ok":
         return agent_error(result, {"written": False})
     return render_edit(result)
@@ -117,7 +103,7 @@ async def read_lisp_file(session: LispSession, arguments: dict[str, Any]) -> Ren
             return located
     form = [Symbol("cl-mcp-agent:read-lisp-file-of"), arguments["path"], Keyword("mode"), Keyword(mode),
             *located]
-    result = await call_agent(session, form, session.config.eval_timeout + DEADLINE_GRACE)
+    result = await ask_agent(session, form, session.config.eval_timeout)
     if result.get("status") != "ok":
         return agent_error(result, {"mode": mode})
     return {"outline": render_outline, "check": render_check, "form": render_form}[mode](result)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
-from cl_mcp.lisp.swank.client import DEFAULT_PACKAGE
+from cl_mcp.lisp.swank.connection import DEFAULT_PACKAGE
 from cl_mcp.results import budget
 from cl_mcp.results.outputs import Kept
 from cl_mcp.results.render import Rendered, error_result, evaluation_structure, render_evaluation, with_reach
-from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, lisp_seconds, result_dict
+from cl_mcp.tools.calls import agent_plist, agent_value, follow_package, lisp_seconds
 from cl_mcp.tools.window import answer_window, window_keywords
 from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 
@@ -21,13 +21,14 @@ log = logging.getLogger("cl_mcp.tools")
 
 AGENT_MAX_OUTPUT = 1_000_000  # cl-mcp-agent:evaluate's default :max-output
 SLICE = 1_000_000  # characters per output-slice: the agent's *inline-output*
-SLICE_DEADLINE = 30.0
+SLICE_SECONDS = 25.0
 
 
 # Made once: a frozen dataclass costs a microsecond to make, on every call.
 _EVALUATE, _TIMEOUT, _TAG, _PACKAGE, _EXPLICIT, _CAPTURE, _MAX_OUTPUT = (
     Symbol("cl-mcp-agent:evaluate"), Keyword("timeout"), Keyword("tag"), Keyword("package"),
     Keyword("explicit-package"), Keyword("capture-time"), Keyword("max-output"))
+_OUTPUT_SLICE = Symbol("cl-mcp-agent:output-slice")
 
 
 def evaluate_form(session: LispSession, code: str, package: str | None, capture_time: bool,
@@ -59,7 +60,7 @@ async def evaluate(session: LispSession, code: str, package: str | None = None,
     async with session.turn():
         tag = session.new_tag()
         form = evaluate_form(session, code, package, capture_time, timeout, tag, window)
-        result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
+        result = await agent_plist(session, form, timeout, tag=tag)
         if result.get("status") == "running":
             sent_to_background(session, result, EVALUATION)
             return result
@@ -70,33 +71,41 @@ async def evaluate(session: LispSession, code: str, package: str | None = None,
         return result
 
 
-Call = Callable[[SExp, float], Awaitable[SExp]]
+async def output_in_image(session: LispSession, number: int, stream: str, start: int,
+                          total: int | None = None, beside: bool = False) -> str | None:
+    """STREAM of evaluation NUMBER from character START to TOTAL (to its end
+    when None), read from the image SLICE characters at a time, in the
+    session's turn or BESIDE it; None when the image holds no output of
+    NUMBER."""
+    chunks: list[str] = []
+    while total is None or start < total:
+        end = start + SLICE if total is None else min(total, start + SLICE)
+        piece = await agent_value(session, [_OUTPUT_SLICE, number, Keyword(stream), start, end],
+                                  SLICE_SECONDS, beside=beside)
+        if not isinstance(piece, str):
+            return "".join(chunks) if chunks else None
+        if not piece:
+            break
+        chunks.append(piece)
+        start += len(piece)
+    return "".join(chunks)
 
 
-async def keep_output(session: LispSession, result: dict[str, Any], call: Call | None = None) -> dict[str, int]:
-    """Complete RESULT's streams with what its report left out, read with
-    CALL (the session's, by default: the caller still has the turn, so the
-    image still holds them), and keep them, with the printed values, for
-    read-output; the lines kept before them in each stream
-    (`OutputStore.keep`)."""
+async def keep_output(session: LispSession, result: dict[str, Any], beside: bool = False) -> dict[str, int]:
+    """Complete RESULT's streams with what its report left out, read in the
+    session's turn (the caller still has it, so the image still holds them)
+    or BESIDE it, and keep them, with the printed values, for read-output;
+    the lines kept before them in each stream (`OutputStore.keep`)."""
     number = result.get("number")
     if not isinstance(number, int):
         return {}
-    call = call or session.call
     for stream in ("stdout", "stderr"):
         total = result.get(f"{stream}-length")
         if not isinstance(total, int):
             continue
-        chunks = [result.get(stream) or ""]
-        have = len(chunks[0])
-        while have < total:
-            piece = await call([Symbol("cl-mcp-agent:output-slice"), number, Keyword(stream),
-                                have, min(total, have + SLICE)], SLICE_DEADLINE)
-            if not isinstance(piece, str) or not piece:
-                break
-            chunks.append(piece)
-            have += len(piece)
-        result[stream] = "".join(chunks)
+        inline = result.get(stream) or ""
+        result[stream] = inline + (await output_in_image(session, number, stream, len(inline), total, beside)
+                                   or "")
     return session.outputs.keep(number, Kept(result.get("stdout") or "", result.get("stderr") or "",
                                              "\n".join(result.get("values") or [])))
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, condition_structure, error_text
-from cl_mcp.tools.agent import DEADLINE_GRACE, call_cancellable, result_dict, strings
+from cl_mcp.tools.calls import ask_agent, result_dict, strings
 from cl_mcp.tools.code import note_structure, note_text
 from cl_mcp.wire.sexp import Symbol
 
@@ -58,11 +57,7 @@ def compile_form_error(kind: str, message: str) -> Rendered:
 async def compile_form(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """Compile the top-level form of a file that holds a line."""
     form = [Symbol("cl-mcp-agent:compile-form-of"), arguments["path"], arguments["line"]]
-    try:
-        async with session.turn():
-            result = result_dict(await call_cancellable(session, form, session.config.load_timeout + DEADLINE_GRACE))
-    except SessionError as error:
-        return compile_form_error(error.kind, error.message)
-    if "success" not in result:  # no form there, or it does not read
+    result = await ask_agent(session, form, session.config.load_timeout, runs_code=True)
+    if "success" not in result:  # no form there, it does not read, or the session failed
         return compile_form_error(result["error"]["type"], result["error"]["message"])
     return render_compiled_form(result)

@@ -8,7 +8,7 @@ from typing import Any
 
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, condition_structure, error_text
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds
+from cl_mcp.tools.calls import ask_agent, failure, lisp_seconds
 from cl_mcp.wire import sexp
 from cl_mcp.wire.sexp import Keyword, Symbol
 
@@ -79,7 +79,7 @@ async def inspect(session: LispSession, arguments: dict[str, Any]) -> Rendered:
             form += [Keyword("part"), part]
     if arguments.get("start"):
         form += [Keyword("start"), arguments["start"]]
-    result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE, runs_code=code is not None)
-    if failure is not None:
-        return inspect_error(arguments, *failure)
+    result = await ask_agent(session, form, timeout, runs_code=code is not None)
+    if failed := failure(result):
+        return inspect_error(arguments, *failed)
     return render_inspect(result)

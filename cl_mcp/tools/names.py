@@ -10,7 +10,7 @@ from typing import Any
 
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, condition_structure, error_text, place_structure, place_text
-from cl_mcp.tools.agent import ask_agent, DEADLINE_GRACE, result_dict, strings
+from cl_mcp.tools.calls import ask_agent, failure, result_dict, strings
 from cl_mcp.wire.sexp import Keyword, Symbol
 
 
@@ -97,10 +97,10 @@ def find_definition_error(arguments: dict[str, Any], kind: str, message: str) ->
 async def find_definition(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """Every definition of a name: its type and place, or the source an
     evaluate-lisp call gave it."""
-    result, failure = await ask_agent(session, _about_symbol(session, "cl-mcp-agent:find-definition-of", arguments),
-                                      session.config.eval_timeout + DEADLINE_GRACE)
-    if failure is not None:
-        return find_definition_error(arguments, *failure)
+    result = await ask_agent(session, _about_symbol(session, "cl-mcp-agent:find-definition-of", arguments),
+                             session.config.eval_timeout)
+    if failed := failure(result):
+        return find_definition_error(arguments, *failed)
     return render_definitions(result)
 
 
@@ -217,9 +217,9 @@ def describe_error(arguments: dict[str, Any], kind: str, message: str) -> Render
 async def describe_symbol(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     """What a name is: its kinds, arglist, documentation, value, class,
     methods, home package and first definition's place."""
-    result, failure = await ask_agent(session, _about_symbol(session, "cl-mcp-agent:describe-symbol-of", arguments),
-                                      session.config.eval_timeout + DEADLINE_GRACE)
-    if failure is not None:
-        return describe_error(arguments, *failure)
+    result = await ask_agent(session, _about_symbol(session, "cl-mcp-agent:describe-symbol-of", arguments),
+                             session.config.eval_timeout)
+    if failed := failure(result):
+        return describe_error(arguments, *failed)
     structure = describe_structure(result)
     return Rendered(describe_text(structure), False, structure)

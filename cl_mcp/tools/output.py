@@ -15,8 +15,7 @@ from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.linepattern import LinePattern, PatternError
 from cl_mcp.results.outputs import Lines, NotKept
 from cl_mcp.results.render import Rendered, condition_structure, error_text
-from cl_mcp.tools.evaluate import SLICE, SLICE_DEADLINE, read_call
-from cl_mcp.wire.sexp import Keyword, Symbol
+from cl_mcp.tools.evaluate import output_in_image, read_call
 
 CONTEXT = 1  # lines shown before and after a matching line
 MAX_MATCHES = 10_000  # matching lines looked at, at most
@@ -76,21 +75,11 @@ def search_for(lines: Lines, pattern: str, limit: int) -> tuple[list[str], int, 
 async def output_so_far(session: LispSession, evaluation: int, stream: str) -> str:
     """STREAM of EVALUATION, running in the background: its output so far,
     read from the image (it is kept here once its outcome is)."""
-    chunks: list[str] = []
-    have = 0
-    while True:
-        piece = await session.call_beside([Symbol("cl-mcp-agent:output-slice"), evaluation,
-                                           Keyword(stream), have, have + SLICE], SLICE_DEADLINE)
-        if not isinstance(piece, str):
-            if not chunks:
-                raise NotKept(f"Evaluation {evaluation} is no longer in the background, and its "
-                              "output was not kept (await-evaluation gives its outcome).")
-            break
-        if not piece:
-            break
-        chunks.append(piece)
-        have += len(piece)
-    return "".join(chunks)
+    text = await output_in_image(session, evaluation, stream, 0, beside=True)
+    if text is None:
+        raise NotKept(f"Evaluation {evaluation} is no longer in the background, and its "
+                      "output was not kept (await-evaluation gives its outcome).")
+    return text
 
 
 def read_error(arguments: dict[str, Any], kind: str, message: str) -> Rendered:

@@ -8,7 +8,7 @@ from typing import Any
 
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, error_result
-from cl_mcp.tools.agent import DEADLINE_GRACE, ask_agent, lisp_seconds, result_dict, strings
+from cl_mcp.tools.calls import ask_agent, failure, lisp_seconds, result_dict, strings
 from cl_mcp.wire.sexp import Keyword, Symbol
 
 EMPTY: dict[str, Any] = {"rows": []}
@@ -82,9 +82,9 @@ async def profile(session: LispSession, arguments: dict[str, Any]) -> Rendered:
             Keyword("functions"), quoted(arguments.get("functions")),
             Keyword("packages"), quoted(arguments.get("packages")),
             Keyword("timeout"), lisp_seconds(timeout)]
-    result, failure = await ask_agent(session, form, timeout + DEADLINE_GRACE, runs_code=True)
-    if failure:
-        return error_result(*failure, EMPTY)
+    result = await ask_agent(session, form, timeout, runs_code=True)
+    if failed := failure(result):
+        return error_result(*failed, EMPTY)
     return render_calls(result) if result["mode"] == "deterministic" else render_profile(result)
 
 

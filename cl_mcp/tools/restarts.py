@@ -8,7 +8,7 @@ from typing import Any
 from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, error_result, render_frames
-from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, result_dict
+from cl_mcp.tools.calls import agent_plist, follow_package, result_dict
 from cl_mcp.tools.evaluate import EVALUATION, Work, keep_output, rendered_within, sent_to_background
 from cl_mcp.tools.run_tests import outcome_rendered
 from cl_mcp.tools.window import answer_window, window_keywords
@@ -30,7 +30,7 @@ async def invoke_restart(session: LispSession, arguments: dict[str, Any]) -> Ren
                     Keyword("timeout"), float(timeout), Keyword("tag"), tag,
                     # A long continuation goes on in the background.
                     *window_keywords(answer_window(None, session.config.answer_within, timeout))]
-            result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
+            result = await agent_plist(session, form, timeout, tag=tag)
             if result.get("status") == "running":
                 sent_to_background(session, result, Work(EVALUATION.title, EVALUATION.base,
                                                           lambda outcome: outcome_rendered(session, outcome)))
@@ -48,8 +48,7 @@ async def backtrace(session: LispSession, arguments: dict[str, Any]) -> Rendered
             Keyword("count"), arguments.get("count", 20)]
     try:
         async with session.turn():
-            result = result_dict(
-                await session.call(form, session.config.eval_timeout + DEADLINE_GRACE))
+            result = await agent_plist(session, form, session.config.eval_timeout)
     except SessionError as error:
         return error_result(error.kind, error.message, {"frames": []})
     if result.get("status") != "ok":  # nothing waits there: the error alone
@@ -71,7 +70,7 @@ async def eval_in_frame(session: LispSession, arguments: dict[str, Any]) -> Rend
                     arguments["frame"], arguments["code"], Keyword("timeout"), float(timeout),
                     Keyword("tag"), tag]
             # Its output is its own, not the waiting evaluation's: not kept.
-            result = result_dict(await session.call(form, timeout + DEADLINE_GRACE, tag))
+            result = await agent_plist(session, form, timeout, tag=tag)
     except SessionError as error:
         return error_result(error.kind, error.message)
     return rendered_within(result, session.config.max_result_chars)

@@ -11,7 +11,7 @@ from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results import budget
 from cl_mcp.results.render import Rendered, condition_structure, error_result, error_text, place_structure, place_text
-from cl_mcp.tools.agent import DEADLINE_GRACE, follow_package, lisp_seconds, result_dict
+from cl_mcp.tools.calls import agent_plist, follow_package, lisp_seconds, result_dict
 from cl_mcp.tools.evaluate import (AGENT_MAX_OUTPUT, Work, evaluation_rendered, keep_output, rendered_running,
                                    rendered_within, sent_to_background)
 from cl_mcp.tools.window import answer_window, window_keywords
@@ -159,8 +159,8 @@ async def run_tests(session: LispSession, arguments: dict[str, Any]) -> Rendered
     try:
         async with session.turn():
             tag = session.new_tag()
-            result = result_dict(await session.call(run_form(session, arguments, timeout, tag, window),
-                                                    timeout + DEADLINE_GRACE, tag))
+            result = await agent_plist(session, run_form(session, arguments, timeout, tag, window),
+                                         timeout, tag=tag)
             if result.get("status") == "running":
                 sent_to_background(session, result, run_work(limit))
                 return rendered_running(result, limit, run_work(limit))

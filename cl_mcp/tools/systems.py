@@ -7,7 +7,7 @@ from typing import Any
 from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, condition_structure, error_result, error_text
-from cl_mcp.tools.agent import result_dict, strings
+from cl_mcp.tools.calls import agent_plist, result_dict, strings
 from cl_mcp.tools.code import note_counts, note_structure, notes_sections
 from cl_mcp.tools.evaluate import Work, rendered_running, sent_to_background
 from cl_mcp.tools.window import answer_window, window_keywords
@@ -121,7 +121,7 @@ async def load_system(session: LispSession, arguments: dict[str, Any]) -> Render
             form = [Symbol("cl-mcp-agent:load-system"), name,
                     Keyword("notes"), Keyword(arguments.get("notes", "warnings")), Keyword("tag"), tag,
                     *window_keywords(window)]
-            result = result_dict(await session.call(form, session.config.load_timeout, tag))
+            result = await agent_plist(session, form, session.config.load_timeout, tag=tag)
     except SessionError as error:
         return error_result(error.kind, error.message, work.base)
     if result.get("status") == "running":

@@ -10,12 +10,12 @@ from typing import Any
 from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, error_result
-from cl_mcp.tools.agent import DEADLINE_GRACE, result_dict
+from cl_mcp.tools.calls import agent_plist, result_dict
 from cl_mcp.tools.evaluate import rendered_within
 from cl_mcp.wire.sexp import Keyword, Symbol
 
 # Seconds the agent gives a thread to answer, with room for the call.
-THREAD_DEADLINE = 2 + DEADLINE_GRACE
+THREAD_SECONDS = 2
 
 EMPTY = {"threads": []}
 
@@ -66,7 +66,7 @@ async def threads(session: LispSession, arguments: dict[str, Any]) -> Rendered:
             Keyword("count"), arguments.get("count", 20)]
     try:
         async with session.turn():
-            result = result_dict(await session.call(form, THREAD_DEADLINE))
+            result = await agent_plist(session, form, THREAD_SECONDS)
     except SessionError as error:
         return error_result(error.kind, error.message, EMPTY)
     if action == "interrupt" and "evaluation" in result:

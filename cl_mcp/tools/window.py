@@ -6,7 +6,7 @@ statement of it is `window-first` (agent/registries.lisp)."""
 
 from __future__ import annotations
 
-from cl_mcp.tools.agent import lisp_seconds
+from cl_mcp.tools.calls import lisp_seconds
 from cl_mcp.wire.sexp import Keyword, SExp
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cl_mcp.lisp.image import find_slime_dir
-from cl_mcp.lisp.swank.client import SwankConnection
+from cl_mcp.lisp.swank.connection import SwankConnection
 from cl_mcp.wire.sexp import Symbol
 
 SLIME_ELISP = Path("/usr/share/emacs/site-lisp/elpa-src")

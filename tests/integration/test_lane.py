@@ -10,9 +10,9 @@ import pytest
 from cl_mcp.lisp.config import ImageConfig, SessionConfig
 from cl_mcp.lisp.image import LispImage
 from cl_mcp.lisp.session import LispSession
-from cl_mcp.lisp.swank import client
-from cl_mcp.lisp.swank.client import SwankConnection
-from cl_mcp.lisp.swank.wire import encode_frame
+from cl_mcp.lisp.swank import connection as swank_connection
+from cl_mcp.lisp.swank.connection import SwankConnection
+from cl_mcp.lisp.swank.framing import encode_frame
 from cl_mcp.wire import idle_poll
 from cl_mcp.wire.sexp import Symbol
 from tests.integration.conftest import McpProcess
@@ -175,13 +175,13 @@ def test_the_lane_polls_only_where_that_pays(cpus):
 @pytest.mark.parametrize("cpus", [all_cpus, one_cpu], ids=["all CPUs", "one CPU"])
 def test_cl_mcp_polls_for_the_lanes_answers_only_where_that_pays(monkeypatch, cpus):
     spins = []
-    read_soon = client._read_soon
+    read_soon = swank_connection._read_soon
 
     def recording(fd, spin, window):
         spins.append(spin)
         return read_soon(fd, spin, window)
 
-    monkeypatch.setattr(client, "_read_soon", recording)
+    monkeypatch.setattr(swank_connection, "_read_soon", recording)
 
     async def body():
         session = LispSession(SessionConfig())

@@ -17,7 +17,7 @@ from cl_mcp.lisp.config import SessionConfig
 from cl_mcp.lisp.image import LispImage
 from cl_mcp.lisp.link import EmbeddedLink
 from cl_mcp.lisp.session import LispSession
-from cl_mcp.lisp.swank.client import SwankConnection
+from cl_mcp.lisp.swank.connection import SwankConnection
 from cl_mcp.tools.evaluate import evaluate
 from tests.integration.conftest import McpProcess, pid_alive, sbcl_children
 from tests.integration.test_protocol_breadth import answers_to

@@ -15,8 +15,8 @@ import pytest
 
 from cl_mcp.lisp.config import ImageConfig
 from cl_mcp.lisp.image import LispImage
-from cl_mcp.lisp.swank.client import SwankConnection
-from cl_mcp.lisp.swank.wire import encode_frame
+from cl_mcp.lisp.swank.connection import SwankConnection
+from cl_mcp.lisp.swank.framing import encode_frame
 from cl_mcp.wire.sexp import Symbol
 from tests.integration.conftest import listening_ports
 from tests.integration.test_swank_client import run, with_connection

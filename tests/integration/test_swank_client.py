@@ -12,9 +12,10 @@ import pytest
 from cl_mcp.errors import SwankError
 from cl_mcp.lisp.config import ImageConfig
 from cl_mcp.lisp.image import LispImage
-from cl_mcp.lisp.swank import client
-from cl_mcp.lisp.swank.client import RexAborted, SwankConnection, _read_soon
-from cl_mcp.lisp.swank.wire import encode_message
+from cl_mcp.lisp.swank import connection as swank_connection
+from cl_mcp.lisp.swank.connection import RexAborted, SwankConnection, _read_soon
+from cl_mcp.lisp.swank.framing import encode_frame
+from cl_mcp.wire import sexp
 from cl_mcp.wire.sexp import Keyword, Symbol
 from tests.integration.conftest import listening_ports
 from tests.polling import input_at_yield
@@ -119,7 +120,7 @@ def test_a_connection_without_the_secret_gets_nothing():
         port = await image.start()
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(encode_message([Keyword("emacs-rex"), [Symbol("cl:+"), 1, 2], "CL-USER", True, 1]))
+            writer.write(encode_frame(sexp.dumps([Keyword("emacs-rex"), [Symbol("cl:+"), 1, 2], "CL-USER", True, 1])))
             assert await asyncio.wait_for(reader.read(1), 5) == b""  # closed, unanswered
             writer.close()
             # and the listener still waits for the client that knows it
@@ -164,7 +165,7 @@ def test_the_answer_window_takes_an_answer_already_there_or_arriving_while_it_po
         theirs.sendall(b"already")
         assert _read_soon(ours.fileno(), spin=0.001, window=0.002) == b"already"
         yields = input_at_yield(monkeypatch, theirs, 3, b"while polling")
-        monkeypatch.setattr(client.select, "select", lambda *_: pytest.fail("slept instead of polling"))
+        monkeypatch.setattr(swank_connection.select, "select", lambda *_: pytest.fail("slept instead of polling"))
         assert _read_soon(ours.fileno(), spin=30.0, window=60.0) == b"while polling"
         assert len(yields) == 3
 
@@ -181,7 +182,7 @@ def test_the_answer_window_sleeps_after_its_polling_and_gives_up_at_its_end(monk
 
     with ours, theirs:
         with monkeypatch.context() as patched:
-            patched.setattr(client.select, "select", answer_once_asleep)
+            patched.setattr(swank_connection.select, "select", answer_once_asleep)
             assert _read_soon(ours.fileno(), spin=0.001, window=2.0) == b"after polling"
         assert len(waits) == 1 and 1.0 < waits[0] < 2.0  # the window's rest, after the poll
         assert _read_soon(ours.fileno(), spin=0.001, window=0.01) is None  # nothing came

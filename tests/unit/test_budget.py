@@ -147,7 +147,7 @@ def test_an_evaluation_that_goes_on_adds_to_its_output():
     assert store.get(3).values == "=> 3"
 
 
-def test_lines_find_the_line_of_a_position():
+def test_lines_index_where_each_line_starts():
     lines = Lines("a\nbb\n\nccc")
     assert len(lines) == 4 and lines.line(4) == "ccc" and lines.line(3) == ""
-    assert [lines.line_at(p) for p in (0, 1, 2, 4, 5, 6)] == [1, 1, 2, 2, 3, 4]
+    assert list(lines.starts) == [0, 2, 5, 6]

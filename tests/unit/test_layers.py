@@ -2,7 +2,8 @@
 folders in docs/architecture.md ("Folders"), and no module comes back to
 itself through its imports.
 
-Every import counts, also one inside a function or under TYPE_CHECKING:
+Every import counts, also one inside a function or under TYPE_CHECKING,
+and one made by importlib.import_module or __import__:
 a lazy import still makes the module above depend on the one below.  The
 rule is read from the table, so the table and the code cannot disagree."""
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "cl_mcp"
@@ -67,7 +70,35 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> set[str]:
                 base = f"{anchor}.{base}" if base else anchor
             for alias in node.names:  # a submodule by that name, else a name of the module
                 found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+        elif isinstance(node, ast.Call) and called_name(node.func) in DYNAMIC_IMPORTS:
+            found.add(dynamic_import(name, node))
     return {each for each in found if each in known}
+
+
+# importlib.import_module and __import__: an import made by a call.
+DYNAMIC_IMPORTS = {"import_module", "__import__"}
+
+
+def called_name(function: ast.expr) -> str | None:
+    """The name a call calls: `f` of f(...) or of m.f(...)."""
+    if isinstance(function, ast.Name):
+        return function.id
+    return function.attr if isinstance(function, ast.Attribute) else None
+
+
+def dynamic_import(name: str, call: ast.Call) -> str:
+    """The module CALL (an import_module or __import__ in module NAME)
+    imports; a name computed at run time fails the check, which could not
+    see where it points."""
+    target = call.args[0] if call.args else None
+    if not (isinstance(target, ast.Constant) and isinstance(target.value, str)):
+        pytest.fail(f"{name} imports a module named at run time (line {call.lineno}): "
+                    "the layer check cannot see it; name it with a string")
+    if target.value.startswith(".") and len(call.args) > 1 and isinstance(call.args[1], ast.Constant):
+        level = len(target.value) - len(target.value.lstrip("."))
+        anchor = str(call.args[1].value).rsplit(".", level - 1)[0]
+        return f"{anchor}.{target.value.lstrip('.')}"
+    return target.value
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -137,3 +168,18 @@ def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
     assert upward_imports(graph, folders, {"high/": {"low/"}, "low/": set()}, set()) == [
         "pkg.low (low/) imports pkg.high (high/)"]
     assert find_cycle(graph) == ["pkg.high", "pkg.low", "pkg.high"]
+
+
+def test_the_checks_see_an_import_made_by_a_call(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "low.py").write_text(
+        "import importlib\ndef late():\n    return importlib.import_module('pkg.high')\n")
+    (tmp_path / "pkg" / "other.py").write_text("def late():\n    return __import__('pkg.high')\n")
+    (tmp_path / "pkg" / "high.py").write_text("")
+    known = {f"pkg.{each}": tmp_path / "pkg" / f"{each}.py" for each in ("low", "other", "high")}
+    assert imports_of("pkg.low", known["pkg.low"], known) == {"pkg.high"}
+    assert imports_of("pkg.other", known["pkg.other"], known) == {"pkg.high"}
+    (tmp_path / "pkg" / "computed.py").write_text(
+        "from importlib import import_module\ndef late(n):\n    return import_module('pkg.' + n)\n")
+    with pytest.raises(pytest.fail.Exception, match="named at run time"):
+        imports_of("pkg.computed", tmp_path / "pkg" / "computed.py", known)

@@ -5,6 +5,7 @@ takes linear time; a pattern RE2 refuses says why."""
 
 from __future__ import annotations
 
+import bisect
 import re
 import time
 
@@ -27,7 +28,7 @@ def plain_lines(pattern: str, text: str) -> list[int]:
     """PATTERN's lines in TEXT by Python's re (an empty TEXT has none, and
     no line starts past a final newline)."""
     lines = Lines(text)
-    found = [lines.line_at(match.start()) for match in re.finditer(pattern, text, re.MULTILINE)
+    found = [bisect.bisect_right(lines.starts, match.start()) for match in re.finditer(pattern, text, re.MULTILINE)
              if text and not (match.start() == len(text) and text.endswith("\n"))]
     return sorted(set(found))
 

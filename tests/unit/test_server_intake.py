@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 
 from cl_mcp.errors import SERVER_BUSY
 from cl_mcp.lisp.config import SessionConfig
-from cl_mcp.lisp.swank.client import DEFAULT_PACKAGE
+from cl_mcp.lisp.swank.connection import DEFAULT_PACKAGE
 from cl_mcp.server import intake, server as server_module
 from cl_mcp.server.intake import MAX_QUEUED_BYTES, MAX_QUEUED_CALLS, MAX_WAITING_BESIDE, CallQueue, QueuedCall
 from cl_mcp.server.server import McpServer

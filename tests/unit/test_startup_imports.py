@@ -58,7 +58,7 @@ def test_initialize_is_answered_before_the_session_is_made() -> None:
     # The session's modules (the image, the link, the Swank client, the
     # s-expression codec) load when the session is first needed.
     loaded = set(initialize_in_fresh_process()["loaded"])
-    assert not loaded & {"cl_mcp.lisp.session", "cl_mcp.lisp.link", "cl_mcp.lisp.image", "cl_mcp.lisp.swank.client",
+    assert not loaded & {"cl_mcp.lisp.session", "cl_mcp.lisp.link", "cl_mcp.lisp.image", "cl_mcp.lisp.swank.connection",
                          "cl_mcp.wire.sexp"}, sorted(loaded)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 
 from cl_mcp.errors import ProtocolError
-from cl_mcp.wire import sexp
 
 HEADER_LENGTH = 6
 MAX_PAYLOAD = 0xFFFFFF
@@ -25,11 +24,6 @@ def encode_frame(payload: str) -> bytes:
     if len(data) > MAX_PAYLOAD:
         raise ProtocolError(f"message of {len(data)} bytes exceeds Swank's limit of {MAX_PAYLOAD}")
     return b"%06x" % len(data) + data
-
-
-def encode_message(message: sexp.SExp) -> bytes:
-    """MESSAGE written as an s-expression and framed."""
-    return encode_frame(sexp.dumps(message))
 
 
 def parse_header(header: bytes) -> int:

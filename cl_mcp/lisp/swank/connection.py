@@ -24,7 +24,7 @@ import time
 from typing import Callable, Iterator
 
 from cl_mcp.errors import ProtocolError, SwankError
-from cl_mcp.lisp.swank.wire import FrameDecoder, encode_frame
+from cl_mcp.lisp.swank.framing import FrameDecoder, encode_frame
 from cl_mcp.wire import sexp
 from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from cl_mcp.errors import ProtocolError
-from cl_mcp.lisp.swank.wire import MAX_PAYLOAD, FrameDecoder, encode_frame, parse_header
+from cl_mcp.lisp.swank.framing import MAX_PAYLOAD, FrameDecoder, encode_frame, parse_header
 
 
 def test_length_counts_bytes_not_characters():
