@@ -24,8 +24,14 @@ CORPUS_ASDS := esrap/esrap.asd iterate/iterate.asd lparallel/lparallel.asd borde
 run: lisp venv
 	@exec $(VENV)/bin/cl-mcp
 
+# The suite in TEST_WORKERS processes (pytest-xdist; each test file stays in
+# one, with its own cache directory), the 25 slowest tests listed at the end.
+# Compiled first: the environment may forbid writing bytecode
+# (PYTHONDONTWRITEBYTECODE), and every test starts cl-mcp anew.
+TEST_WORKERS ?= 4
 test: test-lisp venv
-	$(VENV)/bin/python -m pytest
+	@$(VENV)/bin/python -m compileall -q cl_mcp tests >/dev/null
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # Every answer of the truth harness over its whole corpus: docs/truth.md
 truth: test-lisp venv

@@ -118,15 +118,32 @@ class McpProcess:
                 continue
             if message is None:
                 raise AssertionError(f"cl-mcp closed stdout; stderr tail: {''.join(self.stderr_lines[-20:])}")
-            if "id" in message and "method" not in message:
-                if message["id"] is None:
-                    self.null_responses.append(message)
-                    continue
-                assert message["id"] not in self._responses, f"two responses to {message['id']!r}"
-                self._responses[message["id"]] = message
+            self._file(message)
         if request_id is None:
             return self.null_responses.pop(0)
         return self._responses.pop(request_id)
+
+    def answered(self, request_id: Any) -> bool:
+        """True when the response to REQUEST_ID has come (it stays for
+        `response` to take): the order of events, without waiting."""
+        while True:
+            try:
+                message = self.messages.get_nowait()
+            except queue.Empty:
+                return request_id in self._responses
+            if message is None:
+                self.messages.put(None)  # for `response` to report
+                return request_id in self._responses
+            self._file(message)
+
+    def _file(self, message: dict[str, Any]) -> None:
+        """Keep MESSAGE when it is a response, by its id."""
+        if "id" in message and "method" not in message:
+            if message["id"] is None:
+                self.null_responses.append(message)
+                return
+            assert message["id"] not in self._responses, f"two responses to {message['id']!r}"
+            self._responses[message["id"]] = message
 
     def call(self, tool: str, wait: float = RESPONSE_TIMEOUT, **arguments: Any) -> dict[str, Any]:
         """tools/call; returns the result (fails on a JSON-RPC error)."""

@@ -97,7 +97,7 @@ def test_calls_fail_at_once_while_the_image_is_gone(programmer):
             text, is_error = process.eval("(+ 1 1)")
             assert is_error and text.startswith("[ERROR] CL-MCP:NOT-CONNECTED")
             assert "reconnect" in text
-            assert time.monotonic() - started < 1
+            assert time.monotonic() - started < 4  # not after a connect's 5 s limit
     finally:
         process.close()
 

@@ -59,14 +59,12 @@ def test_a_long_evaluation_answers_running_and_its_outcome_follows(lisp):
 
 def test_the_session_serves_other_calls_while_it_runs(lisp):
     number = start(lisp, '(progn (write-line "working") (sleep 4) :finished)')
-    began = time.monotonic()
     for _ in range(20):
         assert lisp.eval("(+ 1 2)") == ("=> 3", False)
     # All of that while the background evaluation still runs, and its
     # output so far can be read.
     still = awaited(lisp, number, wait=0)
     assert still["structuredContent"]["running"], still
-    assert time.monotonic() - began < 3
     assert "working" in still["structuredContent"]["stdout"]
     so_far = lisp.call("read-output", evaluation=number)
     assert so_far["structuredContent"]["lines"] == ["      1: working"]

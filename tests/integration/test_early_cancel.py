@@ -19,10 +19,10 @@ def test_a_request_and_its_cancellation_in_one_write(server):
               "params": {"requestId": request_id, "reason": "changed my mind"}}
     server.send_raw((json.dumps(call) + "\n" + json.dumps(cancel) + "\n").encode())
 
-    # The session is free at once (the lock was not left held) ...
-    started = time.monotonic()
+    # The session is free (the lock was not left held: that call would get
+    # no answer), and the next call did not wait for the evaluation (it
+    # would read :RAN) ...
     assert server.eval("*early-cancel*") == ("=> :NOT-YET", False)
-    assert time.monotonic() - started < 1.5
     # ... and the evaluation was aborted in the image, not left running.
     time.sleep(2.5)
     assert server.eval("*early-cancel*") == ("=> :NOT-YET", False)

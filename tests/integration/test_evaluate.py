@@ -262,10 +262,10 @@ def test_a_deadline_wakes_the_dozing_watchdog(shared_server):
         while shared_server.eval("cl-mcp-agent::*watchdog-dozing*") != ("=> T", False):
             assert time.monotonic() < deadline, "the watchdog never dozed off"
             time.sleep(0.05)  # and, with no deadline since, dozes off
-        started = time.monotonic()
         text, is_error = shared_server.eval("(loop)", timeout=1, wait=15)
+        # The image's own deadline: a watchdog left dozing never fires, and
+        # cl-mcp's backstop 5 s later answers CL-MCP:IMAGE-UNRESPONSIVE.
         assert is_error and text.startswith("[ERROR] SB-EXT:TIMEOUT")
-        assert time.monotonic() - started < 5
     finally:
         shared_server.eval("(setf cl-mcp-agent::*watchdog-linger* 5)")
 

@@ -65,7 +65,7 @@ def test_image_is_stopped_when_stdin_closes():
     time.sleep(0.3)
     started = time.monotonic()
     assert process.close(timeout=20) == 0
-    assert time.monotonic() - started < 10  # the running call's own deadline, not the 100 s
+    assert time.monotonic() - started < 50  # the running call's own deadline, not the 100 s
     assert not [line for line in process.stderr_lines if "did not exit" in line]  # SBCL quit, unkilled
     assert wait_for(lambda: not pid_alive(pid), 2)
     # A request read before stdin closed is answered, within its deadline.

@@ -132,7 +132,7 @@ def test_cancel_a_running_evaluation(raw):
     started = time.monotonic()
     raw.notify("notifications/cancelled", {"requestId": slow, "reason": "user"})
     assert raw.eval("(list *reached* (+ 1 1))") == ("=> (NIL 2)", False)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 50  # a session that waited for the sleep took 100 s
     time.sleep(0.3)
     assert not answers_to(raw, slow)  # never answered
 

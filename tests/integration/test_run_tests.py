@@ -218,14 +218,14 @@ def test_what_a_run_loads_is_a_librarys_not_the_sessions(mode):
 
 def test_cancelling_the_call_stops_the_run(lisp):
     """notifications/cancelled aborts a run in the image, as it aborts an
-    evaluation, and frees the session at once (its slow test sleeps 3 s)."""
+    evaluation, and frees the session at once (its slow test sleeps 6 s)."""
     request_id = lisp.start_request("tools/call", {"name": "run-tests",
                                                    "arguments": {"system": "run-tests-fixture/slow"}})
     time.sleep(0.5)
     lisp.notify("notifications/cancelled", {"requestId": request_id, "reason": "test"})
     started = time.monotonic()
     assert lisp.eval("(+ 1 2)") == ("=> 3", False)
-    assert time.monotonic() - started < 2.0  # not after the suite's 3 s
+    assert time.monotonic() - started < 4  # not after the suite's 6 s
 
 
 def test_a_long_run_answers_still_running_then_await_gives_its_results(lisp):

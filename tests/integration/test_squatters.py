@@ -88,7 +88,7 @@ def test_squatters_on_swanks_port_neither_lock_cl_mcp_out_nor_stall_it():
             started = time.monotonic()
             connection = await SwankConnection.open("127.0.0.1", port, secret=image.secret)
             assert await connection.rex([Symbol("cl:+"), 1, 2]) == 3
-            assert time.monotonic() - started < 2  # Swank alone waited 20 s for the silent one
+            assert time.monotonic() - started < 10  # Swank alone waited 20 s for the silent one
             deadline = time.monotonic() + 5
             while listening_ports(image.pid):  # closed once cl-mcp is in
                 assert time.monotonic() < deadline
@@ -126,7 +126,7 @@ def test_squatters_on_the_lane_neither_lock_cl_mcp_out_nor_stall_it():
             started = time.monotonic()
             lane = await SwankConnection.open("\0" + name, None, secret=image.secret, ids=control.ids)
             assert await lane.rex([Symbol("cl:+"), 2, 2]) == 4
-            assert time.monotonic() - started < 2
+            assert time.monotonic() - started < 10  # a silent squatter would hold it 20 s
             await lane.close()
             await asyncio.sleep(0.5)  # the listener closes once the lane is served
             with socket.socket(socket.AF_UNIX) as late, pytest.raises(ConnectionRefusedError):

@@ -209,7 +209,7 @@ def test_leaving_cl_mcp_cancels_the_working_tasks_without_waiting_for_them():
         time.sleep(0.2)
     started = time.monotonic()
     assert process.close() == 0
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # half the task's sleep
     statuses = [m["params"] for m in map(json.loads, list(process.raw_lines))
                 if m.get("method") == "notifications/tasks/status"]
     assert statuses == [{**statuses[0], "status": "cancelled",
