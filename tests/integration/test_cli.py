@@ -1,14 +1,18 @@
 """The command line, end to end: eval, tools, call, doctor, and the REPL
 driven through a pseudo-terminal."""
 
+import fcntl
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from cl_mcp.lisp.image import find_bootstrap, find_slime_dir, saved_core
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 CL_MCP = str(Path(sys.executable).parent / "cl-mcp")
@@ -68,7 +72,30 @@ def test_tools_and_call_against_another_server():
     assert out.stdout == "[image content: image/png]\none pixel\n"
 
 
+def no_build_under_way(timeout: float = 300) -> None:
+    """Return once no cl-mcp is saving this run's core: an earlier test's
+    build may go on after its cl-mcp exited, and a start meanwhile (the
+    doctor's) starts from fasls with no core to show."""
+    core = saved_core(shutil.which("sbcl") or "sbcl", find_slime_dir(), find_bootstrap())
+    try:
+        lock = os.open(core.with_name(core.name + ".lock"), os.O_RDWR)
+    except FileNotFoundError:
+        return  # no build ever began
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the core's build never ended"
+                time.sleep(0.2)
+    finally:
+        os.close(lock)  # and with it the shared lock
+
+
 def test_doctor():
+    no_build_under_way()
     out = cli("doctor", timeout=300)
     assert out.returncode == 0, out.stdout
     assert "[ok  ] SBCL" in out.stdout and "[ok  ] Swank" in out.stdout

@@ -226,7 +226,10 @@ def test_a_core_build_that_outlasts_the_start_goes_on_for_the_next(tmp_path, mon
     core = saved_core(config.sbcl, find_slime_dir(), find_bootstrap())
 
     async def body():
-        warm = LispImage(dataclasses.replace(config, saved_core=False))  # fasls compiled: a quick start
+        # The fasls compiled (in the start's default time: a compilation on a
+        # busy machine may outlast 10 s), so the starts below are quick.
+        warm = LispImage(dataclasses.replace(config, saved_core=False,
+                                             startup_timeout=ImageConfig().startup_timeout))
         await warm.start()
         await warm.stop()
         first = LispImage(config)
