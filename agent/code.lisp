@@ -425,15 +425,32 @@ and the counts of plain notes per file (see `note-counts'), nil with MODE
   "True for a note that means the compilation failed."
   (member (getf plist :severity) '(:error :read-error)))
 
+(defparameter *source-file-limit* (* 16 1024 1024)
+  "The most bytes a file the tools read may hold.  They read it whole, and
+more than once (octets, text, forms), in the image's heap: the
+programmer's, in attach mode, where a 40 MB file once took all of 1 GiB.")
+
+(defun file-bytes (pathname)
+  "The size of the file at PATHNAME in bytes, read without reading it."
+  (with-open-file (in pathname :element-type '(unsigned-byte 8))
+    (file-length in)))
+
 (defun source-file-problem (path)
-  "Nil when PATH (a string) names an existing file by an absolute path,
-else the :status :error plist saying why not."
+  "Nil when PATH (a string) names an existing file, by an absolute path, of
+at most `*source-file-limit*' bytes; else the :status :error plist saying
+why not."
   (let ((pathname (ignore-errors (pathname path))))
     (cond ((not (and pathname (eq (first (pathname-directory pathname)) :absolute)))
            (name-error "CL-MCP:INVALID-PATH"
                        (format nil "The path ~S is not absolute: give the file's absolute path." path)))
           ((not (and (probe-file pathname) (pathname-name (probe-file pathname))))
-           (name-error "CL-MCP:FILE-NOT-FOUND" (format nil "No file ~A exists (or it is a directory)." path))))))
+           (name-error "CL-MCP:FILE-NOT-FOUND" (format nil "No file ~A exists (or it is a directory)." path)))
+          ((> (file-bytes pathname) *source-file-limit*)
+           (name-error "CL-MCP:FILE-TOO-LARGE"
+                       (format nil "~A holds ~:D bytes; the tools read files of at most ~:D bytes ~
+                                    (~D MiB), and read none of this one."
+                               path (file-bytes pathname) *source-file-limit*
+                               (floor *source-file-limit* (* 1024 1024))))))))
 
 (defun compile-file-of (path &key (load t) (notes :warnings) (max-output 20000) (tag nil)
                                 (answer-within nil))

@@ -327,7 +327,8 @@ unanswered, or else the caller of a command."
   "(INTERNAL-TIME EVALUATION TOKEN) for each running stretch with a deadline.")
 
 (defvar *watchdog* nil
-  "The watchdog thread, once a deadline has started it.")
+  "The watchdog thread, once a deadline has started it; a watchdog that is
+no longer this one ends (`end-watchdog').")
 
 (defvar *watchdog-dozing* nil
   "True while the watchdog waits on `*deadline-set*'.")
@@ -381,6 +382,8 @@ and doze while there are none."
     (loop
       (let ((expired '()))
         (sb-thread:with-mutex (*deadline-lock*)
+          (unless (eq *watchdog* sb-thread:*current-thread*)
+            (return))  ; ended (`end-watchdog')
           (let ((now (get-internal-real-time)))
             (setf *deadlines* (delete-if (lambda (entry)
                                            (when (<= (first entry) now)
@@ -389,13 +392,23 @@ and doze while there are none."
             (cond ((or *deadlines* expired) (setf last-seen now))
                   ((> (- now last-seen) (* *watchdog-linger* internal-time-units-per-second))
                    (setf *watchdog-dozing* t)
-                   (loop until *deadlines*
+                   (loop until (or *deadlines* (not (eq *watchdog* sb-thread:*current-thread*)))
                          do (sb-thread:condition-wait *deadline-set* *deadline-lock*))
                    (setf *watchdog-dozing* nil
                          last-seen (get-internal-real-time))))))
         (loop for (nil evaluation token) in expired
               do (interrupt-at-deadline evaluation token))
         (sleep *watchdog-tick*)))))
+
+(defun end-watchdog ()
+  "End the watchdog thread, if there is one, and wait (up to 2 s) until it
+has: it stops at its next look (or wakes from its doze to stop), never
+interrupted.  The next deadline starts another."
+  (let ((watchdog (sb-thread:with-mutex (*deadline-lock*)
+                    (sb-thread:condition-broadcast *deadline-set*)
+                    (shiftf *watchdog* nil))))
+    (when (and watchdog (not (eq watchdog sb-thread:*current-thread*)))
+      (sb-thread:join-thread watchdog :default nil :timeout 2))))
 
 (defun schedule-deadline (evaluation token seconds)
   "Make TOKEN EVALUATION's deadline, due SECONDS from now, for the watchdog."

@@ -126,7 +126,7 @@ the threads cl-mcp's evaluations started write to, and stop at their
 errors in, what they would have without it (`*detached*'), those waiting
 at an error for cl-mcp included; no make-thread wrapper, no hook of
 cl-mcp's before Swank's replies, on its connections or after SBCL's
-collections, and the test frameworks unwrapped."
+collections, the test frameworks unwrapped, and no deadline watchdog."
   (setf *detached* t)
   ;; Threads stopped for cl-mcp are let go: at their errors, to the image's
   ;; debugger; interrupted by the threads tool, back to their work.
@@ -137,7 +137,8 @@ collections, and the test frameworks unwrapped."
   (setf swank::*pre-reply-hook* (remove 'prune-swank-mailboxes swank::*pre-reply-hook*)
         swank::*connection-closed-hook* (remove 'forget-connection swank::*connection-closed-hook*)
         sb-ext:*after-gc-hooks* (remove 'note-heap-after-gc sb-ext:*after-gc-hooks*))
-  (remove-hooks))
+  (remove-hooks)
+  (end-watchdog))
 
 (defun forget-connection (connection)
   "Swank's `*connection-closed-hook*': CONNECTION has ended; once no cl-mcp

@@ -288,3 +288,26 @@ def test_a_reset_keeps_all_that_a_systems_load_made(shared, tmp_path):
     assert process.eval('(list (funcall (find-symbol "HELLO" :facade)) (facade-helper))') == \
         ("=> (:HELLO :HELPER)", False)
     assert emacs.slime_eval("(cl-user::facade-helper)") == ":helper"
+
+
+@pytest.mark.parametrize("leaving", ["close", "kill"])
+def test_the_deadline_watchdog_leaves_with_the_last_cl_mcp(programmer, leaving):
+    """Issue 44: `cl-mcp deadline watchdog` stayed in the programmer's
+    thread list after cl-mcp exited; it goes when the image is detached,
+    whether cl-mcp closed or was killed, and comes back with the next."""
+    server, home = programmer
+    watchdogs = ('(count "cl-mcp deadline watchdog" (sb-thread:list-all-threads) '
+                 ':key (function sb-thread:thread-name) :test (function equal))')
+    for _ in range(2):
+        process = attached(server.port, home)
+        assert process.eval("(+ 1 2)") == ("=> 3", False)  # every evaluation has a deadline
+        assert server.client_eval(watchdogs) == "1"
+        if leaving == "kill":
+            process.proc.kill()
+            process.proc.wait()
+        else:
+            process.close()
+        deadline = time.monotonic() + 10  # Swank's sentinel sees the connection close
+        while server.client_eval(watchdogs) != "0":
+            assert time.monotonic() < deadline, "the watchdog stayed after cl-mcp left"
+            time.sleep(0.1)

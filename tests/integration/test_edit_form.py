@@ -416,3 +416,32 @@ def test_crlf_line_endings_and_utf_8_are_kept_byte_for_byte(lisp, tmp_path):
     path.write_bytes(path.read_bytes().removesuffix(b"\r\n"))  # the last form, no newline after it
     assert not edit(lisp, path, form="defun crlf-b", action="delete")["isError"]
     assert path.read_bytes() == b"(in-package :cl-user)\r\n\r\n;; c\r\n(defun crlf-a () 1)\r\n"
+
+
+def test_a_file_over_the_limit_is_refused_before_it_is_read(lisp, tmp_path):
+    """Issue 44: the tools read a file whole, several times over, in the
+    image's heap (the programmer's, attached): a 40 MB file's check took a
+    1 GiB heap.  Over 16 MiB, every tool that reads a file refuses it, and
+    the image conses nothing like the file's size."""
+    big = tmp_path / "big.lisp"
+    line = ";; " + "x" * 96 + "\n"
+    with big.open("w") as out:
+        out.write("(defun big-file-fn () 1)\n")
+        out.write(line * (17 * 1024 * 1024 // len(line)))
+    size = big.stat().st_size
+    consed = "(sb-ext:get-bytes-consed)"
+    before = int(lisp.eval(consed)[0].removeprefix("=> "))
+    calls = [("read-lisp-file", {"path": str(big), "mode": mode}) for mode in ("outline", "check")]
+    calls += [("read-lisp-file", {"path": str(big), "mode": "form", "line": 1}),
+              ("edit-form", {"path": str(big), "line": 1, "text": "(defun big-file-fn () 2)"}),
+              ("compile-form", {"path": str(big), "line": 1}),
+              ("compile-file", {"path": str(big)})]
+    for tool, arguments in calls:
+        result = lisp.call(tool, **arguments)
+        text = result["content"][0]["text"]
+        assert result["isError"], (tool, text)
+        assert text.startswith(f"[ERROR] CL-MCP:FILE-TOO-LARGE\n{big} holds {size:,} bytes; "
+                               "the tools read files of at most 16,777,216 bytes (16 MiB)"), (tool, text)
+    assert int(lisp.eval(consed)[0].removeprefix("=> ")) - before < size // 4  # nothing was read
+    assert big.read_text().startswith("(defun big-file-fn () 1)\n")  # nor written
+    assert lisp.eval("(fboundp 'big-file-fn)") == ("=> NIL", False)
