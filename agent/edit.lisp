@@ -547,6 +547,50 @@ for :delete), SPAN the (FROM . TO) of TEXT replaced by INSERTION."
                    (values (concatenate 'string (subseq text 0 from) (subseq text to))
                            nil nil (cons from to) "")))))))
 
+(defun form-texts (text forms &key except from to)
+  "The text of each of FORMS (of TEXT) but EXCEPT and those that start
+from FROM to before TO."
+  (loop for form in forms
+        unless (or (eq form except)
+                   (and from (<= from (file-form-start form)) (< (file-form-start form) to)))
+          collect (subseq text (file-form-start form) (file-form-end form))))
+
+(defun kept-edit (old forms form action new)
+  "`edited-text' of ACTION at FORM with NEW, and a last value true when NEW
+was ended with a newline: a text whose last line ends in a comment would
+take the rest of that line, and the form there, with it.  When the forms
+around the edit do not read as before even so, the :status :error plist
+of `kept-forms-problem' instead."
+  (multiple-value-bind (edited start end span insertion) (edited-text old form action new)
+    (let ((problem (kept-forms-problem old forms form action edited start end)))
+      (if (not problem)
+          (values edited start end span insertion nil)
+          (let ((ending (line-ending old (file-form-start form))))
+            (multiple-value-bind (edited start end span insertion)
+                (edited-text old form action (concatenate 'string new ending))
+              (if (kept-forms-problem old forms form action edited start end)
+                  problem
+                  (values edited start (- end (length ending)) span insertion t))))))))
+
+(defun kept-forms-problem (old forms form action edited start end)
+  "Nil when EDITED, OLD with ACTION done at FORM, reads to the FORMS of
+OLD (FORM gone, unless ACTION inserts) around the new forms from START to
+END; else the :status :error plist naming the first form of OLD the
+edit would change (a new text whose last line ends in a comment takes
+the rest of the line with it)."
+  (let ((kept (form-texts old forms :except (and (member action '(:replace :delete)) form)))
+        (read (handler-case (form-texts edited (file-forms edited) :from start :to end)
+                (unbalanced-text () :unbalanced))))
+    (unless (equal kept read)
+      (let* ((others (remove form forms))
+             (changed (or (and (listp read)
+                               (nth (or (mismatch kept read :test #'string=) (length kept)) others))
+                          (first others))))
+        (name-error "CL-MCP:EDIT-CHANGES-OTHER-FORMS"
+                    (format nil "Nothing was written: with this edit~@[ the form at line ~D~] ~
+                                 would no longer read as it does now."
+                            (and changed (file-form-line changed))))))))
+
 (defparameter *file-call-timeout* 600
   "Seconds an edit or a read of a file may take, at most (a compile that
 macroexpands for long, say).")
@@ -576,6 +620,7 @@ takes one blank line with it), written atomically unless the file changed
 meanwhile, then compiled as `compile-form-of' compiles a form when
 COMPILE.  Return a plist: :status :ok, :file, :action, :old-line and
 :old-end-line (the form located), :line and :end-line (the new forms'),
+:ended-line t when a newline was put after the new text (see `kept-edit'),
 :compiled (`compile-form-of''s plist) when compiled; or a :status :error
 plist, with :problem (line, column, what, fix) for a text that does not
 read and :candidates for an ambiguous TARGET."
@@ -606,7 +651,9 @@ read and :candidates for an ambiguous TARGET."
     (unless (eq action :delete)
       (let ((problem (new-text-problem text form)))
         (when problem (return-from %edit-form-of problem))))
-    (multiple-value-bind (edited start end span insertion) (edited-text old form action new)
+    (multiple-value-bind (edited start end span insertion ended) (kept-edit old forms form action new)
+      (when (listp edited)
+        (return-from %edit-form-of edited))
       (let* ((from (octet-offset old (car span)))
              (to (+ from (length (sb-ext:string-to-octets old :external-format :utf-8
                                                               :start (car span) :end (cdr span)))))
@@ -620,6 +667,7 @@ read and :candidates for an ambiguous TARGET."
         (append (list :status :ok :file file :action action
                       :old-line (file-form-line form)
                       :old-end-line (file-form-end-line form))
+                (and ended (list :ended-line t))
                 (and start (list :line (line-at edited start) :end-line (line-at edited end)))
                 (and start compile (file-form-package form)
                      (list :compiled (%compile-form file edited start end (file-form-package form)

@@ -81,6 +81,9 @@ def render_edit(result: dict[str, Any]) -> Rendered:
     head = f"{verb} the form at {result['file']}:{old}"
     if "line" in result:
         head += f"; the new text is at lines {result['line']}-{result['end-line']}"
+    if result.get("ended-line") is True:
+        head += (" (a newline was put after it: its last line ends in a comment, which would have"
+                 " taken the rest of the line, and the form there, with it)")
     structure: dict[str, Any] = {"written": True, "file": result["file"], "action": action,
                                  "oldLine": result["old-line"], "oldEndLine": result["old-end-line"]}
     if "line" in result:

@@ -445,3 +445,24 @@ def test_a_file_over_the_limit_is_refused_before_it_is_read(lisp, tmp_path):
     assert int(lisp.eval(consed)[0].removeprefix("=> ")) - before < size // 4  # nothing was read
     assert big.read_text().startswith("(defun big-file-fn () 1)\n")  # nor written
     assert lisp.eval("(fboundp 'big-file-fn)") == ("=> NIL", False)
+
+
+@pytest.mark.parametrize("action", ["replace", "insert-after"])
+def test_a_new_text_ending_in_a_comment_never_takes_the_next_form(lisp, tmp_path, action):
+    """Issue 44: replacing `(defun a () 1)` of `(defun a () 1) (defun b () 2)`
+    with `(defun a () 10) ; was 1` answered success, and `b` had left the
+    file's forms, commented out.  A newline now ends such a text, and the
+    answer says why; every other form reads as before."""
+    path = tmp_path / "two.lisp"
+    path.write_text("(defun comment-a () 1) (defun comment-b () 2)\n")
+    result = lisp.call("edit-form", path=str(path), form="defun comment-a", action=action,
+                       text="(defun comment-a () 10) ; was 1")
+    text = result["content"][0]["text"]
+    assert not result["isError"], text
+    assert "(a newline was put after it: its last line ends in a comment" in text.splitlines()[0], text
+    assert result["structuredContent"]["line"] == result["structuredContent"]["endLine"] == (
+        1 if action == "replace" else 3)
+    assert [(form["kind"], form["name"]) for form in outline(lisp, path)] == (
+        [("defun", "comment-a"), ("defun", "comment-b")] if action == "replace" else
+        [("defun", "comment-a"), ("defun", "comment-a"), ("defun", "comment-b")])
+    assert "(defun comment-b () 2)" in path.read_text()
