@@ -607,7 +607,15 @@ cancellable under TAG (`with-cancellable'): its compile runs the user's
 macros."
   (declare (ignore target line action text compile max-output))
   (with-cancellable (tag)
-    (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments)))))
+    ;; The compile runs outside the guard, which muffles warnings: as
+    ;; compile-form-of runs it, so that both report the same notes.
+    (let* ((plist (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments))))
+           (pending (getf plist :compile)))
+      (if pending
+          (append (loop for (key value) on plist by #'cddr
+                        unless (eq key :compile) collect key and collect value)
+                  (list :compiled (apply #'%compile-form pending)))
+          plist))))
 
 (defun %edit-form-of (path &key target line (action :replace) (text "") (compile t) (max-output 20000))
   "Do ACTION (:replace, :insert-before, :insert-after or :delete) with the
@@ -621,7 +629,8 @@ meanwhile, then compiled as `compile-form-of' compiles a form when
 COMPILE.  Return a plist: :status :ok, :file, :action, :old-line and
 :old-end-line (the form located), :line and :end-line (the new forms'),
 :ended-line t when a newline was put after the new text (see `kept-edit'),
-:compiled (`compile-form-of''s plist) when compiled; or a :status :error
+:compile (`%compile-form''s arguments, for `edit-form-of' to compile
+outside its guard) when it is to be compiled; or a :status :error
 plist, with :problem (line, column, what, fix) for a text that does not
 read and :candidates for an ambiguous TARGET."
   (let ((problem (source-file-problem path)))
@@ -670,8 +679,8 @@ read and :candidates for an ambiguous TARGET."
                 (and ended (list :ended-line t))
                 (and start (list :line (line-at edited start) :end-line (line-at edited end)))
                 (and start compile (file-form-package form)
-                     (list :compiled (%compile-form file edited start end (file-form-package form)
-                                                    (file-form-readtable form) max-output))))))))
+                     (list :compile (list file edited start end (file-form-package form)
+                                          (file-form-readtable form) max-output))))))))
 
 ;;;; Reading a file
 

@@ -466,3 +466,18 @@ def test_a_new_text_ending_in_a_comment_never_takes_the_next_form(lisp, tmp_path
         [("defun", "comment-a"), ("defun", "comment-b")] if action == "replace" else
         [("defun", "comment-a"), ("defun", "comment-a"), ("defun", "comment-b")])
     assert "(defun comment-b () 2)" in path.read_text()
+
+
+def test_the_edits_compile_gives_compile_forms_notes(lisp, tmp_path):
+    """Issue 44: the edit's compile ran inside the guard that muffles
+    warnings, and answered "0 notes" where compile-form of the same form
+    right after gave its STYLE-WARNING.  One compile, one set of notes."""
+    path = tmp_path / "noted.lisp"
+    path.write_text("(defun noted-first () 1)\n")
+    edited = lisp.call("edit-form", path=str(path), form="defun noted-first", action="insert-after",
+                       text="(defun noted-second (x) (let ((noted-unused 1)) (list x)))")
+    notes = edited["structuredContent"]["compiled"]["notes"]
+    assert [(note["severity"], note["message"]) for note in notes] == [
+        ("style-warning", "The variable NOTED-UNUSED is defined but never used.")], edited
+    compiled = lisp.call("compile-form", path=str(path), line=edited["structuredContent"]["line"])
+    assert compiled["structuredContent"]["notes"] == notes
