@@ -62,7 +62,7 @@ def load_copy(process: McpProcess, library: Library, copy: Path) -> None:
     searched before Debian's source registry) and load its system there."""
     text, is_error = process.eval(f'(push #p"{copy}/" asdf:*central-registry*)')
     assert not is_error, text
-    loaded = process.call("load-system", system=library.system, wait=600)
+    loaded = process.call("load-system", system=library.system, wait=600, **{"answer-within": 500})
     assert not loaded["isError"], loaded["content"][0]["text"][:2000]
 
 
