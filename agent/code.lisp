@@ -445,12 +445,14 @@ why not."
                        (format nil "The path ~S is not absolute: give the file's absolute path." path)))
           ((not (and (probe-file pathname) (pathname-name (probe-file pathname))))
            (name-error "CL-MCP:FILE-NOT-FOUND" (format nil "No file ~A exists (or it is a directory)." path)))
-          ((> (file-bytes pathname) *source-file-limit*)
-           (name-error "CL-MCP:FILE-TOO-LARGE"
-                       (format nil "~A holds ~:D bytes; the tools read files of at most ~:D bytes ~
-                                    (~D MiB), and read none of this one."
-                               path (file-bytes pathname) *source-file-limit*
-                               (floor *source-file-limit* (* 1024 1024))))))))
+          (t
+           (let ((bytes (file-bytes pathname)))
+             (when (> bytes *source-file-limit*)
+               (name-error "CL-MCP:FILE-TOO-LARGE"
+                           (format nil "~A holds ~:D bytes; the tools read files of at most ~:D bytes ~
+                                        (~D MiB), and read none of this one."
+                                   path bytes *source-file-limit*
+                                   (floor *source-file-limit* (* 1024 1024))))))))))
 
 (defun compile-file-of (path &key (load t) (notes :warnings) (max-output 20000) (tag nil)
                                 (answer-within nil))

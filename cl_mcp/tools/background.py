@@ -20,7 +20,7 @@ from cl_mcp.tools.calls import agent_plist, agent_value, follow_package, lisp_se
 from cl_mcp.tools.evaluate import EVALUATION, evaluation_rendered, keep_output, rendered_running
 from cl_mcp.wire.sexp import Keyword, Symbol
 
-ABORT_SECONDS = 10.0  # the image gives an aborted evaluation 10 s to unwind
+ABORT_SECONDS = 15.0  # the image gives an aborted evaluation 10 s to unwind, and the grace comes on top
 
 
 def already_fetched(number: int, base: dict[str, Any]) -> Rendered:
