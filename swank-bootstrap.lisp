@@ -363,6 +363,7 @@ cl-mcp after loading them, so that attaching again does not reload them.")
     "definitions"  ; the session's definitions
     "names"        ; names and places; find-definition, describe-symbol
     "code"         ; xref, compile-file, load-system
+    "reading"      ; reading a file's text that runs and interns nothing
     "forms"        ; compile-form: one top-level form, as C-c C-c
     "browse"       ; apropos, macroexpand, inspect
     "edit"         ; edit-form, read-lisp-file: a file's top-level forms

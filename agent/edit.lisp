@@ -248,6 +248,7 @@ them: the operator, the name, and for a method its qualifiers and lambda
 list; a form that is not a list is read whole.  Nil when they do not read."
   (handler-case
       (with-form-reading (form)
+        (reading-quietly (text :start (file-form-start form) :end (file-form-end form))
         (if (char= (char text (file-form-start form)) #\()
             (with-input-from-string (in text :start (1+ (file-form-start form)) :end (file-form-end form))
               (let ((operator (read-preserving-whitespace in nil in)))
@@ -264,7 +265,7 @@ list; a form that is not a list is read whole.  Nil when they do not read."
                             (t (list operator name)))))))
             (let ((whole (read-from-string text t nil :start (file-form-start form)
                                                       :end (file-form-end form))))
-              (if (consp whole) whole (list whole)))))
+              (if (consp whole) whole (list whole))))))
     (serious-condition () nil)))
 
 (defun printed-readably (object)
@@ -337,8 +338,8 @@ gives them, by its qualifiers and LIST (see `signature-matches-p')."
   "TARGET (a string such as \"defmethod (setf bar) :after (x y)\") read as a
 list in the package and readtable of FORM, or nil when it does not read."
   (handler-case (with-form-reading (form)
-                  (let ((*read-eval* nil))
-                    (read-from-string (format nil "(~A)" target))))
+                  (let ((text (format nil "(~A)" target)))
+                    (reading-quietly (text) (read-from-string text))))
     (serious-condition () nil)))
 
 (defun form-summary (text form)
@@ -346,13 +347,14 @@ list in the package and readtable of FORM, or nil when it does not read."
 the name printed in the form's package; a form that reads as nothing (#+nil
 before it, say) is named by its first line."
   (multiple-value-bind (kind name)
-      (let ((head (form-head text form)))
-        (if head
-            (with-form-reading (form) (head-kind-name head))
-            (let ((start (file-form-start form)))
-              (values "form" (subseq text start (min (file-form-end form) (+ start 60)
-                                                     (or (position #\Newline text :start start)
-                                                         (length text))))))))
+      (keeping-read-symbols ()
+        (let ((head (form-head text form)))
+          (if head
+              (with-form-reading (form) (head-kind-name head))
+              (let ((start (file-form-start form)))
+                (values "form" (subseq text start (min (file-form-end form) (+ start 60)
+                                                       (or (position #\Newline text :start start)
+                                                           (length text)))))))))
     (list* :line (file-form-line form)
            :end-line (file-form-end-line form)
            :kind kind
@@ -364,8 +366,9 @@ list) the :status :error plist saying why there is none or more than one."
   (let ((found
           (if target
               (remove-if-not (lambda (form)
-                               (let ((wanted (read-target form target)))
-                                 (and wanted (target-matches-p (form-head text form) wanted))))
+                               (keeping-read-symbols ()
+                                 (let ((wanted (read-target form target)))
+                                   (and wanted (target-matches-p (form-head text form) wanted)))))
                              forms)
               (remove-if-not (lambda (form)
                                (<= (file-form-line form) line (file-form-end-line form)))
@@ -422,9 +425,10 @@ the reader as it is bound, else (values MESSAGE INDEX), INDEX where the
 reader stopped."
   (with-input-from-string (in text :start start :end end)
     (handler-case
-        (loop for form = (read in nil in)
-              until (eq form in)
-              finally (return nil))
+        (reading-quietly (text :start start :end end)
+          (loop for form = (read in nil in)
+                until (eq form in)
+                finally (return nil)))
       (error (condition)
         (let ((message (condition-message condition)))
           ;; SBCL's reader errors end with the stream, which says nothing here.
@@ -607,6 +611,7 @@ cancellable under TAG (`with-cancellable'): its compile runs the user's
 macros."
   (declare (ignore target line action text compile max-output))
   (with-cancellable (tag)
+   (with-quiet-readtables ()
     ;; The compile runs outside the guard, which muffles warnings: as
     ;; compile-form-of runs it, so that both report the same notes.
     (let* ((plist (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments))))
@@ -615,7 +620,7 @@ macros."
           (append (loop for (key value) on plist by #'cddr
                         unless (eq key :compile) collect key and collect value)
                   (list :compiled (apply #'%compile-form pending)))
-          plist))))
+          plist)))))
 
 (defun %edit-form-of (path &key target line (action :replace) (text "") (compile t) (max-output 20000))
   "Do ACTION (:replace, :insert-before, :insert-after or :delete) with the
@@ -713,20 +718,77 @@ one too."
                              :form-line (getf summary :line) :kind (getf summary :kind)
                              (and (getf summary :name) (list :name (getf summary :name))))))))
 
+(defparameter *outline-limit* 5000
+  "Forms an outline lists, at most: each reply must fit a Swank frame
+(16 MB), and the rest is read from a later line.")
+
+(defparameter *form-text-limit* 1000000
+  "Characters of a form's text a reply holds, at most.")
+
+(defparameter *problem-limit* 1000
+  "Problems a check lists, at most; all are counted.")
+
 (defun read-lisp-file-of (path &rest arguments &key mode target line)
-  "`%read-lisp-file-of' with every condition that ends it an error plist."
+  "`%read-lisp-file-of' with every condition that ends it an error plist,
+and :unevaluated, the number of `#.' forms it read without evaluating
+them, when there were any."
   (declare (ignore mode target line))
-  (guarded-plist (lambda () (apply #'%read-lisp-file-of path arguments))))
+  (let ((*unevaluated-read-evals* 0))
+    (let ((plist (with-quiet-readtables ()
+                   (guarded-plist (lambda () (apply #'%read-lisp-file-of path arguments))))))
+      (if (and (eq (getf plist :status) :ok) (plusp *unevaluated-read-evals*))
+          (append plist (list :unevaluated *unevaluated-read-evals*))
+          plist))))
+
+(defun outline-plist (file text forms line)
+  "The :outline answer: at most `*outline-limit*' of FORMS (of TEXT), from
+the first that ends at or after LINE; :total counts them all, :next is the
+line of the first form left out after those listed."
+  (let* ((from (or (position-if (lambda (form) (>= (file-form-end-line form) (or line 1))) forms)
+                   (length forms)))
+         (shown (subseq forms from (min (length forms) (+ from *outline-limit*))))
+         (after (nth (+ from (length shown)) forms)))
+    (append (list :status :ok :file file :mode :outline :lines (line-at text (length text))
+                  :total (length forms)
+                  :forms (mapcar (lambda (form) (outline-entry text form)) shown))
+            (and (plusp from) (list :skipped from))
+            (and after (list :next (file-form-line after))))))
+
+(defun check-plist (file text forms unbalanced)
+  "The :check answer: the problems of FORMS (of TEXT) and the UNBALANCED
+conditions met reading them, in line order, at most `*problem-limit*' of
+them; :problem-count counts them all."
+  (let ((problems (sort (append (mapcar (lambda (condition)
+                                          (let ((plist (unbalanced-plist condition text)))
+                                            (append (getf plist :problem)
+                                                    (list :message (getf (getf plist :error) :message)))))
+                                        unbalanced)
+                                (checked-forms text forms))
+                        #'< :key (lambda (problem) (getf problem :line)))))
+    (list :status :ok :file file :mode :check :forms (length forms)
+          :problems (subseq problems 0 (min (length problems) *problem-limit*))
+          :problem-count (length problems))))
+
+(defun form-plist (file text form)
+  "The :form answer: FORM's summary and its text, at most
+`*form-text-limit*' characters of it (:text-length is the whole's)."
+  (let* ((plist (form-text-plist text form))
+         (whole (getf plist :text)))
+    (when (> (length whole) *form-text-limit*)
+      (setf (getf plist :text) (subseq whole 0 *form-text-limit*))
+      (setf plist (append plist (list :text-length (length whole)))))
+    (list* :status :ok :file file :mode :form plist)))
 
 (defun %read-lisp-file-of (path &key (mode :outline) target line)
-  "Read the file at PATH without evaluating its forms (a #. is evaluated,
-as the compiler's reader would).  MODE :outline: :forms, each form's
-:line, :end-line, :kind, :name, :package and :readtable.  :check: :forms,
-their count, and :problems in line order (see `checked-forms'; a ) between
+  "Read the file at PATH without evaluating its forms or interning their
+names (see `reading-quietly').  MODE :outline: :forms, each form's
+:line, :end-line, :kind, :name, :package and :readtable, from the form
+that holds LINE or comes after it (see `outline-plist').  :check: :forms,
+their count, and :problems in line order (see `check-plist'; a ) between
 forms is one, and the scan goes on; a form left open is one, where the
-scan stopped, and the forms before it are read).  :form: the form TARGET names or that
-holds LINE, with its :text.  A :status :error plist when PATH cannot be
-read."
+scan stopped, and the forms before it are read).  :form: the form TARGET
+names or that holds LINE, with its :text (see `form-plist').  A :status
+:error plist when PATH cannot be read."
   (let ((problem (source-file-problem path)))
     (when problem (return-from %read-lisp-file-of problem)))
   (let* ((file (namestring (truename path)))
@@ -739,17 +801,7 @@ read."
                   (unbalanced-text (condition)
                     (return-from %read-lisp-file-of (unbalanced-plist condition text))))))
     (ecase mode
-      (:outline (list :status :ok :file file :mode mode :lines (line-at text (length text))
-                      :forms (mapcar (lambda (form) (outline-entry text form)) forms)))
-      (:check (list :status :ok :file file :mode mode :forms (length forms)
-                    :problems (sort (append (mapcar (lambda (condition)
-                                                      (let ((plist (unbalanced-plist condition text)))
-                                                        (append (getf plist :problem)
-                                                                (list :message (getf (getf plist :error) :message)))))
-                                                    unbalanced)
-                                            (checked-forms text forms))
-                                    #'< :key (lambda (problem) (getf problem :line)))))
+      (:outline (outline-plist file text forms line))
+      (:check (check-plist file text forms unbalanced))
       (:form (let ((form (located-form text forms target line)))
-               (if (listp form)
-                   form
-                   (list* :status :ok :file file :mode mode (form-text-plist text form))))))))
+               (if (listp form) form (form-plist file text form)))))))

@@ -136,8 +136,8 @@ the form there is not one."
     (when (some (lambda (prefix) (eql 0 (search prefix opening)))
                 '("(in-package " "(cl:in-package " "(common-lisp:in-package "))
       (handler-case
-          (let ((*read-eval* nil) (*package* (find-package "COMMON-LISP-USER")))
-            (let ((form (read-from-string text t nil :start start)))
+          (let ((*package* (find-package "COMMON-LISP-USER")))
+            (let ((form (reading-quietly (text :start start) (read-from-string text t nil :start start))))
               (and (consp form) (consp (rest form)) (string (second form)))))
         (serious-condition () nil)))))
 
@@ -150,21 +150,22 @@ string, or nil; a tab or a newline may follow the operator."
     (when (and after (<= after 19)
                (every (lambda (c) (or (alpha-char-p c) (find c "(:-"))) (subseq opening 0 after)))
       (handler-case
-          (let ((*read-eval* nil) (*package* (find-package "COMMON-LISP-USER")))
-            (let ((form (read-from-string text t nil :start start)))
+          (let ((*package* (find-package "COMMON-LISP-USER")))
+            (let ((form (reading-quietly (text :start start) (read-from-string text t nil :start start))))
               (and (consp form) (consp (rest form)) (symbolp (second form))
                    (symbol-name (second form)))))
         (serious-condition () nil)))))
 
 (defun named-readtable (name)
   "The readtable named-readtables registers under NAME (a symbol's name;
-:standard and :common-lisp are the standard one), or nil."
-  (let ((finder (find-symbol "FIND-READTABLE" "NAMED-READTABLES")))
+:standard and :common-lisp are the standard one), or nil, as when
+named-readtables is not loaded.  Nothing is interned."
+  (let ((finder (and (find-package "NAMED-READTABLES")
+                     (find-symbol "FIND-READTABLE" "NAMED-READTABLES"))))
     (and finder (fboundp finder)
-         (or (funcall finder (intern name "KEYWORD"))
-             (loop for package in (list-all-packages)
-                   for symbol = (find-symbol name package)
-                   thereis (and symbol (funcall finder symbol)))))))
+         (loop for package in (cons (find-package "KEYWORD") (list-all-packages))
+               for symbol = (find-symbol name package)
+               thereis (and symbol (funcall finder symbol))))))
 
 (defun form-readtable (readtable package)
   "The readtable a form is read in: READTABLE (that of the nearest

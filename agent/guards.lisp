@@ -161,3 +161,38 @@ hear one."
                              (change-sigprof-mask 1)
                              (apply function arguments))
                            :name name)))
+
+;;;; Replies that fit a Swank frame
+;;;
+;;; Swank's frame header holds 24 bits of length: a reply of 16 MB or more
+;;; does not fail, it drops the connection (and, in a shared image, hands a
+;;; waiting evaluation to the programmer's debugger).  cl-mcp's calls each
+;;; return through `fitted-reply', the one place that measures a reply.
+
+(defconstant +frame-limit+ (- (expt 2 24) 1 64)
+  "Bytes a reply's value may take in a Swank frame: the most the header
+can say, less the `(:return (:ok ...) ID)' around it.")
+
+(defstruct (printed-reply (:constructor printed-reply (text value)))
+  "A reply VALUE already printed as Swank prints it: printed again, it is
+its TEXT (the watch still reads VALUE)."
+  (text "" :type string)
+  value)
+
+(defmethod print-object ((reply printed-reply) stream)
+  (write-string (printed-reply-text reply) stream))
+
+(defun fitted-reply (value)
+  "VALUE as Swank will write it when it fits a frame (printed once, here,
+as Swank prints a reply); else (:cl-mcp-reply-too-large BYTES), which
+cl-mcp reports as an error, and the connection stays."
+  (let ((printer (find-symbol "PRIN1-TO-STRING-FOR-EMACS" "SWANK/RPC")))
+    (if (not (and printer (fboundp printer)))
+        value
+        (let* ((text (funcall printer value (symbol-value (find-symbol "*SWANK-IO-PACKAGE*" "SWANK"))))
+               (bytes (if (< (* 4 (length text)) +frame-limit+)
+                          (length text) ; at most 4 bytes a character: it fits
+                          (length (sb-ext:string-to-octets text :external-format :utf-8)))))
+          (if (> bytes +frame-limit+)
+              (list :cl-mcp-reply-too-large bytes)
+              (printed-reply text value))))))

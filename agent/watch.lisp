@@ -117,11 +117,12 @@ in an ellipsis)."
 
 (defun request-parts (form)
   "The entry point, arguments and tag (its :tag) of FORM, a call cl-mcp
-sent."
-  (if (consp form)
-      (values (first form) (rest form)
-              (loop for (key value) on (rest form) when (eq key :tag) return value))
-      (values nil nil nil)))
+sent (its reply `fitted-reply''s)."
+  (cond ((and (consp form) (eq (first form) 'fitted-reply)) (request-parts (second form)))
+        ((consp form)
+         (values (first form) (rest form)
+                 (loop for (key value) on (rest form) when (eq key :tag) return value)))
+        (t (values nil nil nil))))
 
 (defun call-subject (entry arguments)
   "What a call to ENTRY with ARGUMENTS acts on: a plist of :subject (text)
@@ -173,7 +174,8 @@ error that says so; its number, output and warnings kept."
 (defun outcome-of (result)
   "RESULT, a `:return''s (:ok VALUE) or (:abort ...), in one line, and the
 evaluation number it names (or nil)."
-  (let ((value (second result)))
+  (let ((value (let ((reply (second result)))
+                 (if (printed-reply-p reply) (printed-reply-value reply) reply))))
     (cond ((not (eq (first result) :ok))
            (values "aborted" nil))
           ((not (and (consp value) (keywordp (first value)) (evenp (length value))))

@@ -40,6 +40,27 @@ def call_failure(error: ProtocolError | SwankError, connection: SwankConnection)
     return None
 
 
+# The agent's `fitted-reply` (agent/guards.lisp) is the one place a call's
+# reply is measured against Swank's 24-bit frame: a reply too large for it
+# would drop the connection, so the agent answers this instead.
+REPLY_TOO_LARGE = Keyword("cl-mcp-reply-too-large")
+
+
+def fitted(form: SExp) -> SExp:
+    """FORM, its value returned through the agent's `fitted-reply`."""
+    return [Symbol("cl-mcp-agent::fitted-reply"), form]
+
+
+def unfitted(value: SExp) -> SExp:
+    """The value of a `fitted` form, or the error of a reply too large."""
+    if isinstance(value, list) and len(value) == 2 and value[0] == REPLY_TOO_LARGE:
+        raise SessionError("CL-MCP:REPLY-TOO-LARGE",
+                           f"The answer was {value[1]:,} bytes, more than a Swank frame holds (16 MB),"
+                           " so it was not sent; the connection and the image are as they were."
+                           " Ask for less of it.")
+    return value
+
+
 class LispSession:
     def __init__(self, config: SessionConfig) -> None:
         self.config = config
@@ -122,7 +143,7 @@ class LispSession:
         self._control = control
         self.running_tag = tag
         try:
-            return await connection.rex(form, deadline=deadline)
+            return unfitted(await connection.rex(fitted(form), deadline=deadline))
         except asyncio.CancelledError:
             if tag is not None and not control.closed:
                 await asyncio.shield(abort_in_image(control, tag))
@@ -150,11 +171,11 @@ class LispSession:
         call has just started); the call with the turn, or the next one,
         meets the same failure and the link acts then."""
         _, control = await self._link.connections()
-        rex = asyncio.ensure_future(control.rex(form, deadline=deadline))
+        rex = asyncio.ensure_future(control.rex(fitted(form), deadline=deadline))
         self.beside_in_image += 1
         rex.add_done_callback(self._answered_beside)
         try:
-            return await asyncio.shield(rex)
+            return unfitted(await asyncio.shield(rex))
         except TimeoutError:
             raise SessionError("CL-MCP:TIMEOUT",
                                f"The image did not answer within {deadline:g} s.") from None

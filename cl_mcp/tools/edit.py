@@ -104,12 +104,20 @@ async def read_lisp_file(session: LispSession, arguments: dict[str, Any]) -> Ren
         located = target_form(arguments, {"mode": mode})
         if isinstance(located, Rendered):
             return located
+    elif mode == "outline" and "line" in arguments:
+        located = [Keyword("line"), arguments["line"]]
     form = [Symbol("cl-mcp-agent:read-lisp-file-of"), arguments["path"], Keyword("mode"), Keyword(mode),
             *located]
     result = await ask_agent(session, form, session.config.eval_timeout)
     if result.get("status") != "ok":
         return agent_error(result, {"mode": mode})
-    return {"outline": render_outline, "check": render_check, "form": render_form}[mode](result)
+    rendered = {"outline": render_outline, "check": render_check, "form": render_form}[mode](result)
+    if unevaluated := result.get("unevaluated"):
+        structure = {**(rendered.structured or {}), "unevaluated": unevaluated}
+        rendered = Rendered(rendered.text + f"\n[{unevaluated} #. form{'' if unevaluated == 1 else 's'} read"
+                            " without being evaluated: reading a file runs none of its code]",
+                            rendered.is_error, structure)
+    return rendered
 
 
 def render_outline(result: dict[str, Any]) -> Rendered:
@@ -117,7 +125,11 @@ def render_outline(result: dict[str, Any]) -> Rendered:
     package or readtable it is read in changes (its structure's contexts:
     a 3,000-line file's outline fits the result budget)."""
     forms = [result_dict(entry) for entry in result.get("forms") or []]
-    lines = [f"{result['file']}: {result['lines']} lines, {len(forms)} top-level forms"]
+    total = result["total"]
+    lines = [f"{result['file']}: {result['lines']} lines, {total} top-level forms"]
+    if skipped := result.get("skipped"):
+        lines.append(f"[the {skipped} forms above line {forms[0]['line'] if forms else result['lines']}"
+                     " are left out]")
     contexts: list[dict[str, Any]] = []
     for entry in forms:
         now = {"package": entry.pop("package"), **({"readtable": entry.pop("readtable")}
@@ -127,8 +139,12 @@ def render_outline(result: dict[str, Any]) -> Rendered:
             lines.append(f"[package {now['package']}"
                          + (f", readtable {now['readtable']}" if "readtable" in now else "") + "]")
         lines.append(place(entry))
-    structure = {"file": result["file"], "mode": "outline", "lines": result["lines"],
+    structure = {"file": result["file"], "mode": "outline", "lines": result["lines"], "count": total,
                  "forms": [camel(entry) for entry in forms], "contexts": contexts}
+    if (following := result.get("next")) is not None:
+        left = total - result.get("skipped", 0) - len(forms)
+        lines.append(f"[{left} more forms from line {following} on: read-lisp-file with line {following}]")
+        structure["next"] = following
     return Rendered("\n".join(lines), False, structure)
 
 
@@ -136,11 +152,13 @@ def render_check(result: dict[str, Any]) -> Rendered:
     """``FILE reads: N forms``, or each problem at its line and column with
     the top-level form it sits in."""
     problems = [result_dict(problem) for problem in result.get("problems") or []]
+    counted = result.get("problem-count", len(problems))
     structure = {"file": result["file"], "mode": "check", "count": result["forms"],
-                 "problems": [camel(problem) for problem in problems]}
+                 "problems": [camel(problem) for problem in problems], "problemCount": counted}
     if not problems:
         return Rendered(f"{result['file']} reads: {result['forms']} top-level forms", False, structure)
-    lines = [f"{result['file']}: {len(problems)} problem" + ("" if len(problems) == 1 else "s")]
+    lines = [f"{result['file']}: {counted} problem" + ("" if counted == 1 else "s")
+             + (f", the first {len(problems)} listed" if counted > len(problems) else "")]
     for problem in problems:
         within = f" (in the form at line {problem['form-line']}" + (
             f", {problem['kind']} {problem['name']})" if "name" in problem else ")") if "form-line" in problem else ""
@@ -154,4 +172,9 @@ def render_form(result: dict[str, Any]) -> Rendered:
     structure = {"file": result["file"], "mode": "form",
                  "forms": [camel({k: v for k, v in result.items() if k in
                                   ("line", "end-line", "kind", "name", "text")})]}
-    return Rendered(f"{result['file']}:{place(result)}\n{result['text']}", False, structure)
+    text = f"{result['file']}:{place(result)}\n{result['text']}"
+    if (whole := result.get("text-length")) is not None:
+        structure["textLength"] = whole
+        text += (f"\n[the form is {whole:,} characters; its first {len(result['text']):,} are shown:"
+                 f" lines {result['line']}-{result['end-line']} of the file hold it all]")
+    return Rendered(text, False, structure)

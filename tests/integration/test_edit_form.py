@@ -481,3 +481,120 @@ def test_the_edits_compile_gives_compile_forms_notes(lisp, tmp_path):
         ("style-warning", "The variable NOTED-UNUSED is defined but never used.")], edited
     compiled = lisp.call("compile-form", path=str(path), line=edited["structuredContent"]["line"])
     assert compiled["structuredContent"]["notes"] == notes
+
+
+QUIET_SOURCE = """\
+(in-package :cl-user)
+
+(defun quiet-fn-q1 (&key quiet-key-q2)
+  #.(progn (defparameter cl-user::*quiet-read-ran-q0* t) 1))
+
+(defvar quiet-pkg-q3::*quiet-var-q4* (list :quiet-kw-q5 cl-user::quiet-qualified-q6 #+quiet-feature-q7 1))
+
+(defmethod quiet-method-q8 ((x quiet-class-q9)) x)
+
+(defun quiet-broken-q10 () (quiet-nowhere-q11:f))
+"""
+
+QUIET_NAMES = {"COMMON-LISP-USER": ["*QUIET-READ-RAN-Q0*", "QUIET-FN-Q1", "QUIET-KEY-Q2", "QUIET-QUALIFIED-Q6",
+                                    "QUIET-METHOD-Q8", "QUIET-CLASS-Q9", "QUIET-BROKEN-Q10"],
+               "QUIET-PKG-Q3": ["*QUIET-VAR-Q4*"],
+               "KEYWORD": ["QUIET-KEY-Q2", "QUIET-KW-Q5", "QUIET-FEATURE-Q7", "QUIET-FN-Q1"]}
+
+
+def found_symbols(process, names: dict[str, list[str]]) -> str:
+    """The symbols of NAMES present in their packages, asked without reading any of them."""
+    pairs = " ".join(f'("{package}" "{name}")' for package, listed in names.items() for name in listed)
+    return process.eval("(loop for (package name) in '(" + pairs + ")"
+                        " when (nth-value 1 (find-symbol name package)) collect (list package name))")[0]
+
+
+def test_reading_a_file_runs_nothing_and_interns_nothing(lisp, tmp_path):
+    """Issue 44: read-lisp-file is read-only, yet its check ran a #. in the
+    (programmer's) image, even while they held the assistant, and every mode
+    interned the names it read into their packages: their next use-package
+    failed with a NAME-CONFLICT.  Now no mode runs a #. (the check says how
+    many it read without evaluating), and no package gains a symbol:
+    unqualified names, qualified ones in an existing package, keywords, and
+    the features of #+ alike."""
+    lisp.eval("(defpackage :quiet-pkg-q3 (:use :cl))")
+    path = tmp_path / "quiet.lisp"
+    path.write_text(QUIET_SOURCE)
+    assert found_symbols(lisp, QUIET_NAMES) == "=> NIL"
+    check_results_of(lisp, "read-lisp-file")
+    forms = outline(lisp, path)
+    assert [(f["kind"], f.get("name")) for f in forms] == [
+        ("in-package", ":cl-user"), ("defun", "quiet-fn-q1"), ("defvar", "quiet-pkg-q3::*quiet-var-q4*"),
+        ("defmethod", "quiet-method-q8 (quiet-class-q9)"), ("defun", "quiet-broken-q10")]
+    checked = checked_call(lisp, "read-lisp-file", path=str(path), mode="check")
+    assert [(p["line"], p.get("name")) for p in checked["structuredContent"]["problems"]] == [(10, "quiet-broken-q10")]
+    assert checked["structuredContent"]["unevaluated"] == 1
+    assert "[1 #. form read without being evaluated: reading a file runs none of its code]" \
+        in checked["content"][0]["text"]
+    for target, line in (("defmethod quiet-method-q8 (quiet-class-q9)", 8), ("defun quiet-fn-q1", 3),
+                         ("defvar quiet-pkg-q3::*quiet-var-q4*", 6)):
+        one = checked_call(lisp, "read-lisp-file", path=str(path), mode="form", form=target)
+        assert one["structuredContent"]["forms"][0]["line"] == line, (target, one)
+    assert found_symbols(lisp, QUIET_NAMES) == "=> NIL"
+    used = lisp.eval("(progn (defpackage :quiet-exporter-q12 (:use) (:export #:quiet-fn-q1))"
+                     " (use-package :quiet-exporter-q12 :cl-user)"
+                     " (unuse-package :quiet-exporter-q12 :cl-user) (delete-package :quiet-exporter-q12) :used)")
+    assert used == ("=> :USED", False)
+
+
+def test_an_outline_needs_no_package_nor_named_readtables(tmp_path):
+    """Issue 44: an outline of a file that begins (in-package #:x)
+    (in-readtable :interpol-syntax) answered PACKAGE-DOES-NOT-EXIST
+    "NAMED-READTABLES" in an image without named-readtables."""
+    path = tmp_path / "interpolated.lisp"
+    path.write_text("(in-package #:quiet-nowhere-x)\n(in-readtable :interpol-syntax)\n\n"
+                    "(defun greet (name) #?\"Hello ${name}\")\n")
+    for mode in MODES:
+        with cl_mcp_in(mode) as fresh:
+            assert fresh.eval('(find-package "NAMED-READTABLES")') == ("=> NIL", False)
+            check_results_of(fresh, "read-lisp-file")
+            result = checked_call(fresh, "read-lisp-file", path=str(path))
+            assert not result["isError"], result
+            assert [(f["line"], f["kind"], f.get("name")) for f in result["structuredContent"]["forms"]] == [
+                (1, "in-package", "#:quiet-nowhere-x"), (2, "in-readtable", ":interpol-syntax"),
+                (4, "defun", "greet")]
+            assert result["structuredContent"]["contexts"][-1] == {
+                "line": 4, "package": "missing", "readtable": "INTERPOL-SYNTAX"}
+
+
+def test_what_a_reply_holds_fits_a_swank_frame_and_says_how_to_read_the_rest(lisp, tmp_path):
+    """Issue 44: read-lisp-file's outline of a 1 MB file of 250,000 one-line
+    forms answered CONNECTION-LOST (Swank's header holds 24 bits of length),
+    and the next call NOT-CONNECTED.  An outline lists 5,000 forms and the
+    line to go on from; a form's text and a check's problems are capped
+    too, each saying how much was left out."""
+    path = tmp_path / "many.lisp"
+    path.write_text("(a)\n" * 250_000)
+    check_results_of(lisp, "read-lisp-file")
+    first = checked_call(lisp, "read-lisp-file", path=str(path))
+    structure = first["structuredContent"]
+    assert (structure["count"], structure["next"]) == (250_000, 5_001)
+    assert first["content"][0]["text"].endswith(
+        "\n5000 form (a)\n[245000 more forms from line 5001 on: read-lisp-file with line 5001]")
+    last = checked_call(lisp, "read-lisp-file", path=str(path), line=249_900)
+    assert [f["line"] for f in last["structuredContent"]["forms"]] == list(range(249_900, 250_001))
+    assert "next" not in last["structuredContent"]
+    assert "[the 249899 forms above line 249900 are left out]" in last["content"][0]["text"]
+    assert lisp.eval("(+ 1 2)") == ("=> 3", False)  # the same connection
+    limits = "(cl-mcp-agent::*form-text-limit* cl-mcp-agent::*problem-limit*)"
+    assert lisp.eval(f"(setf {limits.replace('(', '(values ', 1)} (values 100 2))")[1] is False
+    try:
+        long = tmp_path / "long.lisp"
+        text = "(defparameter *long* '(" + " ".join(["x"] * 200) + "))"
+        long.write_text(text + "\n")
+        form = checked_call(lisp, "read-lisp-file", path=str(long), mode="form", line=1)
+        assert form["structuredContent"]["forms"][0]["text"] == text[:100]
+        assert form["structuredContent"]["textLength"] == len(text)
+        assert form["content"][0]["text"].endswith(
+            f"[the form is {len(text)} characters; its first 100 are shown: lines 1-1 of the file hold it all]")
+        long.write_text(text + "\n)\n)\n)\n")
+        checked = checked_call(lisp, "read-lisp-file", path=str(long), mode="check")
+        assert (len(checked["structuredContent"]["problems"]), checked["structuredContent"]["problemCount"]) == (2, 3)
+        assert checked["content"][0]["text"].startswith(f"{long}: 3 problems, the first 2 listed")
+    finally:
+        lisp.eval(f"(setf {limits.replace('(', '(values ', 1)} (values 1000000 1000))")

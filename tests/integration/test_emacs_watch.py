@@ -176,6 +176,12 @@ def test_hold_refuses_code_and_lets_reading_go_on_until_release(shared):
             refused = process.call(tool, **arguments)
             assert refused["isError"] and "PAUSED-BY-PROGRAMMER" in text(refused), (tool, refused)
         assert edited.read_text() == source
+        # Reading runs nothing of the file: not even a #. (issue 44).
+        read = shared.home / "held-read.lisp"
+        read.write_text("(in-package #:cl-user)\n\n(defun held-read () #.(progn (defvar cl-user::*held-read-ran* t) 1))\n")
+        for arguments in ({}, {"mode": "check"}, {"mode": "form", "form": "defun held-read"}):
+            answer = process.call("read-lisp-file", path=str(read), **arguments)
+            assert not answer["isError"], (arguments, answer)
         outline = process.call("read-lisp-file", path=str(edited))
         assert not outline["isError"], outline
         found = process.call("find-definition", symbol="cl:car")
@@ -187,6 +193,7 @@ def test_hold_refuses_code_and_lets_reading_go_on_until_release(shared):
         emacs.eval("(cl-mcp-release)")
     wait_for(lambda: "released the assistant" in watch_buffer(emacs), "the release")
     assert process.eval("(boundp 'cl-user::*held-ran*)") == ("=> NIL", False)
+    assert process.eval("(boundp 'cl-user::*held-read-ran*)") == ("=> NIL", False)
     assert process.eval("(+ 2 3)") == ("=> 5", False)
 
 

@@ -19,6 +19,7 @@ from cl_mcp.lisp.link import EmbeddedLink
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.lisp.swank.connection import SwankConnection
 from cl_mcp.tools.evaluate import evaluate
+from cl_mcp.wire.sexp import Symbol
 from tests.integration.conftest import McpProcess, pid_alive, sbcl_children
 from tests.integration.test_protocol_breadth import answers_to
 
@@ -195,3 +196,28 @@ def test_requests_waiting_when_stdin_closes_each_get_one_answer():
         answers = [m for m in map(json.loads, list(server.raw_lines)) if m.get("id") == request_id]
         assert len(answers) == 1, answers
     assert sbcl_children(server.proc.pid) == []
+
+
+# ---------------------------------------------------------------- replies too large for a frame
+
+def test_a_reply_too_large_for_a_swank_frame_is_an_error_and_the_connection_stays():
+    """Issue 44: Swank's header holds 24 bits of length, and a reply of 16 MB
+    or more dropped the connection (the next call was NOT-CONNECTED).  Every
+    call's reply goes through the agent's `fitted-reply`, which answers a
+    clear error instead."""
+    async def body():
+        session = LispSession(SessionConfig())
+        try:
+            assert (await evaluate(session, "(defvar cl-user::*kept-across* :kept)"))["values"] == ["*KEPT-ACROSS*"]
+            with pytest.raises(SessionError) as raised:
+                await session.call([Symbol("cl:make-string"), 17_000_000],
+                                   deadline=60)
+            assert raised.value.kind == "CL-MCP:REPLY-TOO-LARGE"
+            assert "17,000,002 bytes, more than a Swank frame holds (16 MB)" in str(raised.value)
+            # Just under the frame is sent whole, on the same connection, to the same image.
+            fits = 16_000_000
+            assert len(await session.call([Symbol("cl:make-string"), fits], deadline=60)) == fits
+            assert (await evaluate(session, "cl-user::*kept-across*"))["values"] == [":KEPT"]
+        finally:
+            await session.close()
+    asyncio.run(body())
