@@ -230,9 +230,9 @@ as `form-extents' takes it."
     (loop for (start . end) in (form-extents text on-problem)
           collect (make-file-form start end (line-of start) (line-of end) package
                                   (form-readtable readtable package) named)
-          do (let ((name (in-package-name text start)))
+          do (let ((name (in-package-name text start end)))
                (when name (setf package (find-package name))))
-             (let ((name (in-readtable-name text start)))
+             (let ((name (in-readtable-name text start end)))
                (when name (setf named name readtable (named-readtable name))))))))
 
 (defmacro with-form-reading ((form) &body body)

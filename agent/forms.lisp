@@ -128,20 +128,20 @@ none (see `skipped-by-feature-p').  A form that does not read signals
             (when (> (file-position in) index)
               (return (nreverse forms)))))))))
 
-(defun in-package-name (text start)
-  "The package name an `in-package' form at START of TEXT gives, or nil when
-the form there is not one."
+(defun in-package-name (text start &optional end)
+  "The package name an `in-package' form at START of TEXT (ending at END,
+when it is known) gives, or nil when the form there is not one."
   (let ((opening (substitute-if #\Space (lambda (char) (member char '(#\Tab #\Newline #\Return #\Page)))
                                 (string-downcase (subseq text start (min (length text) (+ start 30)))))))
     (when (some (lambda (prefix) (eql 0 (search prefix opening)))
                 '("(in-package " "(cl:in-package " "(common-lisp:in-package "))
       (handler-case
           (let ((*package* (find-package "COMMON-LISP-USER")))
-            (let ((form (reading-quietly (text :start start) (read-from-string text t nil :start start))))
+            (let ((form (reading-quietly (text :start start :end end) (read-from-string text t nil :start start :end end))))
               (and (consp form) (consp (rest form)) (string (second form)))))
         (serious-condition () nil)))))
 
-(defun in-readtable-name (text start)
+(defun in-readtable-name (text start &optional end)
   "The readtable name an `in-readtable' form at START of TEXT gives, as a
 string, or nil; a tab or a newline may follow the operator."
   (let* ((opening (substitute-if #\Space (lambda (char) (member char '(#\Tab #\Newline #\Return #\Page)))
@@ -151,7 +151,7 @@ string, or nil; a tab or a newline may follow the operator."
                (every (lambda (c) (or (alpha-char-p c) (find c "(:-"))) (subseq opening 0 after)))
       (handler-case
           (let ((*package* (find-package "COMMON-LISP-USER")))
-            (let ((form (reading-quietly (text :start start) (read-from-string text t nil :start start))))
+            (let ((form (reading-quietly (text :start start :end end) (read-from-string text t nil :start start :end end))))
               (and (consp form) (consp (rest form)) (symbolp (second form))
                    (symbol-name (second form)))))
         (serious-condition () nil)))))
@@ -180,12 +180,12 @@ CL-USER when there is none.  A second value names a package that does not
 exist; a third is the readtable it is read in (see `form-readtable')."
   (let ((above (reverse (butlast forms))))
     (flet ((readtable (package)
-             (form-readtable (loop for (start . nil) in above
-                                   for name = (in-readtable-name text start)
+             (form-readtable (loop for (start . end) in above
+                                   for name = (in-readtable-name text start end)
                                    when name return (named-readtable name))
                              package)))
-      (loop for (start . nil) in above
-            for name = (in-package-name text start)
+      (loop for (start . end) in above
+            for name = (in-package-name text start end)
             when name
               do (return-from form-package
                    (let ((package (find-package name)))
