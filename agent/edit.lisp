@@ -466,11 +466,12 @@ FORM (a `file-form'), else the :status :error plist saying where not."
   "The byte offset in UTF-8 of character INDEX of TEXT."
   (length (sb-ext:string-to-octets text :external-format :utf-8 :end index)))
 
-(defun write-atomically (path original octets)
+(defun write-atomically (path original octets then)
   "Replace the file at PATH, whose bytes were ORIGINAL, with OCTETS: a
 temporary file in the same directory, synced, given PATH's mode, renamed
-over it.  Nil when written; the :status :error plist when the file's bytes
-are no longer ORIGINAL (another editor wrote it)."
+over it, THEN called with the rename in one step no interrupt (a cancel,
+a deadline) divides.  Nil when written; the :status :error plist when the
+file's bytes are no longer ORIGINAL (another editor wrote it)."
   (let* ((stat (sb-posix:stat path))
          (temporary (format nil "~A.cl-mcp-~D" path (sb-posix:getpid)))
          (created nil))
@@ -484,7 +485,10 @@ are no longer ORIGINAL (another editor wrote it)."
              (sb-posix:fsync (sb-sys:fd-stream-fd out)))
            (sb-posix:chmod temporary (logand (sb-posix:stat-mode stat) #o7777))
            (if (equalp (file-octets path) original)
-               (progn (sb-posix:rename temporary path) nil)
+               (sb-sys:without-interrupts
+                 (sb-posix:rename temporary path)
+                 (funcall then)
+                 nil)
                (name-error "CL-MCP:FILE-CHANGED"
                            (format nil "~A changed on disk since the form was located; nothing was written: read it again." path))))
       (when (and created (probe-file temporary))
@@ -605,22 +609,55 @@ it (a file the image may not write, say): nothing reaches the debugger."
   (destructuring-bind (outcome value) (call-guarded thunk *file-call-timeout*)
     (if (eq outcome :ok) value (list :status :error :error value))))
 
+(defvar *written-edit* nil
+  "Inside `edit-form-of', a cons whose car becomes the edit's reply in the
+step that writes it (`write-atomically').")
+
+(defun without-compile (plist)
+  "PLIST, an edit's reply, without its pending :compile."
+  (loop for (key value) on plist by #'cddr
+        unless (eq key :compile) collect key and collect value))
+
 (defun edit-form-of (path &rest arguments &key target line action text compile max-output tag)
   "`%edit-form-of' with every condition that ends it an error plist,
-cancellable under TAG (`with-cancellable'): its compile runs the user's
-macros."
+cancellable under TAG (`call-cancellable'): its compile runs the user's
+macros.  A cancel that comes once the edit is written undoes nothing: the
+reply says the edit was written (:written-before-cancel), and that its
+compile, if it had one, was cut short."
   (declare (ignore target line action text compile max-output))
-  (with-cancellable (tag)
-   (with-quiet-readtables ()
-    ;; The compile runs outside the guard, which muffles warnings: as
-    ;; compile-form-of runs it, so that both report the same notes.
-    (let* ((plist (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments))))
-           (pending (getf plist :compile)))
-      (if pending
-          (append (loop for (key value) on plist by #'cddr
-                        unless (eq key :compile) collect key and collect value)
-                  (list :compiled (apply #'%compile-form pending)))
-          plist)))))
+  (let* ((*written-edit* (list nil))
+         (outcome
+           (call-cancellable
+            tag
+            (lambda ()
+              (with-quiet-readtables ()
+                ;; The compile runs outside the guard, which muffles warnings:
+                ;; as compile-form-of runs it, so that both report the same notes.
+                (let* ((plist (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments))))
+                       (pending (getf plist :compile)))
+                  (if pending
+                      (append (without-compile plist) (list :compiled (apply #'%compile-form pending)))
+                      plist))))
+            :cancelled)))
+    (cond ((not (eq outcome :cancelled)) outcome)
+          ((car *written-edit*) (written-before-cancel (car *written-edit*)))
+          (t (command-error "CL-MCP:CANCELLED" "The call was cancelled.")))))
+
+(defun written-before-cancel (reply)
+  "REPLY, an edit written before its call was cancelled, marked so, its
+compile (when it had one) reported cut short."
+  (let ((pending (getf reply :compile)))
+    (append (without-compile reply)
+            (list :written-before-cancel t)
+            (and pending
+                 (destructuring-bind (file text start end package readtable max-output) pending
+                   (declare (ignore readtable max-output))
+                   (list :compiled
+                         (list :status :error :success nil :file file
+                               :line (line-at text start) :end-line (line-at text end)
+                               :package (package-name package) :defined '() :notes '() :dropped 0
+                               :error (list :type "CL-MCP:CANCELLED"
+                                            :message "The call was cancelled after the edit was written: its compile did not finish."))))))))
 
 (defun %edit-form-of (path &key target line (action :replace) (text "") (compile t) (max-output 20000))
   "Do ACTION (:replace, :insert-before, :insert-after or :delete) with the
@@ -675,17 +712,19 @@ read and :candidates for an ambiguous TARGET."
                                    (subseq octets 0 from)
                                    (sb-ext:string-to-octets insertion :external-format :utf-8)
                                    (subseq octets to)))
-             (refused (write-atomically file octets written)))
-        (when refused (return-from %edit-form-of refused))
-        (refresh-source (truename file))
-        (append (list :status :ok :file file :action action
-                      :old-line (file-form-line form)
-                      :old-end-line (file-form-end-line form))
-                (and ended (list :ended-line t))
-                (and start (list :line (line-at edited start) :end-line (line-at edited end)))
-                (and start compile (file-form-package form)
-                     (list :compile (list file edited start end (file-form-package form)
-                                          (file-form-readtable form) max-output))))))))
+             (reply (append (list :status :ok :file file :action action
+                                  :old-line (file-form-line form)
+                                  :old-end-line (file-form-end-line form))
+                            (and ended (list :ended-line t))
+                            (and start (list :line (line-at edited start) :end-line (line-at edited end)))
+                            (and start compile (file-form-package form)
+                                 (list :compile (list file edited start end (file-form-package form)
+                                                      (file-form-readtable form) max-output)))))
+             (refused (write-atomically file octets written
+                                        (lambda ()
+                                          (refresh-source (truename file))
+                                          (when *written-edit* (setf (car *written-edit*) reply))))))
+        (or refused reply)))))
 
 ;;;; Reading a file
 

@@ -125,7 +125,17 @@ exits is never reused; it costs its stack and nothing else."
   (loop (sleep 3600)))
 
 (defun %read-and-evaluate (evaluation)
-  "The loop of `read-and-evaluate'."
+  "The loop of `read-and-evaluate'; its value kept once the forms have all
+returned, outside `*running-work*', where no deadline reaches it."
+  (let ((outcome (let ((*running-work* evaluation))
+                   (evaluate-forms evaluation))))
+    (when (eq (first outcome) :ok)
+      (keep-value (evaluation-id evaluation) (first (second outcome))))
+    outcome))
+
+(defun evaluate-forms (evaluation)
+  "Read the forms of EVALUATION's code and evaluate each in turn: (:ok
+VALUES-OF-THE-LAST) or (:reader-error ERROR-PLIST)."
   (let ((stream (make-string-input-stream (evaluation-code evaluation)))
         (eof (make-symbol "EOF"))
         (values '()))
@@ -135,7 +145,6 @@ exits is never reused; it costs its stack and nothing else."
                      (serious-condition (c)
                        (return (list :reader-error (describe-error c nil :reading t)))))))
         (when (eq form eof)
-          (keep-value (evaluation-id evaluation) (first values))
           (return (list :ok values)))
         ;; Each form sets the REPL's variables, as if typed on its own (see
         ;; agent/history.lisp; `read-and-evaluate' binds them).
@@ -624,7 +633,7 @@ that says so."
 
 (defun call-within-window (work answer-within tag)
   "Call WORK, a function of no arguments that returns a report plist and
-leaves through its catch of 'LOAD-CANCELLED when aborted, in this thread
+leaves through its `call-cancellable' catch when aborted, in this thread
 (its request's).  Still running after ANSWER-WITHIN seconds, it answers its
 request with `running-report' and goes on in the background like an
 evaluation, its report (numbered) posted for `await-evaluation-of'; this
@@ -640,11 +649,11 @@ to answer, WORK's report."
                                        :stderr (make-capped-output-stream 0))))
       (restart-bind ((abort (lambda (&optional reported)
                               (declare (ignore reported))
-                              (throw 'load-cancelled nil))
+                              (throw *cancel-point* nil))
                        :report-function (lambda (stream) (write-string "Abort this work." stream))))
         (setf (evaluation-abort-restart evaluation) (find-restart 'abort))
         (schedule-deadline evaluation (list nil :answer answer-within) answer-within)
-        (let ((report (unwind-protect (funcall work)
+        (let ((report (unwind-protect (let ((*running-work* evaluation)) (funcall work))
                         (stop-deadline evaluation)
                         (setf (evaluation-abort-restart evaluation) nil))))
           (cond ((take-report-now evaluation))  ; stopped at its window: too many in the background
@@ -817,7 +826,8 @@ evaluation keeps waiting whatever happens."
     (await-report evaluation (+ timeout *report-grace*))))
 
 (defun interrupt-running (running)
-  "Ask the thread of RUNNING (an evaluation, or a load's thread) to abandon
+  "Ask the thread of RUNNING (an evaluation, or other work's thread and
+catch tag: `call-cancellable') to abandon
 its work; true once asked.  An evaluation that has not yet set up its ABORT
 restart is asked again later.  The interrupt acts only while that restart
 is active, so a thread that has moved on to other work is left alone."
@@ -831,10 +841,12 @@ is active, so a thread that has moved on to other work is left alone."
                                            (when (find-restart restart)
                                              (invoke-restart restart nil))))
              t)))
-        (sb-thread:thread
-         (sb-thread:interrupt-thread running
-                                     (lambda ()
-                                       (ignore-errors (throw 'load-cancelled nil))))
+        (cons
+         (destructuring-bind (thread . point) running
+           (sb-thread:interrupt-thread thread
+                                       (lambda ()
+                                         ;; A call over already has no catch left.
+                                         (ignore-errors (throw point nil)))))
          t))
     ;; The thread finished in the meantime: nothing to cancel.
     (sb-thread:interrupt-thread-error () t)))

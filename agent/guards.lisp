@@ -182,6 +182,10 @@ its TEXT (the watch still reads VALUE)."
 (defmethod print-object ((reply printed-reply) stream)
   (write-string (printed-reply-text reply) stream))
 
+(defun reply-value (reply)
+  "The value REPLY, a reply's value or a `printed-reply', stands for."
+  (if (printed-reply-p reply) (printed-reply-value reply) reply))
+
 (defun fitted-reply (value)
   "VALUE as Swank will write it when it fits a frame (printed once, here,
 as Swank prints a reply); else (:cl-mcp-reply-too-large BYTES), which

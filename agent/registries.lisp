@@ -226,7 +226,8 @@ when nil); without one, return `no-suspended-report' instead."
          (no-suspended-report ,id))))
 
 (defvar *running* '()
-  "Evaluations a caller is waiting on, by the caller's tag.")
+  "What a caller is waiting on, by the caller's tag: an evaluation, or for
+other work (`call-cancellable') its thread and catch tag, consed.")
 
 (defun forget-running (tag object)
   "Forget that OBJECT runs under TAG (only OBJECT: another session attached
@@ -250,20 +251,28 @@ thread of a load) findable under TAG, for `cancel-evaluation' and
          (forget-running ,tag-var ,object-var)))))
 
 (defun find-running (tag)
-  "The evaluation, or for a load the thread, a caller waits on under TAG."
+  "The evaluation, or for other work its (THREAD . CATCH-TAG), a caller
+waits on under TAG."
   (with-agent-lock (*registry-lock*)
     (cdr (assoc tag *running* :test #'equal))))
 
+(defvar *cancel-point* nil
+  "Inside `call-cancellable', the catch tag that a cancel of this call
+throws to (`interrupt-running').")
+
 (defun call-cancellable (tag thunk cancelled)
   "Call THUNK in this thread, findable under TAG for `cancel-evaluation',
-whose interrupt throws to 'LOAD-CANCELLED: THUNK's value, or CANCELLED
-when it was cancelled.  Every agent call that runs the user's code and is
-no evaluation runs it so."
-  (let ((done nil) (value nil))
+whose interrupt throws to a catch of this call's own: THUNK's value, or
+CANCELLED when it was cancelled.  The catch tag is made for the call, so
+that a cancel's interrupt that lands once the call is over finds no
+catch to end (not the next call's, in the same thread).  Every agent call
+that runs the user's code and is no evaluation runs it so."
+  (let ((done nil) (value nil) (point (list :cancel-point)))
     ;; Findable only inside the catch, so a cancel's throw always lands in it.
-    (catch 'load-cancelled
-      (with-running (tag sb-thread:*current-thread*)
-        (setf value (funcall thunk) done t)))
+    (catch point
+      (let ((*cancel-point* point))
+        (with-running (tag (cons sb-thread:*current-thread* point))
+          (setf value (funcall thunk) done t))))
     (if done value cancelled)))
 
 (defmacro with-cancellable ((tag) &body body)
@@ -318,7 +327,9 @@ unanswered, or else the caller of a command."
 ;;; the deadline in turn.
 
 (defvar *deadline-lock* (sb-thread:make-mutex :name "cl-mcp deadlines")
-  "Guards `*deadlines*' and the watchdog's state.")
+  "Guards `*deadlines*' and the watchdog's state; taken with
+`with-agent-lock' but by the watchdog, which nothing interrupts and
+which dozes holding it in CONDITION-WAIT.")
 
 (defvar *deadline-set* (sb-thread:make-waitqueue)
   "Notified when a deadline is set while the watchdog dozes.")
@@ -333,6 +344,12 @@ no longer this one ends (`end-watchdog').")
 (defvar *watchdog-dozing* nil
   "True while the watchdog waits on `*deadline-set*'.")
 
+(defvar *running-work* nil
+  "In an evaluation's thread, the evaluation whose own work (the user's
+forms, or a load's or compilation's work) is running now.  A deadline or
+an answer window acts only inside it: once the forms have returned, their
+value is the answer, whatever news arrives beside it (`hurry-evaluation').")
+
 (defparameter *watchdog-tick* 0.1
   "Seconds between the watchdog's looks at the deadlines.")
 
@@ -343,12 +360,13 @@ no longer this one ends (`end-watchdog').")
   "Drop the deadline of EVALUATION's stretch, if it has one."
   (let ((token (shiftf (evaluation-deadline evaluation) nil)))
     (when token
-      (sb-thread:with-mutex (*deadline-lock*)
+      (with-agent-lock (*deadline-lock*)
         (setf *deadlines* (delete token *deadlines* :key #'third))))))
 
 (defun interrupt-at-deadline (evaluation token)
   "Interrupt EVALUATION's thread at its deadline, if the stretch TOKEN
-stands for is still running when the interrupt lands.  TOKEN is
+stands for is still running, and its work has not returned
+(`*running-work*'), when the interrupt lands.  TOKEN is
 (TIMEOUT :timeout) or, at the close of the answer window, (TIMEOUT :answer
 WINDOW): the evaluation then answers its request \"still running\" and
 goes on in the background (`run-in-background', agent/evaluate.lisp).
@@ -363,7 +381,8 @@ code that blocks interrupts (WITHOUT-INTERRUPTS) never hears it."
       (sb-thread:interrupt-thread
        (evaluation-thread evaluation)
        (lambda ()
-         (when (eq (evaluation-deadline evaluation) token)
+         (when (and (eq (evaluation-deadline evaluation) token)
+                    (eq *running-work* evaluation))
            (if (eq (second token) :answer)
                (run-in-background evaluation token)
                ;; An interruption runs with interrupts disabled; waiting here
@@ -404,7 +423,7 @@ and doze while there are none."
   "End the watchdog thread, if there is one, and wait (up to 2 s) until it
 has: it stops at its next look (or wakes from its doze to stop), never
 interrupted.  The next deadline starts another."
-  (let ((watchdog (sb-thread:with-mutex (*deadline-lock*)
+  (let ((watchdog (with-agent-lock (*deadline-lock*)
                     (sb-thread:condition-broadcast *deadline-set*)
                     (shiftf *watchdog* nil))))
     (when (and watchdog (not (eq watchdog sb-thread:*current-thread*)))
@@ -415,7 +434,7 @@ interrupted.  The next deadline starts another."
   (let ((due (+ (get-internal-real-time)
                 (round (* seconds internal-time-units-per-second)))))
     (setf (evaluation-deadline evaluation) token)
-    (sb-thread:with-mutex (*deadline-lock*)
+    (with-agent-lock (*deadline-lock*)
       (push (list due evaluation token) *deadlines*)
       (unless (and *watchdog* (sb-thread:thread-alive-p *watchdog*))
         (setf *watchdog* (make-agent-thread #'watchdog-loop "cl-mcp deadline watchdog")))

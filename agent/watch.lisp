@@ -174,8 +174,7 @@ error that says so; its number, output and warnings kept."
 (defun outcome-of (result)
   "RESULT, a `:return''s (:ok VALUE) or (:abort ...), in one line, and the
 evaluation number it names (or nil)."
-  (let ((value (let ((reply (second result)))
-                 (if (printed-reply-p reply) (printed-reply-value reply) reply))))
+  (let ((value (reply-value (second result))))
     (cond ((not (eq (first result) :ok))
            (values "aborted" nil))
           ((not (and (consp value) (keywordp (first value)) (evenp (length value))))
@@ -212,7 +211,7 @@ evaluation number it names (or nil)."
 
 (defun watch-send (message)
   "Queue MESSAGE (a plist) for every registered Emacs; never waits."
-  (sb-thread:with-mutex (*watch-lock*)
+  (with-agent-lock (*watch-lock*)
     (push message *watch-queue*)
     (cond ((zerop *watch-queued*)
            (setf *watch-queued* 1)
@@ -240,7 +239,7 @@ and end (`watch-register' starts again): an image whose watching Emacs
 left keeps nothing of the package's."
   (loop
     (let ((messages '()) (dropped 0))
-      (sb-thread:with-mutex (*watch-lock*)
+      (sb-thread:with-mutex (*watch-lock*)  ; not deferring interrupts: it waits
         (loop until *watch-queue*
               do (unless (sb-thread:condition-wait *watch-ready* *watch-lock*
                                                    :timeout *watch-idle-check-seconds*)
@@ -252,12 +251,12 @@ left keeps nothing of the package's."
                            *held* nil)  ; as `still-held-p': no Emacs could release it
                      (return-from watch-sender-loop)))))
       (sleep *watch-gather-seconds*)
-      (sb-thread:with-mutex (*watch-lock*)
+      (with-agent-lock (*watch-lock*)
         (setf messages (reverse *watch-queue*)
               *watch-queue* '()
               *watch-queued* 0
               dropped (shiftf *watch-dropped* 0)))
-      (let ((watchers (sb-thread:with-mutex (*watch-lock*) (live-watchers))))
+      (let ((watchers (with-agent-lock (*watch-lock*) (live-watchers))))
         (when (plusp dropped)
           (push (list :phase :dropped :count dropped) messages))
         (dolist (connection watchers)
@@ -269,7 +268,7 @@ left keeps nothing of the package's."
   "MESSAGES as CONNECTION's next batch, after the count of those it was not
 sent; nil (and counted) while it has `*watch-backlog-limit*' batches
 waiting."
-  (sb-thread:with-mutex (*watch-lock*)
+  (with-agent-lock (*watch-lock*)
     (let ((backlog (or (gethash connection *watch-backlogs*)
                        (setf (gethash connection *watch-backlogs*) (cons 0 0)))))
       (cond ((>= (car backlog) *watch-backlog-limit*)
@@ -284,7 +283,7 @@ waiting."
 
 (defun batch-written (connection)
   "CONNECTION's control thread takes one of its batches to write it."
-  (sb-thread:with-mutex (*watch-lock*)
+  (with-agent-lock (*watch-lock*)
     (let ((backlog (gethash connection *watch-backlogs*)))
       (when (and backlog (plusp (car backlog)))
         (decf (car backlog))))))
@@ -294,7 +293,7 @@ waiting."
 (defun still-held-p ()
   "Whether the assistant is still held: a hold ends when no Emacs that
 could release it is connected any more."
-  (or (sb-thread:with-mutex (*watch-lock*) (live-watchers))
+  (or (with-agent-lock (*watch-lock*) (live-watchers))
       (setf *held* nil)))
 
 (defparameter *watched-calls-prune-threshold* 64
@@ -320,11 +319,11 @@ call of `held-report'."
       (let ((known (and (symbolp entry) (assoc entry *watched-entry-points*))))
         (when known
           (let ((refused (and *held* (refused-while-held-p entry arguments) (still-held-p)))
-                (number (sb-thread:with-mutex (*watch-lock*) (incf *watch-counter*))))
+                (number (with-agent-lock (*watch-lock*) (incf *watch-counter*))))
             (when refused
               (setf (second event) (list 'held-report (second known))
                     tag nil))
-            (sb-thread:with-mutex (*watch-lock*)
+            (with-agent-lock (*watch-lock*)
               (forget-lost-calls)
               (let ((awaits (and (eq entry 'await-evaluation-of) (first arguments))))
                 (setf (gethash (cons connection id) *watched-calls*)
@@ -335,6 +334,14 @@ call of `held-report'."
                                :runs-code (and (third known) t)
                                (call-subject entry arguments)))))))))
 
+(defun finished-before-stop-p (result)
+  "Whether RESULT, the `:return' of a call the programmer stopped, answers
+what the stop came too late to undo: an evaluation gone to the background
+(its number is how to stop it now) or an edit already written."
+  (let ((value (reply-value (second result))))
+    (and (eq (first result) :ok) (consp value) (keywordp (first value))
+         (or (eq (getf value :status) :running) (getf value :written-before-cancel)))))
+
 (defun watch-return (connection event)
   "EVENT, a `:return' to cl-mcp on CONNECTION, ends the call it answers:
 tell the watchers its outcome, the one a stopped call's answer is
@@ -342,25 +349,23 @@ replaced with."
   (destructuring-bind (thread result id) (rest event)
     (declare (ignore thread))
     (let ((stopped nil)
-          (call (sb-thread:with-mutex (*watch-lock*)
+          (call (with-agent-lock (*watch-lock*)
                   (let ((key (cons connection id)))
                     (prog1 (gethash key *watched-calls*)
                       (remhash key *watched-calls*))))))
       (when call
         (setf stopped (and (getf call :stopped)
-                           (not (and (eq (first result) :ok) (consp (second result))
-                                     (keywordp (first (second result)))
-                                     (eq (getf (second result) :status) :running)))))
+                           (not (finished-before-stop-p result))))
         (when stopped
-          (setf result (list :ok (stopped-report (second result)))
+          (setf result (list :ok (stopped-report (reply-value (second result))))
                 (third event) result))
         (multiple-value-bind (outcome number) (outcome-of result)
           (watch-send (list :phase :end :call (getf call :call) :tool (getf call :tool)
                             :outcome (if stopped "cancelled by the programmer" outcome)
                             :evaluation number
-                            :waiting (and (consp (second result))
-                                          (keywordp (first (second result)))
-                                          (getf (second result) :evaluation) t)
+                            :waiting (let ((value (reply-value (second result))))
+                                       (and (consp value) (keywordp (first value))
+                                            (getf value :evaluation) t))
                             :ms (round (* 1000 (- (get-internal-real-time) (getf call :start)))
                                        internal-time-units-per-second))))))))
 
@@ -387,7 +392,7 @@ to dispatch EVENT (which a held call's request was changed in)."
 told of every tool call; start watching.  Return (:held HELD)."
   ;; One lock with the sender's end, which takes the hook off.
   (let ((connection swank::*emacs-connection*))
-    (sb-thread:with-mutex (*watch-lock*)
+    (with-agent-lock (*watch-lock*)
       (setf *watchers* (adjoin connection (live-watchers)))
       (pushnew 'watch-event-hook swank::*event-hook*)
       (unless (and *watch-sender* (sb-thread:thread-alive-p *watch-sender*))
@@ -397,7 +402,7 @@ told of every tool call; start watching.  Return (:held HELD)."
 (defun watch-unregister ()
   "Tell the Emacs this request comes from of no more calls.  Return t."
   (let ((connection swank::*emacs-connection*))
-    (sb-thread:with-mutex (*watch-lock*)
+    (with-agent-lock (*watch-lock*)
       (setf *watchers* (remove connection *watchers*))))
   t)
 
@@ -407,7 +412,7 @@ that takes its outcome answered as stopped; its number, or nil."
   (let ((evaluation (first (background-running))))
     (when evaluation
       (let ((number (evaluation-id evaluation)))
-        (sb-thread:with-mutex (*watch-lock*)
+        (with-agent-lock (*watch-lock*)
           (push number *stopped-evaluations*)
           (when (nthcdr 50 *stopped-evaluations*)
             (setf *stopped-evaluations* (subseq *stopped-evaluations* 0 50)))
@@ -424,7 +429,7 @@ evaluation running in the background, as cancelled by the programmer: its
 answer says so.  A sentence saying what was stopped, or that nothing was
 running."
   (let ((newest-key nil) (newest nil))
-    (sb-thread:with-mutex (*watch-lock*)
+    (with-agent-lock (*watch-lock*)
       (maphash (lambda (key call)
                  (when (and (getf call :tag)
                             (or (null newest) (> (getf call :call) (getf newest :call))))

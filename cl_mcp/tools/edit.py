@@ -84,6 +84,8 @@ def render_edit(result: dict[str, Any]) -> Rendered:
     if result.get("ended-line") is True:
         head += (" (a newline was put after it: its last line ends in a comment, which would have"
                  " taken the rest of the line, and the form there, with it)")
+    if result.get("written-before-cancel") is True:
+        head += " (the call was cancelled once the edit was written: a cancel undoes no edit)"
     structure: dict[str, Any] = {"written": True, "file": result["file"], "action": action,
                                  "oldLine": result["old-line"], "oldEndLine": result["old-end-line"]}
     if "line" in result:

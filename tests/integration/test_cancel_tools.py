@@ -72,3 +72,24 @@ def cancel_each(process: McpProcess, directory: Path) -> None:
 def test_a_cancel_stops_the_code_of_every_tool(mode, tmp_path):
     with cl_mcp_in(mode) as process:
         cancel_each(process, tmp_path)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cancel_that_lands_once_its_call_is_over_ends_nothing(mode):
+    """A cancel finds the call's thread, and its interrupt lands after that
+    call has ended, in the next call the same thread serves: it must end
+    nothing there (both used to catch one tag, so it ended the next).  The
+    agent's own entry point and cancel are driven from Lisp to time the
+    two calls exactly."""
+    with cl_mcp_in(mode) as process:
+        text, is_error = process.eval(
+            "(let* ((first-call nil) (second-started (sb-thread:make-semaphore)) "
+            "(thread (sb-thread:make-thread (lambda () "
+            "(cl-mcp-agent::call-cancellable \"tc-first\" (lambda () "
+            "(setf first-call (cl-mcp-agent::find-running \"tc-first\")) :first) :first-cancelled) "
+            "(cl-mcp-agent::call-cancellable \"tc-second\" (lambda () "
+            "(sb-thread:signal-semaphore second-started) (sleep 1) :second) :second-cancelled))))) "
+            "(sb-thread:wait-on-semaphore second-started) "
+            "(cl-mcp-agent::interrupt-running first-call) "
+            "(sb-thread:join-thread thread))")
+        assert (text, is_error) == ("=> :SECOND", False)

@@ -364,7 +364,7 @@ def test_the_write_keeps_the_mode_and_is_refused_when_the_file_changed_meanwhile
     # no longer on disk: what another editor's write between the two does.
     text, is_error = lisp.eval(
         f'(cl-mcp-agent::write-atomically "{path}" (sb-ext:string-to-octets "(stale)") '
-        '(sb-ext:string-to-octets "(new)"))')
+        '(sb-ext:string-to-octets "(new)") (lambda () (error "not written")))')
     assert not is_error and "CL-MCP:FILE-CHANGED" in text, text
     assert path.read_text() == EMACS_SOURCE.replace("2)", "4)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["changing.lisp"]

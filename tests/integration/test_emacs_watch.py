@@ -261,6 +261,36 @@ def test_a_stalled_emacs_costs_cl_mcp_nothing_and_its_messages_are_bounded(share
     line_of(stalled, "evaluate-lisp", ":after-the-stall")
 
 
+def test_a_stop_that_comes_once_an_edit_is_written_answers_that_it_is_written(shared, tmp_path):
+    """A stop can undo no edit: one that lands after the rename answers the
+    edit, written, and its compile cut short (it answered
+    CANCELLED-BY-PROGRAMMER, for an edit that was on disk).  The agent's
+    refresh-source, which runs right after the rename, is made slow so
+    that the stop lands there."""
+    process, emacs = shared.process, shared.watching
+    source = tmp_path / "ew-edit.lisp"
+    source.write_text("(defun ew-edited () 1)\n")
+    assert not process.eval("(sb-int:encapsulate 'cl-mcp-agent::refresh-source 'ew-slow "
+                            "(lambda (f &rest args) (sleep 3) (apply f args)))")[1]
+    try:
+        request = process.start_request("tools/call", {"name": "edit-form", "arguments": {
+            "path": str(source), "line": 1, "text": "(defun ew-edited () 2)"}})
+        wait_for(lambda: any(" edit-form " in line and "running..." in line for line in buffer_lines(emacs)),
+                 "the running line")
+        wait_for(lambda: "2)" in source.read_text(), "the edit written")
+        emacs.eval("(cl-mcp-stop)")
+        answer = process.response(request, timeout=60)["result"]
+    finally:
+        process.eval("(sb-int:unencapsulate 'cl-mcp-agent::refresh-source 'ew-slow)")
+    assert "CANCELLED-BY-PROGRAMMER" not in text(answer), answer
+    assert "cancelled once the edit was written" in text(answer), answer
+    assert "the edit is written, and stays written" in text(answer), answer
+    assert "its compile did not finish" in text(answer), answer
+    assert answer["structuredContent"]["written"] is True, answer
+    assert source.read_text() == "(defun ew-edited () 2)\n"
+    assert emacs.repl_text() == shared.repl
+
+
 def test_a_hold_ends_when_no_emacs_that_could_release_it_is_connected(shared):
     """Last: it disconnects the Emacs that watch."""
     process = shared.process

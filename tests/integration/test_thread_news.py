@@ -262,3 +262,24 @@ def test_an_evaluation_waiting_on_a_thread_that_stopped_answers_at_once(lisp, li
     assert "SIMPLE-ERROR: tn joined fails" in notice_of(result), text
     lisp.call("invoke-restart", evaluation=stopped, restart="ABORT")
     lisp.call("await-evaluation", evaluation=number, abort=True)
+
+
+def test_an_evaluation_whose_forms_have_returned_answers_their_value_whatever_stops_beside_it(lisp):
+    """A thread it started that stops once the forms have returned must not
+    turn the answer into "still running" (issue 44, item 14: 2 of 5 calls
+    did).  To land the stop in that instant every time, the agent's
+    keep-value, which runs after the last form returns, is made slow."""
+    slow = lisp.call("evaluate-lisp", code="(sb-int:encapsulate 'cl-mcp-agent::keep-value 'tn-slow "
+                                           "(lambda (f &rest args) (sleep 1) (apply f args)))")
+    assert not slow["isError"], slow
+    try:
+        result = lisp.call("evaluate-lisp", code='(progn (sb-thread:make-thread (lambda () (sleep 0.2) '
+                                                 '(error "tn after the value")) :name "tn-late") '
+                                                 ':tn-returned)')
+    finally:
+        lisp.call("evaluate-lisp", code="(sb-int:unencapsulate 'cl-mcp-agent::keep-value 'tn-slow)")
+    assert not result["isError"], result
+    assert not result["structuredContent"].get("running"), result
+    assert result["structuredContent"]["values"] == [":TN-RETURNED"], result
+    notice = notices_until(lisp, "tn-late", notice_of(result))
+    lisp.call("invoke-restart", evaluation=waiting_evaluation(notice, "tn-late"), restart="ABORT")

@@ -92,7 +92,11 @@ def test_a_threads_own_restart_from_eval_in_frame_leaves_no_deadline(lisp):
 
 
 @pytest.mark.parametrize("work", ["(cl-mcp-agent::find-suspended nil)",  # the registry lock
-                                  "(cl-mcp-agent::repl-definition-plists 'tp-nap)"])
+                                  "(cl-mcp-agent::repl-definition-plists 'tp-nap)",
+                                  # the deadline lock, which every evaluation with a deadline takes
+                                  "(let ((e (cl-mcp-agent::make-evaluation :code :tp))) "
+                                  "(cl-mcp-agent::schedule-deadline e (list nil :tp) 3600) "
+                                  "(cl-mcp-agent::stop-deadline e))"])
 def test_a_thread_stopped_holding_a_lock_holds_up_no_call(lisp, work):
     """A thread that takes one of the agent's locks all the time, stopped
     again and again: each time, the next evaluation (which takes both
