@@ -64,7 +64,8 @@ evaluation is cl-mcp's, but a user's thread stopped at its error, or by
 user threads there the threads tool may interrupt or kill.")
 
 (defun hands-off-reason (thread)
-  "Why the threads tool may not interrupt or kill THREAD, a user's, or
+  "Why the threads tool may not interrupt or kill THREAD, a user's, nor
+read its backtrace (an interrupt too), or
 nil: in a shared image, a thread no cl-mcp evaluation started is the
 programmer's (stopped in SLDB, an interrupt would leave SLDB without
 answers; ended, the programmer's work is lost)."
@@ -122,30 +123,58 @@ that is not cl-mcp's to touch."
   (find id (sb-thread:list-all-threads) :key #'thread-id))
 
 (defun ask-thread (thread function)
-  "The value of FUNCTION called inside THREAD by an interrupt, or nil when
-THREAD does not answer within `*thread-answer-seconds*'."
-  (let ((answer (list nil))
+  "Call FUNCTION inside THREAD by an interrupt, with one argument: a
+function that tells whether the asker has stopped waiting.  (:ok VALUE)
+when it answers within `*thread-answer-seconds*'; else (:late REASON),
+REASON a sentence on why.  An interrupt that lands after the asker gave
+up does nothing."
+  (let ((state (list :asked))
+        (answer nil)
         (done (sb-thread:make-semaphore :name "cl-mcp thread answer")))
-    (handler-case
-        (sb-thread:interrupt-thread thread (lambda ()
-                                             (setf (car answer) (funcall function))
-                                             (sb-thread:signal-semaphore done)))
-      (sb-thread:interrupt-thread-error () (return-from ask-thread nil)))
-    (and (sb-thread:wait-on-semaphore done :timeout *thread-answer-seconds*)
-         (car answer))))
+    (flet ((answer ()
+             (when (eq :asked (sb-ext:compare-and-swap (car state) :asked :started))
+               (setf answer (funcall function (lambda () (eq (car state) :abandoned))))
+               (sb-thread:signal-semaphore done))))
+      (handler-case (sb-thread:interrupt-thread thread #'answer)
+        (sb-thread:interrupt-thread-error ()
+          (return-from ask-thread (list :late "it has ended")))))
+    (if (sb-thread:wait-on-semaphore done :timeout *thread-answer-seconds*)
+        (list :ok answer)
+        (let ((was (sb-ext:compare-and-swap (car state) :asked :abandoned)))
+          (setf (car state) :abandoned)
+          (list :late (if (eq was :started)
+                          (format nil "it took the interrupt, but printing its frames took ~
+                                       longer: a PRINT-OBJECT method of something on its stack ~
+                                       is slow, or waits; it stops printing after the frame it is at")
+                          (not-interruptible-reason thread)))))))
+
+(defun not-interruptible-reason (thread)
+  "Why THREAD, alive, has not taken an interrupt: what it runs now."
+  (multiple-value-bind (enabled bound)
+      (ignore-errors (sb-thread:symbol-value-in-thread 'sb-sys:*interrupts-enabled* thread nil))
+    (cond ((not (sb-thread:thread-alive-p thread)) "it has ended")
+          ((and bound (not enabled))
+           "it runs with interrupts disabled (inside SB-SYS:WITHOUT-INTERRUPTS)")
+          (t (format nil "it has not come back to Lisp code, where interrupts are taken ~
+                          (foreign code, or a system call SBCL does not break; the kernel ~
+                          has it ~(~A~))"
+                     (or (kernel-state thread) "in a state it does not tell"))))))
 
 (defun thread-backtrace (thread count)
   "The first COUNT frames of THREAD, printed, or an error plist.  Its entry
 is taken before it is asked: answering the interrupt, it runs."
   (let* ((entry (thread-entry thread))
-         (lines (ask-thread thread (lambda ()
-                                     (list (frame-lines (error-frames :interrupted t) nil count))))))
-    (if lines
-        (list :status :ok :thread entry :frames (first lines))
+         (answer (ask-thread thread
+                             (lambda (abandoned-p)
+                               (loop for frame in (error-frames :interrupted t)
+                                     repeat count
+                                     until (funcall abandoned-p)
+                                     collect (frame-line frame))))))
+    (if (eq (first answer) :ok)
+        (list :status :ok :thread entry :frames (second answer))
         (error-report "CL-MCP:THREAD-DID-NOT-ANSWER"
-                      "Thread ~D did not answer within ~A: it blocks interrupts, or is ~
-                       inside foreign code."
-                      (thread-id thread) (seconds-text *thread-answer-seconds*)))))
+                      "Thread ~D did not answer within ~A: ~A."
+                      (thread-id thread) (seconds-text *thread-answer-seconds*) (second answer)))))
 
 (define-condition thread-interrupted (condition)
   ((thread :initarg :thread :reader interrupted-thread))
@@ -193,9 +222,9 @@ on.  However it leaves, no deadline stays armed to stop it again."
     (or (take-slot evaluation #'evaluation-report #'(setf evaluation-report)
                    *thread-answer-seconds*)
         (error-report "CL-MCP:THREAD-DID-NOT-ANSWER"
-                      "Thread ~D did not stop within ~A: it blocks interrupts, or is inside ~
-                       foreign code; it will stop when it can."
-                      (thread-id thread) (seconds-text *thread-answer-seconds*)))))
+                      "Thread ~D did not stop within ~A: ~A; it will stop when it can."
+                      (thread-id thread) (seconds-text *thread-answer-seconds*)
+                      (not-interruptible-reason thread)))))
 
 (defun threads-of (action &key thread (count *backtrace-frame-limit*))
   "ACTION on the image's threads: :list gives :threads, a `thread-entry'
@@ -218,6 +247,14 @@ CL-MCP:NOT-IMPLEMENTED when this image lacks an internal it needs."
                (error-report "CL-MCP:INVALID-ARGUMENTS" "~(~A~) needs a thread id (from list)." action))
               ((null target)
                (error-report "CL-MCP:NO-SUCH-THREAD" "No thread has the id ~D (list shows the live ones)." thread))
+              ((and (eq action :backtrace) (not (eq (thread-owner target) :cl-mcp))
+                    (hands-off-reason target))
+               (error-report "CL-MCP:NOT-CL-MCPS-THREAD"
+                             "Thread ~D (~S) is ~A: its backtrace would be taken by interrupting ~
+                              it, and its own printers would run inside it, so cl-mcp does not. ~
+                              list shows its state and the lock it waits for; SLIME's thread ~
+                              list (M-x slime-list-threads) shows its frames to the programmer."
+                             thread (sb-thread:thread-name target) (hands-off-reason target)))
               ((eq action :backtrace) (thread-backtrace target count))
               ((not (eq (thread-owner target) :user))
                (error-report "CL-MCP:NOT-A-USER-THREAD"
@@ -227,8 +264,8 @@ CL-MCP:NOT-IMPLEMENTED when this image lacks an internal it needs."
                              (if (eq action :kill) "kill" "interrupt")))
               ((hands-off-reason target)
                (error-report "CL-MCP:NOT-CL-MCPS-THREAD"
-                             "Thread ~D (~S) is ~A: it is listed and its backtrace can be read, ~
-                              but only a thread cl-mcp's evaluations started can be ~(~A~)ed."
+                             "Thread ~D (~S) is ~A: it is listed, but only a thread cl-mcp's ~
+                              evaluations started can be ~(~A~)ed."
                              thread (sb-thread:thread-name target) (hands-off-reason target)
                              (if (eq action :kill) "kill" "interrupt")))
               ((and (eq action :interrupt) (nth-value 1 (evaluation-of-thread target)))

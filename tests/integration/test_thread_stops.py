@@ -131,3 +131,34 @@ def test_a_command_that_cannot_be_interrupted_is_answered_in_time(lisp):
         assert "CL-MCP:NO-REPORT" in frames["content"][0]["text"], frames
     assert frames["structuredContent"]["frames"], frames
     assert not lisp.call("invoke-restart", restart="abort")["isError"]
+
+
+def test_a_thread_that_does_not_answer_is_told_with_the_real_reason(lisp):
+    """Its backtrace asked of it: one that runs with interrupts disabled is
+    told so; one whose frames print slowly (a PRINT-OBJECT that sleeps) is
+    told that, and stops printing after that frame, back at its work
+    (both used to be "it blocks interrupts, or is inside foreign code")."""
+    assert not lisp.eval("(defvar *tp-counts* (make-hash-table :test 'equal))"
+                         "(defclass tp-slow-printing () ())"
+                         "(defmethod print-object ((o tp-slow-printing) s) (sleep 3) (call-next-method))"
+                         "(defun tp-holding (o) (loop (incf (gethash \"tp-slow\" *tp-counts* 0)) (sleep 0.05)"
+                         " (when (null o) (return))))")[1]
+    blocked = started(lisp, "tp-blocked", "(lambda () (sb-sys:without-interrupts (sleep 5)))")
+    answer = lisp.call("threads", action="backtrace", thread=blocked)
+    assert answer["isError"], answer
+    assert "CL-MCP:THREAD-DID-NOT-ANSWER" in answer["content"][0]["text"], answer
+    assert "interrupts disabled (inside SB-SYS:WITHOUT-INTERRUPTS)" in answer["content"][0]["text"], answer
+    slow = started(lisp, "tp-slow", "(lambda () (tp-holding (make-instance 'tp-slow-printing)))")
+    deadline = time.monotonic() + 20
+    while lisp.eval('(gethash "tp-slow" *tp-counts*)')[0].startswith("=> NIL"):  # in its loop
+        assert time.monotonic() < deadline, "the slow printer's thread never began its loop"
+        time.sleep(0.05)
+    answer = lisp.call("threads", action="backtrace", thread=slow)
+    assert answer["isError"], answer
+    assert "printing its frames took longer: a PRINT-OBJECT method" in answer["content"][0]["text"], answer
+    deadline = time.monotonic() + 20
+    before = counter(lisp, "tp-slow")
+    while counter(lisp, "tp-slow") == before:
+        assert time.monotonic() < deadline, "the slow printer's thread never went back to its work"
+        time.sleep(0.1)
+    assert not lisp.call("threads", action="kill", thread=slow)["isError"]
