@@ -158,20 +158,47 @@ total column."
   (loop for (self nil function) in rows
         when (search "ALLOC-TRAMP" function) sum self))
 
+(defparameter *own-frame-packages* '("CL-MCP-AGENT:" "SWANK:" "SWANK::" "SWANK/")
+  "How the names of cl-mcp's and Swank's functions begin, in a report's row.")
+
+(defun own-row-p (row)
+  "Whether ROW, (SELF TOTAL FUNCTION) of a sampling report, is not the
+profiled code's: a function of cl-mcp or Swank, or one of SBCL's that
+every sample passed through with none of its own (the thread's start,
+the evaluator, the profile's lock), below the code as cl-mcp runs it."
+  (destructuring-bind (self total function) row
+    (flet ((mentions (prefix)
+             (loop for at = (search prefix function) then (search prefix function :start2 (1+ at))
+                   while at
+                   thereis (or (zerop at) (find (char function (1- at)) " ("))))
+           (sbcl-name-p ()
+             ;; (FLET F :IN G) and (LAMBDA () :IN G) are G's.
+             (let* ((in (search ":IN " function :from-end t))
+                    (name (string-trim "() " (if in (subseq function (+ in 4)) function))))
+               (or (eql 0 (search "SB-" name))
+                   (eql 0 (search "foreign function " name))
+                   (member name '("EVAL" "FUNCALL" "APPLY") :test #'string=)))))
+      (or (some #'mentions *own-frame-packages*)
+          (and (zerop self) (>= total 995) (sbcl-name-p))))))
+
 (defun sampling-report (mode value max-rows)
   "The result of a profile in MODE that left VALUE, from SB-SPROF's flat
-report of it: its first MAX-ROWS rows, and how many it has (:sampled)."
+report of it: its first MAX-ROWS rows of the profiled code's own functions
+(`own-row-p' rows left out, counted in :left-out), and how many it has
+(:sampled)."
   (let ((text (with-output-to-string (out)
                 (funcall (sprof "REPORT") :type :flat :stream out))))
     (multiple-value-bind (rows failure) (report-rows text)
       (or failure
-          (list :status :ok :mode mode :samples (report-samples text)
-                :value (one-line (safe-print value #'prin1-to-string) 200)
-                :sampled (length rows)
-                :in-trampolines (if (eq mode :alloc) (trampoline-share rows) 0)
-                :rows (loop for (self total function) in rows
-                            repeat max-rows
-                            collect (list :self self :total total :function function)))))))
+          (let ((kept (remove-if #'own-row-p rows)))
+            (list :status :ok :mode mode :samples (report-samples text)
+                  :value (one-line (safe-print value #'prin1-to-string) 200)
+                  :sampled (length kept)
+                  :left-out (- (length rows) (length kept))
+                  :in-trampolines (if (eq mode :alloc) (trampoline-share rows) 0)
+                  :rows (loop for (self total function) in kept
+                              repeat max-rows
+                              collect (list :self self :total total :function function))))))))
 
 (defun sample-code (code package mode max-rows timeout)
   "Run CODE in PACKAGE under SB-SPROF in MODE, sampling this thread only;

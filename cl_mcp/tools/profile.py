@@ -64,6 +64,8 @@ def render_profile(result: dict[str, Any]) -> Rendered:
                  "the code that allocates shows in the cum column")
     if result["sampled"] > len(rows):
         head += f'\nThe {len(rows)} of {result["sampled"]} functions with the most samples of their own:'
+    if result.get("left-out"):
+        head += f'\n({result["left-out"]} functions of cl-mcp\'s, Swank\'s and SBCL\'s, under the code, left out)'
     table = "\n".join(f'{row["selfPercent"]:5.1f}% {row["cumulativePercent"]:5.1f}%  {row["function"]}'
                       for row in rows)
     text = head + ("\n\n  self    cum  function\n" + table if rows else "")

@@ -8,6 +8,7 @@ allocation profile of code that conses."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -242,3 +243,21 @@ def test_profile_errors(lisp):
     assert failed["isError"] and "TYPE-ERROR" in failed["content"][0]["text"], failed
     unknown = checked_call(lisp, "profile", code="1", package="NO-SUCH-PACKAGE")
     assert unknown["isError"] and "PACKAGE-ERROR" in unknown["content"][0]["text"], unknown
+
+
+@pytest.mark.parametrize("mode", ["cpu", "alloc"])
+def test_a_profile_lists_the_codes_own_functions_not_cl_mcps(lisp, mode):
+    """cl-mcp's, Swank's and the evaluator's frames under the code are in
+    every sample: they filled the top rows, pushing the user's out (issue
+    44, item 13).  Left out, the user's functions lead the first rows, and
+    the text says how many were left out."""
+    code = "(tp-work 0.5)" if mode == "cpu" else "(length (tp-consing 20000))"
+    result = checked_call(lisp, "profile", code=code, mode=mode, **{"max-rows": 200})
+    assert not result["isError"], result
+    rows = [row["function"] for row in result["structuredContent"]["rows"]]
+    assert not [row for row in rows if "CL-MCP-AGENT:" in row or "SWANK" in row
+                or row in ("EVAL", "SB-INT:SIMPLE-EVAL-IN-LEXENV", "SB-THREAD::CALL-WITH-MUTEX")], rows
+    ours = "TP-WORK" if mode == "cpu" else "TP-CONSING"
+    assert ours in rows[:6], rows
+    assert re.search(r"\n\(\d+ functions of cl-mcp's, Swank's and SBCL's, under the code, left out\)",
+                     result["content"][0]["text"]), result
