@@ -158,7 +158,7 @@ total column."
   (loop for (self nil function) in rows
         when (search "ALLOC-TRAMP" function) sum self))
 
-(defparameter *own-frame-packages* '("CL-MCP-AGENT:" "SWANK:" "SWANK::" "SWANK/")
+(defparameter *own-frame-packages* '("CL-MCP-AGENT:" "SWANK:" "SWANK/")
   "How the names of cl-mcp's and Swank's functions begin, in a report's row.")
 
 (defun own-row-p (row)
