@@ -693,8 +693,18 @@ that is gone before it has kept it loses nothing."
   (let ((evaluation (find-background id)))
     (cond (evaluation
            (when abort (stop-background evaluation))
-           (or (take-slot evaluation #'evaluation-report nil (if abort 10 wait))
-               (running-report evaluation)))
+           ;; A caller that wakes to find the outcome taken by another (its
+           ;; report cleared by `forget-outcome') answers so, not that the
+           ;; evaluation still runs.
+           (let ((outcome (take-slot evaluation
+                                     (lambda (evaluation)
+                                       (or (evaluation-report evaluation)
+                                           (and (not (evaluation-background evaluation)) :taken)))
+                                     nil (if abort 10 wait))))
+             (case outcome
+               ((nil) (running-report evaluation))
+               (:taken (no-background-report id))
+               (t outcome))))
           ((and abort (find-suspended id))
            (let ((waiting (find-suspended id)))
              (post-command waiting (list :abort))

@@ -88,7 +88,7 @@ and the session record; taken with `with-agent-lock'.")
 interrupt (agent/threads.lisp, agent/user-threads.lisp), not code cl-mcp
 asked to run: such a stop arms no deadline, has a limit of its own, is
 never the newest by default, and is let go when cl-mcp detaches."
-  (member (evaluation-code evaluation) '(:interrupted :thread-error)))
+  (and (member (evaluation-code evaluation) '(:interrupted :thread-error)) t))
 
 (defun put-slot (evaluation writer value)
   "Store VALUE with WRITER under EVALUATION's lock and wake its waiters."
@@ -534,7 +534,10 @@ from the call tagged TAG."
 a restart, it is in the foreground again until its next window closes."
   (with-agent-lock (*registry-lock*)
     (setf (evaluation-background evaluation) nil
-          *background* (remove evaluation *background*))))
+          *background* (remove evaluation *background*)))
+  ;; Callers waiting for its outcome look again, and find it gone.
+  (with-agent-lock ((evaluation-lock evaluation))
+    (sb-thread:condition-broadcast (evaluation-ready evaluation))))
 
 ;;;; What the session creates, in an image it shares (attach mode)
 ;;;

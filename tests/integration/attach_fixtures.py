@@ -4,6 +4,7 @@ Emacs with SLIME connected to it, for the attach-mode tests."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import re
 import shutil
@@ -137,7 +138,12 @@ class Emacs:
         """Wait until a debugger window is open; WHAT says whose error it is."""
         deadline = time.monotonic() + timeout
         while self.debugger_windows() == 0:
-            assert time.monotonic() < deadline, f"{what} never reached Emacs's debugger"
+            if time.monotonic() > deadline:
+                threads = self.slime_eval("(cl:mapcar (cl:function sb-thread:thread-name) "
+                                          "(sb-thread:list-all-threads))")
+                messages = self.text("(with-current-buffer \"*Messages*\" (buffer-string))")
+                raise AssertionError(f"{what} never reached Emacs's debugger; the image's "
+                                     f"threads: {threads}; Emacs's messages: {messages[-800:]}")
             time.sleep(0.1)
 
     def quit_debuggers(self) -> None:
@@ -154,5 +160,11 @@ class Emacs:
                        capture_output=True, timeout=30)
 
 
+_HOMES = Path(tempfile.mkdtemp(prefix="cl-mcp-homes-"))
+atexit.register(shutil.rmtree, _HOMES, ignore_errors=True)
+
+
 def temporary_home() -> Path:
-    return Path(tempfile.mkdtemp(prefix="cl-mcp-home-"))
+    """A fresh HOME for a programmer's image and Emacs; all of this test
+    process's go when it exits."""
+    return Path(tempfile.mkdtemp(prefix="home-", dir=_HOMES))

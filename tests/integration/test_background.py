@@ -138,6 +138,29 @@ def test_overlapping_awaits_hand_the_outcome_out_once(lisp):
     assert output["structuredContent"]["lines"] == ["      1: one", "      2: two"]
 
 
+def test_an_await_that_finds_the_outcome_being_kept_by_another_is_told_it_was_taken(lisp):
+    """The second call looks after the first has taken the outcome out of
+    the image but before the image stops calling it background (held
+    there, so that the second comes in that moment): it used to wait its
+    whole wait and answer that the finished evaluation was still running."""
+    number = start(lisp, "(progn (sleep 2) :done)")
+    held = ("(sb-int:encapsulate 'cl-mcp-agent::forget-background 'held (lambda (f e) "
+            "(setf (get :cl-mcp-background :held) t) (sleep 3) (funcall f e)))")
+    assert lisp.eval(held)[1] is False
+    try:
+        first = lisp.start_request("tools/call", {"name": "await-evaluation",
+                                                  "arguments": {"evaluation": number, "wait": 30}})
+        while lisp.eval("(get :cl-mcp-background :held)") != ("=> T", False):
+            time.sleep(0.05)
+        second = awaited(lisp, number, wait=20)
+        assert second["isError"], second
+        assert second["content"][0]["text"].startswith("[ERROR] CL-MCP:NO-SUCH-EVALUATION"), second
+        assert lisp.response(first)["result"]["content"][0]["text"].startswith("=> :DONE")
+    finally:
+        lisp.eval("(sb-int:unencapsulate 'cl-mcp-agent::forget-background 'held)")
+        lisp.eval("(remprop :cl-mcp-background :held)")
+
+
 LONG_OUTPUT = "(dotimes (i 150000) (format t \"line ~7,'0D xxxxxxxx~%\" i))"  # 3.3 MB
 
 

@@ -160,7 +160,7 @@ def test_calls_waiting_beside_the_session_are_bounded():
                    for r in busy), busy
         assert int(process.eval(threads)[0].removeprefix("=> ")) <= before + MAX_WAITING_BESIDE + 4
         answers = [process.response(f"wait-{i}")["result"] for i in range(MAX_WAITING_BESIDE)]
-        assert sum(not a["isError"] for a in answers) == 1  # the one that took the outcome
+        assert sum(not a["isError"] for a in answers) == 1, answers  # the one that took the outcome
         assert "result" in process.request("tools/call", {"name": "read-output", "arguments": {"evaluation": number}})
 
 

@@ -218,6 +218,25 @@ def test_past_the_limits_a_stopped_thread_is_aborted_and_its_error_kept(mode):
         assert thread_entry(lisp, "tn-first") is None
 
 
+def test_a_thread_stopped_by_an_interrupt_counts_toward_the_limit_as_one_at_its_error():
+    """Both are the user's threads stopped: one limit holds for the two."""
+    with cl_mcp_in("embedded", "--max-suspended", "1") as lisp:
+        text, is_error = lisp.eval('(sb-thread:make-thread (lambda () (loop (sleep 0.01))) :name "tn-napper")')
+        assert not is_error, text
+        napper = None
+        while not napper:  # a thread just made gets its Linux id when it starts
+            napper = next(t["id"] for t in lisp.call("threads", action="list")["structuredContent"]["threads"]
+                          if t["name"] == "tn-napper")
+        stopped = lisp.call("threads", action="interrupt", thread=napper)
+        assert not stopped["isError"], stopped
+        notices_until(lisp, 'Thread "tn-after" stopped', start(
+            lisp, '(sb-thread:make-thread (lambda () (error "tn after")) :name "tn-after")'))
+        # The interrupted thread was let go, back to its work.
+        text, is_error = lisp.eval("(mapcar #'cl-mcp-agent::evaluation-code cl-mcp-agent::*suspended*)")
+        assert (text, is_error) == ("=> (:THREAD-ERROR)", False)
+        assert thread_entry(lisp, "tn-napper")["state"] != "stopped-at-error", thread_entry(lisp, "tn-napper")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_stopped_threads_never_push_out_nor_stand_in_for_the_models_evaluations(mode):
     with cl_mcp_in(mode, "--max-suspended", "1") as lisp:

@@ -76,8 +76,10 @@
   (let ((octets (octets-of file)))
     (handler-bind ((sb-ext:compiler-note (lambda (c) (report file octets c out) (muffle-warning c)))
                    (warning (lambda (c) (report file octets c out) (muffle-warning c))))
-      (let ((*standard-output* (make-broadcast-stream)) (*error-output* (make-broadcast-stream)))
-        (compile-file file :output-file (format nil "/tmp/truth-notes-~D.fasl" (sb-posix:getpid)))))))
+      (let ((*standard-output* (make-broadcast-stream)) (*error-output* (make-broadcast-stream))
+            (fasl (format nil "/tmp/truth-notes-~D.fasl" (sb-posix:getpid))))
+        (unwind-protect (compile-file file :output-file fasl)
+          (when (probe-file fasl) (delete-file fasl)))))))
 
 (defun main (pristine system edited)
   (truth-system-files:load-quietly pristine system)
