@@ -174,11 +174,13 @@ top-level forms: the scan can go on after it."
     (and (null (unbalanced-opened condition)) (< index (length text))
          (char= (char text index) #\)) (eql index (unbalanced-top condition)))))
 
-(defun form-extents (text &optional on-problem)
+(defun form-extents (text &optional on-problem (form-end #'form-end))
   "The (START . END) character offsets of the top-level forms of TEXT, in
-order; signals `unbalanced-text' at the first that does not end, or with
-ON-PROBLEM, calls it with the condition instead and goes on after a stray
-) (see `stray-paren-p'), or stops with the forms found."
+order, each found by FORM-END (of TEXT and a form's start: the scanner's
+`form-end', or one of `reader-form-end'); signals `unbalanced-text' at the
+first that does not end, or with ON-PROBLEM, calls it with the condition
+instead and goes on after a stray ) (see `stray-paren-p'), or stops with
+the forms found."
   (unless (typep text 'text)
     (setf text (coerce text 'text)))
   (let ((forms '()) (start (skip-blanks text 0)))
@@ -186,7 +188,7 @@ ON-PROBLEM, calls it with the condition instead and goes on after a stray
           do (handler-case
                  (let ((end (handler-bind ((unbalanced-text (lambda (condition)
                                                               (setf (unbalanced-top condition) start))))
-                              (form-end text start))))
+                              (funcall form-end text start))))
                    (push (cons start end) forms)
                    (setf start (skip-blanks text end)))
                (unbalanced-text (condition)
@@ -209,31 +211,79 @@ ON-PROBLEM, calls it with the condition instead and goes on after a stray
     (values (line-at text index) (1+ (- index start)))))
 
 (defstruct (file-form (:constructor make-file-form
-                          (start end line end-line package readtable readtable-name)))
+                          (start end line end-line package readtable readtable-name syntax)))
   "One top-level form of a file: its character offsets and first and last
-lines, and the package and readtable it is read in (nil: the package
-does not exist)."
-  start end line end-line package readtable readtable-name)
+lines, the package and readtable it is read in (nil: the package does not
+exist), and how its extent was found (`form-syntax')."
+  start end line end-line package readtable readtable-name syntax)
+
+(defun form-syntax (named readtable package)
+  "How a form read in PACKAGE under the `in-readtable' NAMED (or none),
+which names READTABLE (nil: a readtable the image lacks), is delimited:
+:reader, by the reader (`reader-form-end') when it is read in a readtable
+of its own, whose reader macros the byte scanner cannot know; :unknown when
+NAMED is a readtable the image lacks, so that the scanner, which knows only
+the standard syntax, has to do; else :standard, by the scanner."
+  (cond ((member named '("STANDARD" "COMMON-LISP") :test #'equal) :standard)
+        (named (if readtable :reader :unknown))
+        ((and package (assoc (package-name package) swank:*readtable-alist* :test #'string=)) :reader)
+        (t :standard)))
+
+(defun reader-form-end (package readtable)
+  "A FORM-END for `form-extents' that finds where a top-level form ends as
+the reader does, in PACKAGE and READTABLE, with *READ-SUPPRESS* (nothing
+interned, no #. evaluated); a form a false #+ or #- skips ends where the
+skipped form does, as the scanner finds it.  A form that does not read
+signals `unbalanced-text'."
+  (lambda (text start)
+    (with-input-from-string (in text)
+      (file-position in start)
+      (let ((*package* package) (*readtable* (quiet-readtable readtable)) (*read-eval* nil))
+        (handler-case (progn (or (skipped-by-feature-p text start in)
+                                 (let ((*read-suppress* t))
+                                   (read-preserving-whitespace in)))
+                             (file-position in))
+          (end-of-file ()
+            (error 'unbalanced-text :index (length text) :opened start
+                                    :what "a form is not closed (read in its readtable)"
+                                    :fix "close it where it ends (at the end of the text, at the latest)"))
+          (error (condition)
+            (error 'unbalanced-text :index (min (length text) (file-position in)) :opened start
+                                    :what (format nil "a form does not read in its readtable: ~A"
+                                                  (reader-error-text (condition-message condition)))
+                                    :fix "change the text there so that the reader accepts it")))))))
 
 (defun file-forms (text &optional on-problem)
   "The top-level forms of TEXT as `file-form's, each with the package of
 the nearest `in-package' above it and the readtable of the nearest
-`in-readtable' (else Swank's for that package, as C-c C-c reads); ON-PROBLEM
-as `form-extents' takes it."
+`in-readtable' (else Swank's for that package, as C-c C-c reads), and
+delimited as its syntax says (`form-syntax'); ON-PROBLEM as `form-extents'
+takes it."
   (let ((package (find-package "COMMON-LISP-USER")) (named nil) (readtable nil)
-        (line 1) (counted 0))
+        (line 1) (counted 0) (forms '()))
     (flet ((line-of (index)
              ;; Lines counted once through the text, from one form to the next.
              (incf line (count #\Newline text :start counted :end index))
              (setf counted index)
              line))
-    (loop for (start . end) in (form-extents text on-problem)
-          collect (make-file-form start end (line-of start) (line-of end) package
-                                  (form-readtable readtable package) named)
-          do (let ((name (in-package-name text start end)))
-               (when name (setf package (find-package name))))
-             (let ((name (in-readtable-name text start end)))
-               (when name (setf named name readtable (named-readtable name))))))))
+      ;; Each form is delimited in the syntax the forms above it set.
+      (form-extents text on-problem
+                    (lambda (text start)
+                      (let* ((syntax (form-syntax named readtable package))
+                             (form-readtable (form-readtable readtable package))
+                             (end (funcall (if (eq syntax :reader)
+                                               (reader-form-end (or package *package*) form-readtable)
+                                               #'form-end)
+                                           text start)))
+                        (push (make-file-form start end (line-of start) (line-of end) package
+                                              form-readtable named syntax)
+                              forms)
+                        (let ((name (in-package-name text start end)))
+                          (when name (setf package (find-package name))))
+                        (let ((name (in-readtable-name text start end)))
+                          (when name (setf named name readtable (named-readtable name))))
+                        end)))
+      (nreverse forms))))
 
 (defmacro with-form-reading ((form) &body body)
   "BODY with the reader set as for FORM (a `file-form'): its package and
@@ -438,8 +488,13 @@ reader stopped."
 
 (defun new-text-problem (text form)
   "Nil when TEXT reads as complete forms in the package and readtable of
-FORM (a `file-form'), else the :status :error plist saying where not."
-  (handler-case (when (null (form-extents text))
+FORM (a `file-form'), delimited as FORM is (`form-syntax'), else the
+:status :error plist saying where not."
+  (handler-case (when (null (form-extents text nil
+                                          (if (eq (file-form-syntax form) :reader)
+                                              (reader-form-end (file-form-package form)
+                                                               (file-form-readtable form))
+                                              #'form-end)))
                   (return-from new-text-problem
                     (name-error "CL-MCP:NO-FORM" "The new text holds no form.")))
     (unbalanced-text (condition) (return-from new-text-problem (unbalanced-plist condition text))))
@@ -701,7 +756,13 @@ read and :candidates for an ambiguous TARGET."
                             (file-form-line form)))))
     (unless (eq action :delete)
       (let ((problem (new-text-problem text form)))
-        (when problem (return-from %edit-form-of problem))))
+        (when problem
+          (when (eq (file-form-syntax form) :unknown)
+            (setf (getf (getf problem :error) :message)
+                  (format nil "~A (The file's readtable ~A is not in the image: the text was ~
+                               delimited as standard syntax; load the system that defines it.)"
+                          (getf (getf problem :error) :message) (file-form-readtable-name form))))
+          (return-from %edit-form-of problem))))
     (multiple-value-bind (edited start end span insertion ended) (kept-edit old forms form action new)
       (when (listp edited)
         (return-from %edit-form-of edited))
@@ -716,6 +777,8 @@ read and :candidates for an ambiguous TARGET."
                                   :old-line (file-form-line form)
                                   :old-end-line (file-form-end-line form))
                             (and ended (list :ended-line t))
+                            (and (eq (file-form-syntax form) :unknown)
+                                 (list :unknown-readtable (file-form-readtable-name form)))
                             (and start (list :line (line-at edited start) :end-line (line-at edited end)))
                             (and start compile (file-form-package form)
                                  (list :compile (list file edited start end (file-form-package form)

@@ -76,7 +76,7 @@ logged.  Return t."
         swank::*configure-emacs-indentation* nil
         *debugger-hook* nil)
   (watch-user-threads)
-  ;; To know which evaluation started a thread (`hurry-evaluation').
+  ;; The threads evaluations start are watched as in a shared image.
   (watch-threads-started-by-cl-mcp)
   (install-mailbox-pruning)
   (pushnew 'note-heap-after-gc sb-ext:*after-gc-hooks*)

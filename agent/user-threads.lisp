@@ -416,21 +416,53 @@ a weak pointer to that evaluation: a thread that lives on must not keep
 the evaluation's output.")
 
 (defun hurry-evaluation (evaluation)
-  "EVALUATION (or nil) started the thread that has just stopped at its
-error, and may be waiting for it (JOIN-THREAD): while its caller still
-waits for it, answer \"still running\" now, as at an answer window's close
-(`run-in-background', with the news of the stop), its deadline left where
-it was.  The stretch's deadline token is swapped for an answer window that
-closes now, so that it still lands only in that stretch."
-  (let* ((token (and evaluation (evaluation-deadline evaluation)))
+  "While EVALUATION's caller still waits for it, answer \"still running\"
+now, as at an answer window's close (`run-in-background', with the news of
+the stop), its deadline left where it was; true when it is told to.  The
+stretch's deadline token is swapped for an answer window that closes now,
+so that it still lands only in that stretch."
+  (let* ((token (evaluation-deadline evaluation))
+         (began (or (first (evaluation-readings evaluation)) (evaluation-started evaluation)))
          (hurried (and token
                        (or (eq (second token) :answer) (evaluation-continuation evaluation))
                        (list (first token) :answer
-                             (/ (- (get-internal-real-time) (first (evaluation-readings evaluation)))
-                                internal-time-units-per-second)))))
+                             (/ (- (get-internal-real-time) began) internal-time-units-per-second)))))
     (when (and hurried
                (eq token (sb-ext:compare-and-swap (evaluation-deadline evaluation) token hurried)))
-      (interrupt-at-deadline evaluation hurried))))
+      (interrupt-at-deadline evaluation hurried)
+      t)))
+
+(defun hurry-waiting-callers ()
+  "A user's thread has just stopped at its error, which SLIME would show at
+once: every call of cl-mcp's whose caller still waits within its answer
+window (an evaluation, or a load's, compile's or test run's work) answers
+\"still running\" now, with the news of the stop, whatever it waits on: the
+thread it started, a socket to a server in this image, a lock (see
+`hurry-evaluation').  True when one was told to."
+  (let ((hurried nil))
+    (dolist (evaluation (with-agent-lock (*deadline-lock*)
+                          (remove-duplicates (mapcar #'second *deadlines*)))
+                        hurried)
+      (when (hurry-evaluation evaluation)
+        (setf hurried t)))))
+
+(defun push-thread-news ()
+  "Send cl-mcp the news now, on its newest connection, rather than with the
+reply to its next request: a thread has just stopped at its error and no
+caller waited to be told (`hurry-waiting-callers'), and cl-mcp logs it at
+once.  Only on a connection Swank serves with threads of its own, whose
+control thread writes what any thread sends."
+  (let ((connection (if *track-session*
+                        (find-if (lambda (each) (member each swank::*connections*)) *connections*)
+                        (first swank::*connections*))))
+    (when (typep connection 'swank::multithreaded-connection)
+      ;; As Swank's with-connection binds them, but for its streams and
+      ;; debugger, which are not this thread's to take: a count of one send
+      ;; never asks Swank's client for a pong.
+      (let ((swank::*emacs-connection* connection)
+            (swank::*pending-slime-interrupts* '())
+            (swank::*send-counter* 0))
+        (deliver-thread-news)))))
 
 (defun stop-user-thread (condition)
   "In a user's thread, at an error no handler took: wait there under an
@@ -465,8 +497,9 @@ detached, its error goes to the image's own debugger hooks instead."
                                  :restarts (restart-entries restarts)
                                  :backtrace (frame-lines frames condition *backtrace-frame-limit*)))
                (record-stop thread entry)
-               (when (and waiting *started-by-cl-mcp*)
-                 (hurry-evaluation (sb-ext:weak-pointer-value *started-by-cl-mcp*)))
+               (when waiting
+                 (unless (hurry-waiting-callers)
+                   (push-thread-news)))
                (if waiting
                    (with-standard-streams ((evaluation-stdout evaluation) (evaluation-stderr evaluation))
                      (setf (evaluation-abort-restart evaluation) (find-restart 'give-up))

@@ -233,7 +233,15 @@ class LispSession:
             self.outputs.keep(news.number, news.kept())
         for evaluation, kept in news.stopped_kept().items():
             self.outputs.keep(evaluation, kept)
+        for stop in news.stop_summaries():
+            log.warning("A user's %s", stop)
         self.news.hear(news)
+
+    def stopped_meanwhile(self) -> list[str]:
+        """A line for each user's thread that stopped at its error since the
+        last `[threads]` notice (the progress messages of a call under way
+        tell them)."""
+        return list(self.news.stops)
 
     def take_notices(self) -> list[tuple[str, str]]:
         """The notices for the next tool result, once, each (title, text):

@@ -63,6 +63,15 @@ class ThreadNews:
                    stops=_entries(news.get("stops")), ends=_entries(news.get("ends")),
                    untold=int(news.get("untold") or 0))
 
+    def stop_summaries(self) -> list[str]:
+        """A line for each thread that stopped and still waits, for the log
+        and for progress messages: which thread, its error and its number."""
+        ended = {end.get("evaluation") for end in self.ends}
+        return [f"thread {json.dumps(stop.get('thread'))} stopped at an error, {stop.get('type')}: "
+                f"{_message(stop)} (it waits as evaluation {stop.get('evaluation')})"
+                for stop in self.stops
+                if stop.get("evaluation") is not None and stop.get("evaluation") not in ended]
+
     def kept(self) -> Kept:
         """What read-output keeps under `number` (when there is one)."""
         return Kept(self.stdout, self.stderr, "")
@@ -87,8 +96,13 @@ class NewsNotices:
     pending: list[str] = field(default_factory=list)
     kept_in: dict[int, int] = field(default_factory=dict)  # evaluation -> output number
     left_out: int = 0  # notices dropped from between the first and the latest
+    # Each stop heard since the notice was last taken, as a line: a call
+    # under way tells them in its progress messages.
+    stops: list[str] = field(default_factory=list)
 
     def hear(self, news: ThreadNews) -> None:
+        self.stops.extend(news.stop_summaries())
+        del self.stops[:-MAX_LINES]
         if news.writers and news.number is not None:
             self._add(self._output_line(news))
         ended = {end.get("evaluation") for end in news.ends}
@@ -124,6 +138,7 @@ class NewsNotices:
             return None
         lines, left_out = self.pending, self.left_out
         self.pending, self.left_out = [], 0
+        self.stops.clear()
         if left_out:
             half = MAX_LINES // 2
             lines = [*lines[:half], f"({left_out:,} more notices left out)", *lines[half:]]
@@ -131,6 +146,7 @@ class NewsNotices:
 
     def clear(self) -> None:
         self.pending.clear()
+        self.stops.clear()
         self.left_out = 0
         self.kept_in.clear()
 

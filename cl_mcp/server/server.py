@@ -403,8 +403,8 @@ class McpServer:
     async def _progress_message(self, call: QueuedCall) -> str:
         """Where CALL stands.  Queued: behind which call, for how long, from
         the server's own bookkeeping (the image would report the running
-        call's output, not this one's).  Running: for how long, and its
-        latest output."""
+        call's output, not this one's).  Running: for how long, its latest
+        output, and the user's threads that stopped meanwhile."""
         ahead = self._calls.ahead_of(call)
         if ahead:
             now, running = _now(), ahead[0]
@@ -412,9 +412,10 @@ class McpServer:
                     f"{json.dumps(running.request_id)} ({running.tool}, running for "
                     f"{running.running_for(now):.1f} s); "
                     f"{len(ahead)} call{'s' if len(ahead) > 1 else ''} ahead")
-        tail = await self.session.output_tail()
+        tail = await self.session.output_tail()  # its reply brings the image's news
         text = f"running for {call.running_for(_now()):.1f} s"
-        return text + (f"; latest output: {tail}" if tail else "")
+        text += f"; latest output: {tail}" if tail else ""
+        return "; ".join([text, *self.session.stopped_meanwhile()])
 
     async def finish(self, timeout: float | None) -> None:
         """Let the requests under way answer, for up to TIMEOUT seconds (None:

@@ -84,6 +84,9 @@ def render_edit(result: dict[str, Any]) -> Rendered:
     if result.get("ended-line") is True:
         head += (" (a newline was put after it: its last line ends in a comment, which would have"
                  " taken the rest of the line, and the form there, with it)")
+    if isinstance(result.get("unknown-readtable"), str):
+        head += (f" (the file's readtable {result['unknown-readtable']} is not in the image: the text"
+                 " was delimited as standard syntax; load the system that defines it)")
     if result.get("written-before-cancel") is True:
         head += " (the call was cancelled once the edit was written: a cancel undoes no edit)"
     structure: dict[str, Any] = {"written": True, "file": result["file"], "action": action,

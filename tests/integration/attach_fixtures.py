@@ -87,7 +87,10 @@ class Emacs:
         self.name = f"clmcp-{uuid.uuid4().hex[:8]}"
         self.env = {**os.environ, "HOME": str(home)}
         slime_dir = sorted(SLIME_ELISP.glob("slime-*"))[-1]
-        setup = (f'(progn (add-to-list (quote load-path) "{slime_dir}") (require (quote slime)) '
+        # No native compilation: each fresh HOME would compile SLIME's and
+        # Emacs's own files again in the background, on the tests' CPUs.
+        setup = ("(progn (setq native-comp-jit-compilation nil native-comp-deferred-compilation nil) "
+                 f'(add-to-list (quote load-path) "{slime_dir}") (require (quote slime)) '
                  "(slime-setup (quote (slime-repl))))")
         subprocess.run(["emacs", "-Q", f"--daemon={self.name}", "--eval", setup],
                        env=self.env, check=True, capture_output=True, timeout=60)

@@ -256,6 +256,54 @@ def test_a_named_readtable_file_is_edited_and_compiled_in_its_readtable(lisp, tm
     assert path.read_text() == READTABLE.replace("'[1 2 3]", "'[4 [5 6]]")
 
 
+BRACES = """(defpackage :cl-mcp-braces (:use :cl :named-readtables))
+(in-package :cl-mcp-braces)
+
+(defreadtable braces
+  (:merge :standard)
+  (:macro-char #\\{ (lambda (stream char)
+                     (declare (ignore char))
+                     (coerce (loop for c = (read-char stream t nil t) until (char= c #\\}) collect c)
+                             'string))))
+
+(in-readtable braces)
+
+(defun greeting () {hello})
+
+(defun after () :after)
+"""
+
+
+def test_a_text_that_reads_only_in_the_files_readtable_is_written(lisp, tmp_path):
+    """Its {...} swallows a ( and a ; that the byte scanner, which knows only
+    the standard syntax, took for an unclosed list and a comment, and
+    refused the text as unbalanced (issue 44, item 11): the text is delimited by the reader, in the file's readtable;
+    a file whose readtable the image lacks is delimited as standard syntax,
+    and the answer says so."""
+    assert not lisp.call("load-system", system="named-readtables")["isError"]
+    path = tmp_path / "braces.lisp"
+    path.write_text(BRACES)
+    loaded, is_error = lisp.eval(f'(load "{path}")')
+    assert not is_error, loaded
+    result = edit(lisp, path, form="defun greeting", text="(defun greeting () {a ( b ; c})")
+    assert not result["isError"] and result["structuredContent"]["compiled"]["success"], result
+    assert lisp.eval("(cl-mcp-braces::greeting)") == ('=> "a ( b ; c"', False)
+    assert path.read_text() == BRACES.replace("{hello}", "{a ( b ; c}")
+    assert [entry["name"] for entry in outline(lisp, path)][-2:] == ["greeting", "after"]
+    refused = edit(lisp, path, form="defun greeting", text="(defun greeting () {never closed)")
+    assert refused["structuredContent"]["error"]["type"] == "CL-MCP:UNBALANCED", refused
+    assert "read in its readtable" in refused["content"][0]["text"], refused
+    assert path.read_text() == BRACES.replace("{hello}", "{a ( b ; c}")
+
+    elsewhere = tmp_path / "elsewhere.lisp"
+    elsewhere.write_text("(in-package :cl-user)\n(in-readtable cl-mcp-nowhere-syntax)\n\n(defun cl-mcp-elsewhere () 1)\n")
+    result = edit(lisp, elsewhere, form="defun cl-mcp-elsewhere", text="(defun cl-mcp-elsewhere () 2)",
+                  compile=False)
+    assert not result["isError"], result
+    assert ("the file's readtable CL-MCP-NOWHERE-SYNTAX is not in the image: the text was delimited "
+            "as standard syntax") in result["content"][0]["text"], result
+
+
 LAMBDAS = """(in-package :cl-mcp-lambdas)
 (in-readtable lambdas)
 

@@ -9,6 +9,7 @@ own handler takes its error, and cl-mcp's own output, are left alone."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -281,6 +282,89 @@ def test_an_evaluation_waiting_on_a_thread_that_stopped_answers_at_once(lisp, li
     assert "SIMPLE-ERROR: tn joined fails" in notice_of(result), text
     lisp.call("invoke-restart", evaluation=stopped, restart="ABORT")
     lisp.call("await-evaluation", evaluation=number, abort=True)
+
+
+SERVER = """
+(defvar *tn-listener*
+  (let ((socket (make-instance 'sb-bsd-sockets:inet-socket :type :stream :protocol :tcp)))
+    (sb-bsd-sockets:socket-bind socket #(127 0 0 1) 0)
+    (sb-bsd-sockets:socket-listen socket 5)
+    socket))
+(sb-thread:make-thread
+  (lambda ()
+    (loop (let ((client (sb-bsd-sockets:socket-accept *tn-listener*)))
+            (sb-thread:make-thread (lambda () (error "tn handler fails for ~A" client))
+                                   :name "tn-handler"))))
+  :name "tn-acceptor")
+"""
+
+ASK_SERVER = """
+(let ((socket (make-instance 'sb-bsd-sockets:inet-socket :type :stream :protocol :tcp)))
+  (sb-bsd-sockets:socket-connect socket #(127 0 0 1)
+                                 (nth-value 1 (sb-bsd-sockets:socket-name *tn-listener*)))
+  (read-byte (sb-bsd-sockets:socket-make-stream socket :input t :element-type '(unsigned-byte 8))))
+"""
+
+
+def test_a_call_waiting_on_a_server_in_the_image_answers_once_its_handler_stops(lisp):
+    """The server was started by an earlier evaluation, as a hunchentoot
+    acceptor is, and its handler stops at its error while this call reads
+    from it (a drakma request waited its whole window, 20 s, in the trial):
+    the call answers "still running" at once, telling of the stop, well
+    before its answer window closes."""
+    text, is_error = lisp.eval(SERVER)
+    assert not is_error, text
+    result = lisp.call("evaluate-lisp", code=ASK_SERVER, **{"answer-within": 20})
+    text = result["content"][0]["text"]
+    number = result["structuredContent"]["number"]
+    try:
+        assert result["structuredContent"].get("running"), result
+        assert float(re.search(r"still running \((\d+\.\d) s so far\)", text).group(1)) < 10, text
+        handler = waiting_evaluation(notice_of(result), "tn-handler")
+        lisp.call("invoke-restart", evaluation=handler, restart="ABORT")
+    finally:
+        lisp.call("await-evaluation", evaluation=number, abort=True)
+        lisp.eval("(progn (sb-bsd-sockets:socket-close *tn-listener*) (makunbound '*tn-listener*))")
+
+
+def test_a_call_that_cannot_be_answered_yet_tells_of_the_stop_in_its_progress_and_the_log(lisp):
+    """Its code blocks interrupts, so its answer waits; within about a
+    second of the stop, its progress messages name the stopped thread, and
+    the log (stderr, and notifications/message) says so too."""
+    token = f"tn-progress-{lisp.mode}"
+    request = lisp.start_request("tools/call", {
+        "name": "evaluate-lisp", "_meta": {"progressToken": token},
+        "arguments": {"code": '(progn (sb-thread:make-thread (lambda () (sleep 0.5) (error "tn blocked beside")) '
+                              ':name "tn-beside") (sb-sys:without-interrupts (sleep 6)) :done)'}})
+    result = lisp.response(request)["result"]
+    messages = [json.loads(line) for line in list(lisp.raw_lines)]
+    told = [m["params"]["message"] for m in messages if m.get("method") == "notifications/progress"
+            and m["params"]["progressToken"] == token and "tn-beside" in m["params"]["message"]]
+    assert told, messages[-5:]
+    assert 'thread "tn-beside" stopped at an error, SIMPLE-ERROR: tn blocked beside' in told[0], told
+    # Told while the call still waited to answer, about a second after the stop.
+    assert float(re.match(r"running for (\d+\.\d) s", told[0]).group(1)) < 3, told
+    logged = [m["params"]["data"] for m in messages if m.get("method") == "notifications/message"]
+    assert any('thread "tn-beside" stopped' in data for data in logged), logged
+    assert any('thread "tn-beside" stopped' in line for line in lisp.stderr_lines)
+    notice = notice_of(result) or notices_until(lisp, 'Thread "tn-beside" stopped')
+    lisp.call("invoke-restart", evaluation=waiting_evaluation(notice, "tn-beside"), restart="ABORT")
+    if result["structuredContent"].get("running"):
+        lisp.call("await-evaluation", evaluation=result["structuredContent"]["number"], abort=True)
+
+
+def test_a_thread_that_stops_while_no_call_runs_is_logged_at_once(lisp):
+    text, is_error = lisp.eval('(sb-thread:make-thread (lambda () (sleep 0.3) (error "tn idle fails")) '
+                               ':name "tn-idle")')
+    assert not is_error, text
+    deadline = time.monotonic() + 30  # no call is made meanwhile
+    while not any('thread "tn-idle" stopped' in line for line in lisp.stderr_lines):
+        assert time.monotonic() < deadline, "the stop was never logged"
+        time.sleep(0.05)
+    notice = notices_until(lisp, 'Thread "tn-idle" stopped')
+    # Sent whole, and nothing written for the sending (Swank's error, say).
+    assert "Output from threads" not in notice, notice
+    lisp.call("invoke-restart", evaluation=waiting_evaluation(notice, "tn-idle"), restart="ABORT")
 
 
 def test_an_evaluation_whose_forms_have_returned_answers_their_value_whatever_stops_beside_it(lisp):

@@ -137,9 +137,9 @@ one is the one the debugger gets), or (:RETURNED) when it returns."
   "The outcome of the call in thread THREAD-NAME once it signalled or
 returned, or after SECONDS (the thread then terminated), printed one item
 a line: SIGNALLED, RETURNED or RUNNING, then with SIGNALLED the
-condition's type and the oracle's frames, innermost first.  Asked by an
-evaluation other than the one that started the thread: cl-mcp answers
-that one at once when the thread stops."
+condition's type and the oracle's frames, innermost first.  An evaluation
+of this that is waiting when the thread stops is answered \"still running\"
+at once (and awaited: `lines_of' of tests/truth/backtraces.py)."
   (let ((cell (gethash thread-name *outcomes*))
         (*print-pretty* nil))
     (loop repeat (* seconds 100)

@@ -41,8 +41,12 @@ VALUES = ("nil", ":truth-wrong-type")
 
 
 def lines_of(process: McpProcess, code: str) -> list[str]:
-    """The lines CODE prints, evaluated in PROCESS."""
+    """The lines CODE prints, evaluated in PROCESS; an evaluation answered
+    "still running" because a thread stopped meanwhile is awaited."""
     result = process.call("evaluate-lisp", code=code, wait=120)
+    if result["structuredContent"].get("running"):
+        result = process.call("await-evaluation", evaluation=result["structuredContent"]["number"],
+                              wait=120)
     assert not result["isError"], result["content"][0]["text"][:2000]
     return result["structuredContent"].get("stdout", "").splitlines()
 

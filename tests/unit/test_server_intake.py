@@ -64,6 +64,9 @@ class FakeSession:
         self.tail_polls.append(self.running)
         return f"output of {self.running}" if self.running else None
 
+    def stopped_meanwhile(self) -> list[str]:
+        return []
+
     def take_notices(self) -> list[tuple[str, str]]:
         return []
 
