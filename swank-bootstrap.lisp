@@ -224,7 +224,6 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
            #:cancel-evaluation
            #:output-tail
            #:output-slice
-           #:abort-all
            #:configure)
   ;; Evaluations that run on in the background past their answer window.
   (:export #:await-evaluation-of

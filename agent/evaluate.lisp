@@ -690,8 +690,11 @@ ABORT, stop it first (or, waiting at an error whose outcome was taken,
 abort it there) and return that it was aborted.  The outcome stays here,
 its output readable with `output-slice', until `forget-outcome': a caller
 that is gone before it has kept it loses nothing."
-  (let ((evaluation (find-background id)))
-    (cond (evaluation
+  (let ((evaluation (find-background id))
+        (waiting (and abort (find-suspended id))))
+    (cond ((and evaluation (not (own-evaluation-p evaluation))) (not-own-report evaluation))
+          ((and waiting (not (own-evaluation-p waiting))) (not-own-report waiting))
+          (evaluation
            (when abort (stop-background evaluation))
            ;; A caller that wakes to find the outcome taken by another (its
            ;; report cleared by `forget-outcome') answers so, not that the
@@ -705,10 +708,9 @@ that is gone before it has kept it loses nothing."
                ((nil) (running-report evaluation))
                (:taken (no-background-report id))
                (t outcome))))
-          ((and abort (find-suspended id))
-           (let ((waiting (find-suspended id)))
-             (post-command waiting (list :abort))
-             (await-report waiting *report-grace*)))
+          (waiting
+           (post-command waiting (list :abort))
+           (await-report waiting *report-grace*))
           (t (no-background-report id)))))
 
 (defun forget-outcome (id)
@@ -809,7 +811,7 @@ plist as `evaluate' returns (its outcome, or a new error), or an error
 report when no evaluation ID waits or the restart cannot be invoked (the
 evaluation then still waits).  Still running after ANSWER-WITHIN seconds,
 it goes on in the background and this returns `running-report'."
-  (with-suspended (evaluation id)
+  (with-suspended (evaluation id :own t)
     (setf (evaluation-tag evaluation) tag)
     (with-running (tag evaluation)
       (post-command evaluation (list :restart restart values timeout frame))
@@ -823,7 +825,9 @@ nil), as (:evaluation N :status :ok :frames ((LINE ((NAME VALUE) ...))
 kept, all strings; or an error report when no evaluation ID waits."
   (with-suspended (evaluation id)
     (post-command evaluation (list :backtrace count))
-    (list* :evaluation (evaluation-id evaluation) (await-report evaluation *report-grace*))))
+    (append (list :evaluation (evaluation-id evaluation))
+            (and (not (own-evaluation-p evaluation)) (list :another-sessions t))
+            (await-report evaluation *report-grace*))))
 
 (defun eval-in-frame-of (id frame code &key (timeout 30) (tag nil))
   "Evaluate the forms of CODE (a string) in frame number FRAME (counted as
@@ -831,7 +835,7 @@ kept, all strings; or an error report when no evaluation ID waits."
 nil), with that frame's local variables in scope, for at most TIMEOUT
 seconds, cancellable under TAG.  Return a plist as `evaluate' returns; the
 evaluation keeps waiting whatever happens."
-  (with-suspended (evaluation id)
+  (with-suspended (evaluation id :own t)
     (post-command evaluation (list :eval-in-frame frame code timeout tag))
     (await-report evaluation (+ timeout *report-grace*))))
 
@@ -861,24 +865,25 @@ is active, so a thread that has moved on to other work is left alone."
     ;; The thread finished in the meantime: nothing to cancel.
     (sb-thread:interrupt-thread-error () t)))
 
-(defun cancel-evaluation (tag)
-  "Abort the evaluation (or the load) a caller waits on under TAG, and wait
+(defun cancel-evaluation (tag &optional (session (current-session)))
+  "Abort the evaluation (or the load) a caller of SESSION (by default, the
+asking one) waits on under TAG, and wait
 (up to 5 s) until that caller has its answer.  One that went to the
 background from that call is stopped and forgotten too: its \"still
 running\" answer crossed the cancel, so its caller never learnt its
 number, and nobody else could stop it.  Return t if there was one, else
 nil."
-  (let ((running (find-running tag))
+  (let ((running (find-running tag session))
         (cancelled nil))
     (when running
       (let ((interrupted nil))
         (loop repeat 500
-              while (find-running tag)
+              while (find-running tag session)
               do (unless interrupted
                    (setf interrupted (interrupt-running running)))
                  (sleep 0.01)))
       (setf cancelled t))
-    (let ((orphan (find-background-tagged tag)))
+    (let ((orphan (find-background-tagged tag session)))
       (when orphan
         (stop-background orphan)
         (take-slot orphan #'evaluation-report nil 5)
@@ -894,17 +899,29 @@ evaluation a caller waits on under TAG; nil when there is none."
          (evaluation-stdout evaluation)
          (last-line (evaluation-stdout evaluation)))))
 
-(defun abort-all ()
-  "Abort every evaluation waiting at an error and every one running in the
-background; return how many there were."
-  (let ((waiting (with-agent-lock (*registry-lock*) (shiftf *suspended* '())))
-        (running (background-running)))
-    (with-agent-lock (*registry-lock*) (setf *background* '()))
-    (dolist (evaluation waiting)
-      (post-command evaluation (list :abort)))
-    (dolist (evaluation running)
-      (interrupt-running evaluation))
-    (+ (length waiting) (length running))))
+(defun abort-all (&optional (session (current-session)) (stops t))
+  "Abort every evaluation of SESSION waiting at an error (the user's
+threads it stopped too, unless STOPS is nil) and every one running in the
+background or for one of its calls; return how many there were."
+  (flet ((its (evaluation)
+           (and (eq (evaluation-session evaluation) session)
+                (or stops (not (thread-stop-p evaluation))))))
+    (multiple-value-bind (waiting background calls)
+        (with-agent-lock (*registry-lock*)
+          (values (remove-if-not #'its *suspended*)
+                  (remove-if-not #'its *background*)
+                  (loop for ((owner . nil) . object) in *running*
+                        when (and (eq owner session) (not (member object *suspended*)))
+                          collect object)))
+      (with-agent-lock (*registry-lock*)
+        (setf *suspended* (set-difference *suspended* waiting)
+              *background* (set-difference *background* background)))
+      (let ((running (append (remove-if #'evaluation-report background) calls)))
+        (dolist (evaluation waiting)
+          (post-command evaluation (list :abort)))
+        (dolist (each running)
+          (interrupt-running each))
+        (+ (length waiting) (length running))))))
 
 (defun configure (&key (max-suspended *max-suspended*)
                         (suspend-seconds *suspend-seconds*)

@@ -43,6 +43,30 @@ and the session record; taken with `with-agent-lock'.")
 (defvar *evaluation-counter* 0
   "The number of the last evaluation made in this image.")
 
+(defvar *track-session* nil
+  "True in an attached image: remember what cl-mcp's evaluations create,
+so that a soft reset removes exactly that.")
+
+(defvar *connections* '()
+  "cl-mcp's Swank connections to an attached image.")
+
+(defvar *thread-session* nil
+  "In a thread a cl-mcp evaluation started (or one such a thread started),
+that evaluation's session (`current-session').")
+
+(defun connection-session (connection)
+  "The session of requests that come on CONNECTION: in a shared image, the
+connection itself (each attached cl-mcp has its own); nil in an image
+cl-mcp owns, which has one session."
+  (and *track-session* connection))
+
+(defun current-session ()
+  "The cl-mcp session asking now: that of the request this thread serves,
+or in a thread an evaluation started, that evaluation's
+(`*thread-session*').  A session's evaluations are its own: another's may
+be read, never taken on."
+  (or (connection-session swank::*emacs-connection*) (and *track-session* *thread-session*)))
+
 (defstruct (evaluation (:constructor %make-evaluation))
   "One evaluation and the two mailboxes between its thread and its callers."
   (id 0 :type fixnum)
@@ -74,6 +98,7 @@ and the session record; taken with `with-agent-lock'.")
   (waiting nil)
   (overflowed nil)
   (tag nil)
+  (session (current-session))  ; whose it is
   (restarts '())
   (frames '()))
 
@@ -89,6 +114,18 @@ interrupt (agent/threads.lisp, agent/user-threads.lisp), not code cl-mcp
 asked to run: such a stop arms no deadline, has a limit of its own, is
 never the newest by default, and is let go when cl-mcp detaches."
   (and (member (evaluation-code evaluation) '(:interrupted :thread-error)) t))
+
+(defun own-evaluation-p (evaluation &optional (session (current-session)))
+  "True when EVALUATION is SESSION's (by default, the asking session's)."
+  (eq (evaluation-session evaluation) session))
+
+(defun not-own-report (evaluation)
+  "The report that EVALUATION is another session's, which this one may not
+take on."
+  (command-error "CL-MCP:ANOTHER-SESSIONS-EVALUATION"
+                 (format nil "Evaluation ~D is another assistant's (another cl-mcp attached to this ~
+                              image): it may be read, never restarted, aborted, evaluated in or ~
+                              awaited by this one." (evaluation-id evaluation))))
 
 (defun put-slot (evaluation writer value)
   "Store VALUE with WRITER under EVALUATION's lock and wake its waiters."
@@ -197,12 +234,14 @@ model's evaluations."
     (setf *suspended* (remove evaluation *suspended*))))
 
 (defun find-suspended (id)
-  "The waiting evaluation numbered ID, or when ID is nil the newest that is
-not a user thread's stop."
+  "The waiting evaluation numbered ID (whoever's), or when ID is nil this
+session's newest that is not a user thread's stop."
   (with-agent-lock (*registry-lock*)
     (if id
         (find id *suspended* :key #'evaluation-id)
-        (find-if-not #'thread-stop-p *suspended*))))
+        (find-if (lambda (evaluation)
+                   (and (not (thread-stop-p evaluation)) (own-evaluation-p evaluation)))
+                 *suspended*))))
 
 (defun no-suspended-report (id)
   "The report that no evaluation ID (or none at all, when ID is nil) waits;
@@ -215,46 +254,51 @@ that names them."
                      (format nil "No evaluation is waiting at an error.~@[ Threads stopped at ~
                                   their errors wait as evaluations ~{~D~^, ~}: name one.~]"
                              (with-agent-lock (*registry-lock*)
-                               (mapcar #'evaluation-id (remove-if-not #'thread-stop-p *suspended*)))))))
+                               (loop for evaluation in *suspended*
+                                     when (and (thread-stop-p evaluation) (own-evaluation-p evaluation))
+                                       collect (evaluation-id evaluation)))))))
 
-(defmacro with-suspended ((evaluation id) &body body)
+(defmacro with-suspended ((evaluation id &key own) &body body)
   "Run BODY with EVALUATION bound to the waiting evaluation ID (the newest
-when nil); without one, return `no-suspended-report' instead."
+when nil); without one, return `no-suspended-report' instead, and with OWN,
+`not-own-report' for another session's."
   `(let ((,evaluation (find-suspended ,id)))
-     (if ,evaluation
-         (progn ,@body)
-         (no-suspended-report ,id))))
+     (cond ((null ,evaluation) (no-suspended-report ,id))
+           ((and ,own (not (own-evaluation-p ,evaluation))) (not-own-report ,evaluation))
+           (t ,@body))))
 
 (defvar *running* '()
-  "What a caller is waiting on, by the caller's tag: an evaluation, or for
-other work (`call-cancellable') its thread and catch tag, consed.")
+  "What a caller is waiting on, by its session and the caller's tag,
+consed (so that a session's end finds its calls, `abort-all'): an
+evaluation, or for other work (`call-cancellable') its thread and catch
+tag, consed.")
 
-(defun forget-running (tag object)
-  "Forget that OBJECT runs under TAG (only OBJECT: another session attached
-to the same image may use the same tag)."
-  (when tag
+(defun forget-running (key object)
+  "Forget that OBJECT runs under KEY, a session and tag consed (only OBJECT:
+a tag may come again)."
+  (when (cdr key)
     (with-agent-lock (*registry-lock*)
       (setf *running* (remove-if (lambda (entry)
-                                   (and (equal (car entry) tag) (eq (cdr entry) object)))
+                                   (and (equal (car entry) key) (eq (cdr entry) object)))
                                  *running*)))))
 
 (defmacro with-running ((tag object) &body body)
   "Run BODY with OBJECT (an evaluation whose report BODY waits for, or the
-thread of a load) findable under TAG, for `cancel-evaluation' and
-`output-tail'."
-  (let ((tag-var (gensym "TAG")) (object-var (gensym "OBJECT")))
-    `(let ((,tag-var ,tag) (,object-var ,object))
-       (when ,tag-var
+thread of a load) findable under this session's TAG, for
+`cancel-evaluation' and `output-tail'."
+  (let ((key-var (gensym "KEY")) (object-var (gensym "OBJECT")))
+    `(let ((,key-var (cons (current-session) ,tag)) (,object-var ,object))
+       (when (cdr ,key-var)
          (with-agent-lock (*registry-lock*)
-           (push (cons ,tag-var ,object-var) *running*)))
+           (push (cons ,key-var ,object-var) *running*)))
        (unwind-protect (progn ,@body)
-         (forget-running ,tag-var ,object-var)))))
+         (forget-running ,key-var ,object-var)))))
 
-(defun find-running (tag)
-  "The evaluation, or for other work its (THREAD . CATCH-TAG), a caller
-waits on under TAG."
+(defun find-running (tag &optional (session (current-session)))
+  "The evaluation, or for other work its (THREAD . CATCH-TAG), a caller of
+SESSION waits on under TAG."
   (with-agent-lock (*registry-lock*)
-    (cdr (assoc tag *running* :test #'equal))))
+    (cdr (assoc (cons session tag) *running* :test #'equal))))
 
 (defvar *cancel-point* nil
   "Inside `call-cancellable', the catch tag that a cancel of this call
@@ -300,7 +344,7 @@ there was a request left to answer."
   (sb-sys:without-interrupts
     (let ((id (evaluation-continuation evaluation)))
       (when id
-        (forget-running (evaluation-tag evaluation) evaluation)
+        (forget-running (cons (evaluation-session evaluation) (evaluation-tag evaluation)) evaluation)
         (setf swank::*pending-continuations* (remove id swank::*pending-continuations*))
         (swank::send-to-emacs (list :return sb-thread:*current-thread* (list :ok report) id))
         (setf (evaluation-continuation evaluation) nil)
@@ -523,11 +567,13 @@ and nothing recorded, when `*max-background*' run already."
   (with-agent-lock (*registry-lock*)
     (find id *background* :key #'evaluation-id)))
 
-(defun find-background-tagged (tag)
-  "The background evaluation whose outcome is not yet taken that went there
-from the call tagged TAG."
+(defun find-background-tagged (tag &optional (session (current-session)))
+  "SESSION's background evaluation whose outcome is not yet taken that went
+there from the call tagged TAG."
   (with-agent-lock (*registry-lock*)
-    (find tag *background* :key #'evaluation-tag :test #'equal)))
+    (find-if (lambda (evaluation)
+               (and (equal (evaluation-tag evaluation) tag) (own-evaluation-p evaluation session)))
+             *background*)))
 
 (defun forget-background (evaluation)
   "EVALUATION's outcome has been taken: stop keeping it.  Continued through
@@ -544,13 +590,6 @@ a restart, it is in the foreground again until its next window closes."
 ;;; In the programmer's image, `soft-reset' must remove what cl-mcp's
 ;;; evaluations created and nothing else, so each evaluation notes the
 ;;; CL-USER symbols and the packages it creates.
-
-(defvar *track-session* nil
-  "True in an attached image: remember what cl-mcp's evaluations create,
-so that a soft reset removes exactly that.")
-
-(defvar *connections* '()
-  "cl-mcp's Swank connections to an attached image.")
 
 (defvar *session-symbols* '()
   "Symbols of CL-USER first interned by a cl-mcp evaluation.")

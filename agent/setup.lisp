@@ -141,14 +141,19 @@ collections, the test frameworks unwrapped, and no deadline watchdog."
   (end-watchdog))
 
 (defun forget-connection (connection)
-  "Swank's `*connection-closed-hook*': CONNECTION has ended; once no cl-mcp
-connection is left, `detach-from-image'.  It runs in Swank's sentinel,
-which must never meet an error."
+  "Swank's `*connection-closed-hook*': CONNECTION has ended, however (closed
+by its cl-mcp, or its cl-mcp killed): the work of its session ends with it
+(`abort-all'), nobody else's; once no cl-mcp connection is left,
+`detach-from-image', which lets the user's threads the session stopped go
+to the image's debugger.  It runs in Swank's sentinel, which must never
+meet an error."
   (handler-case
       (sb-thread:with-mutex (*attach-lock*)
         (setf *connections* (remove connection *connections*))
-        (unless (intersection *connections* swank::*connections*)
-          (detach-from-image)))
+        (let ((last (not (intersection *connections* swank::*connections*))))
+          (abort-all connection (not last))
+          (when last
+            (detach-from-image))))
     (error (condition)
       (log-note "could not detach from the image: ~A" condition))))
 
@@ -160,8 +165,8 @@ still call that file loaded, as after a load that failed part way)."
 
 (defun soft-reset ()
   "Remove what cl-mcp's evaluations created in a shared image (their CL-USER
-definitions and their packages) and abort the evaluations waiting at an
-error, and drop the objects the inspect tool keeps for their handles, the
+definitions and their packages) and abort this session's evaluations
+waiting at an error or running in the background, and drop the objects the inspect tool keeps for their handles, the
 sources of the definitions find-definition keeps, cl-mcp's own values of
 the REPL's variables (`*', `+', `/' ...) and the values `value' keeps.
 What loading made stays, so that no system or module is left called loaded

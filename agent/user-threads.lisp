@@ -556,16 +556,17 @@ SBCL's own debugger does, as INVOKE-DEBUGGER goes on."
 
 ;;;; Watching threads
 
-(defun call-watched (function arguments origin)
+(defun call-watched (function arguments origin session)
   "Call FUNCTION on ARGUMENTS with output kept and errors stopped as a
 user's thread's are here, in a thread the evaluation ORIGIN (a weak
-pointer to it) started."
+pointer to it) of SESSION started."
   (let ((*standard-output* *thread-stdout*)
         (*error-output* *thread-stderr*)
         (*trace-output* *thread-trace*)
         (sb-ext:*invoke-debugger-hook* #'thread-debugger-hook)
         (*debugger-hook* nil)
-        (*started-by-cl-mcp* origin))
+        (*started-by-cl-mcp* origin)
+        (*thread-session* session))
     (apply function arguments)))
 
 (defun make-thread-watched (make-thread function &rest options)
@@ -574,10 +575,13 @@ evaluation, or from a thread one started, runs FUNCTION through
 `call-watched'; every other thread is made as before."
   (let ((origin (if *inside-evaluation*
                     (sb-ext:make-weak-pointer *inside-evaluation*)
-                    *started-by-cl-mcp*)))
+                    *started-by-cl-mcp*))
+        (session (if *inside-evaluation*
+                     (evaluation-session *inside-evaluation*)
+                     *thread-session*)))
     (if (and origin (not *making-agent-thread*))
         (let ((thread (apply make-thread (lambda (&rest arguments)
-                                           (call-watched function arguments origin))
+                                           (call-watched function arguments origin session))
                              options)))
           (setf (gethash thread *threads-started-by-cl-mcp*) t)
           thread)

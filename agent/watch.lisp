@@ -438,7 +438,7 @@ running."
       (when newest
         (setf (gethash newest-key *watched-calls*) (list* :stopped t newest))))
     (if newest
-        (progn (cancel-evaluation (getf newest :tag))
+        (progn (cancel-evaluation (getf newest :tag) (connection-session (car newest-key)))
                (format nil "Stopped call ~D (~A)." (getf newest :call) (getf newest :tool)))
         (let ((number (stop-in-background)))
           (if number

@@ -481,16 +481,12 @@ class AttachedLink:
         return None
 
     async def close(self) -> None:
-        """Leave the image: abort the evaluations still waiting at an error
-        in it (nobody is left to continue them), and close the connection.
-        Safe to call more than once."""
+        """Leave the image: close the connection, whose end ends this
+        session's work there as a kill's would (the agent's
+        `forget-connection`).  Safe to call more than once."""
         for task in (self._starting, self._reconnecting, self._watcher):
             await cancel_and_wait(task)
         self._starting = self._reconnecting = self._watcher = None
         connection, self._connection = self._connection, None
         if connection is not None and not connection.closed:
-            try:
-                await connection.rex([Symbol("cl-mcp-agent:abort-all")], deadline=2)
-            except (SwankError, TimeoutError):
-                pass
             await connection.close()

@@ -137,7 +137,9 @@ def _restarts_section(restarts: Sequence[Sequence[str]], evaluation: int | None)
 def render_frames(result: dict[str, Any]) -> Rendered:
     """The backtrace tool's text: each frame, the place of the form it is
     running, then its locals, indented."""
-    lines = [f"[Backtrace of evaluation {result.get('evaluation')}]"]
+    whose = (" (another assistant's, in this shared image: it can be read here, not taken on)"
+             if result.get("another-sessions") is True else "")
+    lines = [f"[Backtrace of evaluation {result.get('evaluation')}]{whose}"]
     frames = []
     for index, (frame, local_vars, place) in enumerate(result.get("frames") or []):
         lines.append(f"{index}: {frame}")

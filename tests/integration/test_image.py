@@ -179,7 +179,7 @@ def test_a_core_build_that_never_finished_is_tried_again(tmp_path):
         first.close()  # its pipes
     assert not list(cache.glob("image-*.core"))
     with cl_mcp(env=env) as second:
-        assert second.eval("(+ 1 2)") == ("=> 3", False)
+        assert second.eval("(+ 1 2)") == ("=> 3", False), "".join(second.stderr_lines[-40:])
         core = next(cache.glob("image-*.core"))
         assert str(core).encode() in image_command_line(second)
     assert not list(cache.glob("image-*.core.failed"))

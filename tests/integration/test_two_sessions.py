@@ -1,0 +1,114 @@
+"""Two cl-mcp processes attached to one programmer's image (issue 50): each
+has its own evaluations. A call that names no evaluation means its own;
+the other's may be read (and is said to be the other's), never restarted,
+aborted, evaluated in or awaited; reset-session aborts only its own; a
+cl-mcp that ends, closed or killed, takes its running and waiting
+evaluations with it within seconds and leaves the other's alone. Checked
+from each assistant's answers and from a Swank connection of the
+programmer's own."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+import pytest
+
+from tests.integration.attach_fixtures import SwankServer, temporary_home
+from tests.integration.conftest import McpProcess
+
+ANOTHERS = "CL-MCP:ANOTHER-SESSIONS-EVALUATION"
+
+
+@contextmanager
+def two_assistants() -> Iterator[tuple[SwankServer, McpProcess, McpProcess]]:
+    home = temporary_home()
+    with ExitStack() as stack:
+        server = SwankServer(home)
+        stack.callback(server.stop)
+        first = McpProcess("--connect", str(server.port), env={"HOME": str(home)})
+        stack.callback(first.close)
+        first.initialize()
+        second = McpProcess("--connect", str(server.port), env={"HOME": str(home)})
+        stack.callback(second.close)
+        second.initialize()
+        yield server, first, second
+
+
+def waiting(process: McpProcess, code: str) -> int:
+    """Evaluate CODE, which stops at its error; the number it waits as."""
+    text = process.call("evaluate-lisp", code=code)["content"][0]["text"]
+    found = re.search(r"Evaluation (\d+) is waiting", text)
+    assert found, text
+    return int(found.group(1))
+
+
+def error_type(result: dict) -> str:
+    return result["structuredContent"]["error"]["type"]
+
+
+def test_a_call_that_names_no_evaluation_means_its_own_and_the_others_is_only_read():
+    with two_assistants() as (_, first, second):
+        mine = waiting(first, '(error "the first one\'s")')
+        theirs = waiting(second, "(/ 1 (length nil))")
+        # No number: the caller's own, whoever stopped last.
+        text = first.call("backtrace")["content"][0]["text"]
+        assert text.startswith(f"[Backtrace of evaluation {mine}]\n"), text
+        read = second.call("backtrace", evaluation=mine)["content"][0]["text"]
+        assert read.startswith(f"[Backtrace of evaluation {mine}] (another assistant's"), read
+        for tool, arguments in (("invoke-restart", {"restart": "ABORT"}),
+                                ("eval-in-frame", {"frame": 0, "code": "(setf cl-user::*touched* t)"}),
+                                ("await-evaluation", {"abort": True})):
+            refused = second.call(tool, evaluation=mine, **arguments)
+            assert refused["isError"] and error_type(refused) == ANOTHERS, (tool, refused)
+        assert first.eval("(boundp 'cl-user::*touched*)") == ("=> NIL", False)
+        # The second's reset takes only its own evaluation with it.
+        assert not second.call("reset-session")["isError"]
+        assert first.call("backtrace")["content"][0]["text"].startswith(f"[Backtrace of evaluation {mine}]")
+        assert error_type(second.call("backtrace", evaluation=theirs)) == "CL-MCP:NO-SUSPENDED-EVALUATION"
+        aborted = first.call("invoke-restart", restart="ABORT")["content"][0]["text"]
+        assert aborted.startswith("The evaluation was aborted."), aborted
+
+
+@pytest.mark.parametrize("ending", ["killed", "closed"])
+def test_an_assistant_that_ends_takes_its_work_with_it_and_leaves_the_others(ending):
+    with two_assistants() as (server, first, second):
+        theirs = waiting(second, '(error "the second one waits")')
+        mine = waiting(first, '(error "the first one waits")')
+        running = first.call("evaluate-lisp", code="(loop (sleep 0.5))", **{"answer-within": 1})
+        assert running["structuredContent"].get("running"), running
+        background = running["structuredContent"]["number"]
+        # Killed, one runs for a call as well (a clean exit lets a call
+        # under way answer first, within its deadline).
+        if ending == "killed":
+            first.start_request("tools/call", {"name": "evaluate-lisp", "arguments": {
+                "code": '(progn (setf (sb-thread:thread-name sb-thread:*current-thread*) "the first\'s call") '
+                        "(loop (sleep 0.5)))"}})
+        calls = 2 if ending == "killed" else 1
+        state = ("(cl:list (cl:sort (cl:mapcar (cl:function cl-mcp-agent::evaluation-id) "
+                 "cl-mcp-agent::*suspended*) (cl:function cl:<)) "
+                 "(cl:loop for name in (cl:list "
+                 f'"cl-mcp evaluation {background} (background)" "the first\'s call") '
+                 "count (cl:find name (sb-thread:list-all-threads) :key (cl:function sb-thread:thread-name) "
+                 ":test (cl:function cl:equal))))")
+        deadline = time.monotonic() + 10
+        while (now := server.client_eval(state)) != f"(({theirs} {mine}) {calls})":
+            assert time.monotonic() < deadline, now
+            time.sleep(0.05)
+        if ending == "killed":
+            first.proc.kill()  # SIGKILL: no goodbye
+            first.proc.wait()
+        else:
+            first.close()
+        deadline = time.monotonic() + 5
+        while (now := server.client_eval(state)) != f"(({theirs}) 0)":
+            assert time.monotonic() < deadline, now
+            time.sleep(0.1)
+        # The other's evaluation waits on, and is still the other's to take on.
+        text = second.call("backtrace")["content"][0]["text"]
+        assert text.startswith(f"[Backtrace of evaluation {theirs}]\n"), text
+        aborted = second.call("invoke-restart", restart="ABORT")["content"][0]["text"]
+        assert aborted.startswith("The evaluation was aborted."), aborted
+
