@@ -31,14 +31,11 @@
 ;;; form.
 
 (defparameter *repl-variables* '(* ** *** / // /// + ++ +++)
-  "The variables a REPL maintains, in the order of `*repl-history*'.")
-
-(defvar *repl-history* (make-list 9)
-  "cl-mcp's values of `*repl-variables*', a fresh list after each change (so
-that it may be read without the lock).")
+  "The variables a REPL maintains, in the order of a session's values of
+them (`session-record-repl-history').")
 
 (defvar *history-lock* (sb-thread:make-mutex :name "cl-mcp history")
-  "Guards the changes to `*repl-history*' and the kept values.")
+  "Guards the changes to the sessions' REPL histories and the kept values.")
 
 (defmacro with-history-lock (() &body body)
   "Run BODY holding `*history-lock*', with interrupts deferred: a deadline
@@ -46,21 +43,22 @@ that lands there would wait at its error holding the lock."
   `(with-agent-lock (*history-lock*) ,@body))
 
 (defun call-with-repl-variables (thunk)
-  "Call THUNK with the REPL's variables bound to cl-mcp's history (`-' to
-the last form, as `+')."
-  (let ((history *repl-history*))
+  "Call THUNK with the REPL's variables bound to this session's history
+(`-' to the last form, as `+'): each attached cl-mcp has its own."
+  (let ((history (session-record-repl-history (session-record))))
     (progv (cons '- *repl-variables*) (cons (nth 6 history) history)
       (funcall thunk))))
 
 (defun note-repl-values (form values)
   "FORM has returned VALUES: shift cl-mcp's history as a REPL does, and set
 this evaluation's bindings of the REPL's variables to it."
-  (let ((history (with-history-lock ()
-                   (let ((old *repl-history*))
-                     (setf *repl-history*
-                           (list (first values) (nth 0 old) (nth 1 old)
-                                 values (nth 3 old) (nth 4 old)
-                                 form (nth 6 old) (nth 7 old)))))))
+  (let* ((record (session-record))
+         (history (with-history-lock ()
+                    (let ((old (session-record-repl-history record)))
+                      (setf (session-record-repl-history record)
+                            (list (first values) (nth 0 old) (nth 1 old)
+                                  values (nth 3 old) (nth 4 old)
+                                  form (nth 6 old) (nth 7 old)))))))
     (loop for variable in *repl-variables*
           for value in history
           do (setf (symbol-value variable) value))))
@@ -250,10 +248,12 @@ collection, which an allocation the heap cannot take starts anyway."
       (sb-ext:gc :full t))))
 
 (defun forget-history ()
-  "Forget cl-mcp's REPL history and the values kept (`soft-reset')."
+  "Forget this session's REPL history and the values kept (`soft-reset')."
+  (let ((record (session-record)))
+    (with-history-lock ()
+      (setf (session-record-repl-history record) (make-list 9))))
   (with-history-lock ()
-    (setf *repl-history* (make-list 9)
-          *kept-entries* (make-array +kept-values+ :initial-element nil)
+    (setf *kept-entries* (make-array +kept-values+ :initial-element nil)
           *kept-next* 0
           *reset-below* (1+ *evaluation-counter*)
           *evicted-below* *reset-below*)))

@@ -591,15 +591,32 @@ a restart, it is in the foreground again until its next window closes."
 ;;; evaluations created and nothing else, so each evaluation notes the
 ;;; CL-USER symbols and the packages it creates.
 
-(defvar *session-symbols* '()
-  "Symbols of CL-USER first interned by a cl-mcp evaluation.")
+(defstruct (session-record (:constructor make-session-record ()))
+  "What one session's evaluations created (see `current-session'), for its
+own reset to remove; each attached cl-mcp has its own."
+  (symbols '())   ; of CL-USER, first interned by one of its evaluations
+  (packages '())  ; created by one of its evaluations
+  ;; What its evaluations that loaded a system or a module created, which a
+  ;; reset keeps and names: a list of (SYSTEMS SYMBOLS PACKAGES), newest first.
+  (kept '())
+  ;; Its values of the REPL's variables (agent/history.lisp), a fresh list
+  ;; after each change (so that it may be read without a lock).
+  (repl-history (make-list 9)))
 
-(defvar *session-created-packages* '()
-  "Packages created by a cl-mcp evaluation.")
+(defvar *session-records* (make-hash-table :test #'eq)
+  "Each session's `session-record', by session (the key nil in an image
+cl-mcp owns); guarded by `*registry-lock*'.")
 
-(defvar *session-kept* '()
-  "What cl-mcp's evaluations that loaded a system or a module created, which
-a reset keeps and names: a list of (SYSTEMS SYMBOLS PACKAGES), newest first.")
+(defun session-record (&optional (session (current-session)))
+  "SESSION's record, made when it has none."
+  (with-agent-lock (*registry-lock*)
+    (or (gethash session *session-records*)
+        (setf (gethash session *session-records*) (make-session-record)))))
+
+(defun forget-session-record (session)
+  "SESSION has ended: what it created belongs to the image now."
+  (with-agent-lock (*registry-lock*)
+    (remhash session *session-records*)))
 
 (defun present-symbols (package)
   "A set (an EQ hash table) of the symbols whose home is PACKAGE."
@@ -631,14 +648,15 @@ what that created is the image's, as ASDF or `*modules*' say (see
             (packages (set-difference (list-all-packages) packages-before))
             (loaded (set-difference (loaded-systems) loaded-before :test #'string=)))
         (when (or symbols packages)
-          (with-agent-lock (*registry-lock*)
-            (if loaded
-                (push (list loaded symbols packages) *session-kept*)
-                (progn
-                  (dolist (symbol symbols)
-                    (pushnew symbol *session-symbols*))
-                  (dolist (package packages)
-                    (pushnew package *session-created-packages*))))))))))
+          (let ((record (session-record)))
+            (with-agent-lock (*registry-lock*)
+              (if loaded
+                  (push (list loaded symbols packages) (session-record-kept record))
+                  (progn
+                    (dolist (symbol symbols)
+                      (pushnew symbol (session-record-symbols record)))
+                    (dolist (package packages)
+                      (pushnew package (session-record-packages record))))))))))))
 
 (defun forget-definitions (symbol)
   "Remove the function, macro, variable and class SYMBOL names (a constant

@@ -94,11 +94,6 @@ it to the newest connection, which would otherwise be cl-mcp's); put on
 the image what `detach-from-image' takes off once cl-mcp's last connection
 goes.  Return t."
   (setf *track-session* t)
-  ;; A new session: what earlier ones created belongs to the image now.
-  (with-agent-lock (*registry-lock*)
-    (setf *session-symbols* '()
-          *session-created-packages* '()
-          *session-kept* '()))
   (sb-thread:with-mutex (*attach-lock*)
     (let ((ours swank::*emacs-connection*))
       (setf *connections* (cons ours (intersection *connections* swank::*connections*)))
@@ -152,6 +147,7 @@ meet an error."
         (setf *connections* (remove connection *connections*))
         (let ((last (not (intersection *connections* swank::*connections*))))
           (abort-all connection (not last))
+          (forget-session-record connection)
           (when last
             (detach-from-image))))
     (error (condition)
@@ -184,10 +180,11 @@ that loaded those systems or modules)."
     (let ((user (find-package "COMMON-LISP-USER"))
           (removed-symbols '()) (removed-packages '()) (file-packages '()))
       (multiple-value-bind (symbols packages kept)
-          (with-agent-lock (*registry-lock*)
-            (values (shiftf *session-symbols* '())
-                    (shiftf *session-created-packages* '())
-                    (shiftf *session-kept* '())))
+          (let ((record (session-record)))
+            (with-agent-lock (*registry-lock*)
+              (values (shiftf (session-record-symbols record) '())
+                      (shiftf (session-record-packages record) '())
+                      (shiftf (session-record-kept record) '()))))
         (dolist (package packages)
           (when (package-name package)
             (if (defined-by-a-file-p package)

@@ -96,11 +96,27 @@ answers; ended, the programmer's work is lost)."
                     ((eql syscall 202) :waiting) ; futex: a condition or a lock
                     (t :sleeping))))))))
 
+(defun debugger-of (thread)
+  "When THREAD sits in Swank's debugger (SLDB: a programmer's error, say),
+a sentence saying at which level and condition; else nil.  Read from the
+thread's own bindings of Swank's variables, without interrupting it."
+  (flet ((value (symbol)
+           (multiple-value-bind (value bound)
+               (ignore-errors (sb-thread:symbol-value-in-thread symbol thread nil))
+             (and bound value))))
+    (let ((level (value 'swank::*sldb-level*)))
+      (when (and (integerp level) (plusp level))
+        (let ((condition (value 'swank::*swank-debugger-condition*)))
+          (format nil "SLDB level ~D~@[ at ~A~]" level
+                  (and (typep condition 'condition)
+                       (format nil "~A: ~A" (condition-type-name condition)
+                               (one-line (condition-message condition) 300)))))))))
+
 (defun thread-entry (thread)
   "THREAD as a plist: :id, :name, :owner, :state, and :evaluation (the
-number it waits at an error under) or :lock (the lock it waits for), and
-:read-only (why it may not be interrupted or killed) for a user's thread
-that is not cl-mcp's to touch."
+number it waits at an error under), :debugger (`debugger-of') or :lock
+(the lock it waits for), and :read-only (why it may not be interrupted or
+killed) for a user's thread that is not cl-mcp's to touch."
   (multiple-value-bind (evaluation suspended) (evaluation-of-thread thread)
   (let* ((waiting-for (sb-thread::thread-waiting-for thread))
          (owner (thread-owner thread))
@@ -113,6 +129,8 @@ that is not cl-mcp's to touch."
             (cond ((not (sb-thread:thread-alive-p thread)) (list :state :finished))
                   (suspended
                    (list :state :stopped-at-error :evaluation (evaluation-id evaluation)))
+                  ((debugger-of thread)
+                   (list :state :in-debugger :debugger (debugger-of thread)))
                   ((typep waiting-for 'sb-thread:mutex)
                    (list :state :waiting-on-lock
                          :lock (or (sb-thread:mutex-name waiting-for) "a lock")))

@@ -382,6 +382,11 @@ class AttachedLink:
             connection = await self._connect()
         except (ImageError, SwankError, OSError) as error:
             self._last_failure = str(error) or type(error).__name__
+            if isinstance(error.__cause__, ConnectionRefusedError):
+                self._last_failure += (
+                    f"; nothing listens on port {self.port}: M-x slime's own listener closes once "
+                    "Emacs connects, so evaluate (swank:create-server :port "
+                    f"{self.port} :dont-close t) in the image first (docs/attach.md)")
             raise
         self._connection = connection
         self._last_failure = ""

@@ -24,7 +24,7 @@ def thread_structure(entry: dict[str, Any]) -> dict[str, Any]:
     """One thread as the outputSchema has it."""
     thread = {"id": entry["id"], "name": entry["name"], "owner": entry["owner"],
               "state": entry["state"]}
-    for key in ("evaluation", "lock", "read-only"):
+    for key in ("evaluation", "debugger", "lock", "read-only"):
         if key in entry:
             thread[key] = entry[key]
     return thread
@@ -35,6 +35,8 @@ def thread_line(thread: dict[str, Any]) -> str:
     line = f'{thread["id"]} "{thread["name"]}" {thread["owner"]} {thread["state"]}'
     if "evaluation" in thread:
         line += f' (evaluation {thread["evaluation"]})'
+    if "debugger" in thread:
+        line += f' ({thread["debugger"]})'
     if "lock" in thread:
         line += f' (lock "{thread["lock"]}")'
     if "read-only" in thread:

@@ -118,6 +118,8 @@ def test_an_unreachable_swank_is_a_clear_error():
     with cl_mcp("--connect", "127.0.0.1:1") as process:
         text, is_error = process.eval("1")
         assert is_error and text.startswith("[ERROR] CL-MCP:NOT-CONNECTED")
+        # It says what to do.
+        assert "evaluate (swank:create-server :port 1 :dont-close t) in the image first" in text, text
 
 
 # ---------------------------------------------------------------- with Emacs

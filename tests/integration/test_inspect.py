@@ -5,6 +5,7 @@ cl-mcp owns and in a programmer's image it attaches to
 
 from __future__ import annotations
 
+import re
 
 import pytest
 
@@ -48,9 +49,12 @@ def test_drilling_in_by_handle_and_by_part(lisp):
     assert ("0", "#\\d") in [(p["label"], p["value"]) for p in name["parts"]]
     radius = inspect(lisp, handle=s["handle"], part=1)["structuredContent"]
     assert (radius["class"], radius["printed"]) == ("FIXNUM", "2")
-    # The same object again, by its own handle.
+    # The same object again, by its own handle (a collection between the two
+    # calls may have moved it: its printed address is left out).
     again = inspect(lisp, handle=s["handle"])["structuredContent"]
-    assert again["handle"] == s["handle"] and again["printed"] == s["printed"]
+    def unplaced(printed: str) -> str:
+        return re.sub(r" \{[0-9A-F]+\}>$", ">", printed)
+    assert again["handle"] == s["handle"] and unplaced(again["printed"]) == unplaced(s["printed"])
 
 
 def test_long_part_lists_are_paged(lisp):

@@ -59,6 +59,11 @@ def test_the_programmers_threads_are_listed_read_only_and_never_touched():
             assert emacs.slime_eval("(cl:get :pt :printed 0)") == "0"
         text = checked_call(process, "threads", action="list")["content"][0]["text"]
         assert re.search(r'"programmers-loop" user \S+ read-only: the programmer\'s', text), text
+        # The one in Emacs's debugger is said to be there, at its condition.
+        assert ('"programmers-failed" user in-debugger (SLDB level 1 at SIMPLE-ERROR: programmers error)'
+                in text), text
+        assert listed(process, "programmers-failed")["debugger"] == \
+            "SLDB level 1 at SIMPLE-ERROR: programmers error"
         # The programmer's debugger still answers.
         emacs.quit_debuggers()
         text, is_error = process.eval('(sb-thread:make-thread (lambda () (loop (sleep 0.05)))'

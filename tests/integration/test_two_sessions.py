@@ -64,8 +64,16 @@ def test_a_call_that_names_no_evaluation_means_its_own_and_the_others_is_only_re
             refused = second.call(tool, evaluation=mine, **arguments)
             assert refused["isError"] and error_type(refused) == ANOTHERS, (tool, refused)
         assert first.eval("(boundp 'cl-user::*touched*)") == ("=> NIL", False)
-        # The second's reset takes only its own evaluation with it.
+        # Each has its own REPL variables and its own record of what it made.
+        assert first.eval("(defun ts-firsts () 1)")[1] is False
+        assert second.eval("(defun ts-seconds () 2)")[1] is False
+        assert first.eval("(+ 1 2)") == ("=> 3", False)
+        assert second.eval("(+ 10 20)") == ("=> 30", False)
+        assert first.eval("*") == ("=> 3", False)
+        # The second's reset takes only its own evaluation and definition with it.
         assert not second.call("reset-session")["isError"]
+        assert first.eval("(list (and (fboundp 'ts-firsts) t) (find-symbol \"TS-SECONDS\"))") == ("=> (T NIL)", False)
+        assert first.eval("*") == ("=> (T NIL)", False)
         assert first.call("backtrace")["content"][0]["text"].startswith(f"[Backtrace of evaluation {mine}]")
         assert error_type(second.call("backtrace", evaluation=theirs)) == "CL-MCP:NO-SUSPENDED-EVALUATION"
         aborted = first.call("invoke-restart", restart="ABORT")["content"][0]["text"]

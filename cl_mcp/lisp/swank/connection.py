@@ -169,7 +169,7 @@ class SwankConnection:
             transport, protocol = await asyncio.wait_for(connecting, timeout)
         except (OSError, asyncio.TimeoutError) as error:
             where = repr(host.lstrip("\0")) if port is None else f"{host}:{port}"
-            raise SwankError(f"cannot connect to Swank at {where}: {error}") from None
+            raise SwankError(f"cannot connect to Swank at {where}: {error}") from error
         # asyncio sets TCP_NODELAY on TCP transports (Swank does not on its
         # end; the agent does), so a request leaves at once.  Its 256 KiB
         # reads cost two page faults each (malloc maps and unmaps a buffer
