@@ -919,8 +919,12 @@ background or for one of its calls; return how many there were."
       (let ((running (append (remove-if #'evaluation-report background) calls)))
         (dolist (evaluation waiting)
           (post-command evaluation (list :abort)))
+        ;; An evaluation that has not set up its ABORT restart yet is asked
+        ;; again, for up to a second, as `cancel-evaluation' asks.
         (dolist (each running)
-          (interrupt-running each))
+          (loop repeat 100
+                until (interrupt-running each)
+                do (sleep 0.01)))
         (+ (length waiting) (length running))))))
 
 (defun configure (&key (max-suspended *max-suspended*)

@@ -99,6 +99,9 @@ be read, never taken on."
   (overflowed nil)
   (tag nil)
   (session (current-session))  ; whose it is
+  ;; Held by a caller from its command to its report (`with-suspended'):
+  ;; another session's reader must not take or overwrite them.
+  (commands (sb-thread:make-mutex :name "cl-mcp evaluation commands"))
   (restarts '())
   (frames '()))
 
@@ -116,8 +119,14 @@ never the newest by default, and is let go when cl-mcp detaches."
   (and (member (evaluation-code evaluation) '(:interrupted :thread-error)) t))
 
 (defun own-evaluation-p (evaluation &optional (session (current-session)))
-  "True when EVALUATION is SESSION's (by default, the asking session's)."
-  (eq (evaluation-session evaluation) session))
+  "True when EVALUATION is SESSION's (by default, the asking session's), or
+nobody's (a user's thread of a session that has ended)."
+  (let ((owner (evaluation-session evaluation)))
+    (or (null owner) (eq owner session))))
+
+(defun live-session (session)
+  "SESSION while its connection is open, else nil (nobody's)."
+  (and session (member session *connections*) session))
 
 (defun not-own-report (evaluation)
   "The report that EVALUATION is another session's, which this one may not
@@ -259,13 +268,26 @@ that names them."
                                        collect (evaluation-id evaluation)))))))
 
 (defmacro with-suspended ((evaluation id &key own) &body body)
-  "Run BODY with EVALUATION bound to the waiting evaluation ID (the newest
-when nil); without one, return `no-suspended-report' instead, and with OWN,
-`not-own-report' for another session's."
-  `(let ((,evaluation (find-suspended ,id)))
-     (cond ((null ,evaluation) (no-suspended-report ,id))
-           ((and ,own (not (own-evaluation-p ,evaluation))) (not-own-report ,evaluation))
-           (t ,@body))))
+  "Run BODY, which commands EVALUATION and awaits its report, with
+EVALUATION bound to the waiting evaluation ID (the newest when nil) and its
+command lock held; without one, return `no-suspended-report' instead, with
+OWN, `not-own-report' for another session's, and `busy-report' when
+another session's command holds it longer than `*report-grace*'.  The lock
+is a plain one: a caller waiting there can still be cancelled."
+  (let ((done (gensym "DONE")) (value (gensym "VALUE")))
+    `(let ((,evaluation (find-suspended ,id)))
+       (cond ((null ,evaluation) (no-suspended-report ,id))
+             ((and ,own (not (own-evaluation-p ,evaluation))) (not-own-report ,evaluation))
+             (t (let ((,done nil) (,value nil))
+                  (sb-thread:with-mutex ((evaluation-commands ,evaluation) :timeout *report-grace*)
+                    (setf ,value (progn ,@body) ,done t))
+                  (if ,done ,value (busy-report ,evaluation))))))))
+
+(defun busy-report (evaluation)
+  "The report that EVALUATION is answering another session's command."
+  (command-error "CL-MCP:EVALUATION-BUSY"
+                 (format nil "Evaluation ~D is answering another assistant's command; ask again ~
+                              in a moment." (evaluation-id evaluation))))
 
 (defvar *running* '()
   "What a caller is waiting on, by its session and the caller's tag,
@@ -647,9 +669,18 @@ what that created is the image's, as ASDF or `*modules*' say (see
                              collect symbol))
             (packages (set-difference (list-all-packages) packages-before))
             (loaded (set-difference (loaded-systems) loaded-before :test #'string=)))
-        (when (or symbols packages)
+        ;; An evaluation of a session that has ended (aborted, it unwinds
+        ;; now) leaves what it made to the image, as its session did.
+        (when (and (or symbols packages)
+                   (or (not *track-session*) (live-session (current-session))))
           (let ((record (session-record)))
             (with-agent-lock (*registry-lock*)
+              ;; An evaluation that waited at its error while another session
+              ;; defined things sees them as new too: they are the other's.
+              (loop for other being the hash-values of *session-records*
+                    unless (eq other record)
+                      do (setf symbols (set-difference symbols (session-record-symbols other))
+                               packages (set-difference packages (session-record-packages other))))
               (if loaded
                   (push (list loaded symbols packages) (session-record-kept record))
                   (progn

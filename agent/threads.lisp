@@ -119,6 +119,7 @@ number it waits at an error under), :debugger (`debugger-of') or :lock
 killed) for a user's thread that is not cl-mcp's to touch."
   (multiple-value-bind (evaluation suspended) (evaluation-of-thread thread)
   (let* ((waiting-for (sb-thread::thread-waiting-for thread))
+         (debugger (and (not suspended) (debugger-of thread)))
          (owner (thread-owner thread))
          (entry (list* :id (thread-id thread)
                        :name (or (sb-thread:thread-name thread) "")
@@ -129,8 +130,8 @@ killed) for a user's thread that is not cl-mcp's to touch."
             (cond ((not (sb-thread:thread-alive-p thread)) (list :state :finished))
                   (suspended
                    (list :state :stopped-at-error :evaluation (evaluation-id evaluation)))
-                  ((debugger-of thread)
-                   (list :state :in-debugger :debugger (debugger-of thread)))
+                  (debugger
+                   (list :state :in-debugger :debugger debugger))
                   ((typep waiting-for 'sb-thread:mutex)
                    (list :state :waiting-on-lock
                          :lock (or (sb-thread:mutex-name waiting-for) "a lock")))

@@ -411,9 +411,8 @@ other threads' writes on to the global output streams of now; once."
         (sb-thread:abort-thread))))
 
 (defvar *started-by-cl-mcp* nil
-  "In a thread a cl-mcp evaluation started (or one such a thread started),
-a weak pointer to that evaluation: a thread that lives on must not keep
-the evaluation's output.")
+  "True in a thread a cl-mcp evaluation started (or one such a thread
+started).")
 
 (defun hurry-evaluation (evaluation)
   "While EVALUATION's caller still waits for it, answer \"still running\"
@@ -438,22 +437,29 @@ once: every call of cl-mcp's whose caller still waits within its answer
 window (an evaluation, or a load's, compile's or test run's work) answers
 \"still running\" now, with the news of the stop, whatever it waits on: the
 thread it started, a socket to a server in this image, a lock (see
-`hurry-evaluation').  True when one was told to."
-  (let ((hurried nil))
+`hurry-evaluation').  Only the calls of the thread's own session (in a
+shared image, another cl-mcp's calls are theirs), and only while the
+background has room for them (a call answered \"still running\" goes on
+there).  True when one was told to."
+  (let ((hurried nil)
+        (session (current-session)))
     (dolist (evaluation (with-agent-lock (*deadline-lock*)
                           (remove-duplicates (mapcar #'second *deadlines*)))
                         hurried)
-      (when (hurry-evaluation evaluation)
+      (when (and (own-evaluation-p evaluation session)
+                 (< (length (background-running)) *max-background*)
+                 (hurry-evaluation evaluation))
         (setf hurried t)))))
 
 (defun push-thread-news ()
-  "Send cl-mcp the news now, on its newest connection, rather than with the
-reply to its next request: a thread has just stopped at its error and no
-caller waited to be told (`hurry-waiting-callers'), and cl-mcp logs it at
-once.  Only on a connection Swank serves with threads of its own, whose
-control thread writes what any thread sends."
+  "Send cl-mcp the news now, on the connection of the thread's session (in
+an image cl-mcp owns, its one connection), rather than with the reply to
+its next request: a thread has just stopped at its error and no caller
+waited to be told (`hurry-waiting-callers'), and cl-mcp logs it at once.
+Only on a connection Swank serves with threads of its own, whose control
+thread writes what any thread sends."
   (let ((connection (if *track-session*
-                        (find-if (lambda (each) (member each swank::*connections*)) *connections*)
+                        (find (current-session) swank::*connections*)
                         (first swank::*connections*))))
     (when (typep connection 'swank::multithreaded-connection)
       ;; As Swank's with-connection binds them, but for its streams and
@@ -475,7 +481,9 @@ detached, its error goes to the image's own debugger hooks instead."
   (let* ((thread sb-thread:*current-thread*)
          (own-restarts (thread-restarts (compute-restarts condition)))
          (frames (error-frames))
-         (evaluation (make-evaluation :may-wait t :code :thread-error :thread thread))
+         ;; A thread whose session has ended is nobody's: any session may take it on.
+         (evaluation (make-evaluation :may-wait t :code :thread-error :thread thread
+                                      :session (live-session (current-session))))
          (entry nil)
          (left nil))
     (setf (evaluation-stdout evaluation) (make-capped-output-stream *inline-output*)
@@ -556,16 +564,15 @@ SBCL's own debugger does, as INVOKE-DEBUGGER goes on."
 
 ;;;; Watching threads
 
-(defun call-watched (function arguments origin session)
+(defun call-watched (function arguments session)
   "Call FUNCTION on ARGUMENTS with output kept and errors stopped as a
-user's thread's are here, in a thread the evaluation ORIGIN (a weak
-pointer to it) of SESSION started."
+user's thread's are here, in a thread an evaluation of SESSION started."
   (let ((*standard-output* *thread-stdout*)
         (*error-output* *thread-stderr*)
         (*trace-output* *thread-trace*)
         (sb-ext:*invoke-debugger-hook* #'thread-debugger-hook)
         (*debugger-hook* nil)
-        (*started-by-cl-mcp* origin)
+        (*started-by-cl-mcp* t)
         (*thread-session* session))
     (apply function arguments)))
 
@@ -573,15 +580,12 @@ pointer to it) of SESSION started."
   "SB-THREAD:MAKE-THREAD, wrapped: a thread started from a cl-mcp
 evaluation, or from a thread one started, runs FUNCTION through
 `call-watched'; every other thread is made as before."
-  (let ((origin (if *inside-evaluation*
-                    (sb-ext:make-weak-pointer *inside-evaluation*)
-                    *started-by-cl-mcp*))
-        (session (if *inside-evaluation*
+  (let ((session (if *inside-evaluation*
                      (evaluation-session *inside-evaluation*)
                      *thread-session*)))
-    (if (and origin (not *making-agent-thread*))
+    (if (and (or *inside-evaluation* *started-by-cl-mcp*) (not *making-agent-thread*))
         (let ((thread (apply make-thread (lambda (&rest arguments)
-                                           (call-watched function arguments origin session))
+                                           (call-watched function arguments session))
                              options)))
           (setf (gethash thread *threads-started-by-cl-mcp*) t)
           thread)

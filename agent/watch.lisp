@@ -209,17 +209,22 @@ evaluation number it names (or nil)."
            *watch-backlogs*)
   *watchers*)
 
+(defun queue-message (message)
+  "Queue MESSAGE (a plist) for every registered Emacs (with `*watch-lock*'
+held)."
+  (push message *watch-queue*)
+  (cond ((zerop *watch-queued*)
+         (setf *watch-queued* 1)
+         (sb-thread:condition-notify *watch-ready*))
+        ((< *watch-queued* *watch-queue-limit*)
+         (incf *watch-queued*))
+        (t (setf *watch-queue* (butlast *watch-queue*))
+           (incf *watch-dropped*))))
+
 (defun watch-send (message)
   "Queue MESSAGE (a plist) for every registered Emacs; never waits."
   (with-agent-lock (*watch-lock*)
-    (push message *watch-queue*)
-    (cond ((zerop *watch-queued*)
-           (setf *watch-queued* 1)
-           (sb-thread:condition-notify *watch-ready*))
-          ((< *watch-queued* *watch-queue-limit*)
-           (incf *watch-queued*))
-          (t (setf *watch-queue* (butlast *watch-queue*))
-             (incf *watch-dropped*)))))
+    (queue-message message)))
 
 (defun send-to-watcher (connection messages)
   "Hand MESSAGES to CONNECTION's control thread, as one `:channel-send' Swank
@@ -240,11 +245,13 @@ left keeps nothing of the package's."
   (loop
     (let ((messages '()) (dropped 0))
       (sb-thread:with-mutex (*watch-lock*)  ; not deferring interrupts: it waits
+        (end-lost-calls)
         (loop until *watch-queue*
               do (unless (sb-thread:condition-wait *watch-ready* *watch-lock*
                                                    :timeout *watch-idle-check-seconds*)
                    ;; A wait that times out returns without the mutex.
                    (sb-thread:grab-mutex *watch-lock*)
+                   (end-lost-calls)
                    (unless (or (live-watchers) *watch-queue*)
                      (setf swank::*event-hook* (remove 'watch-event-hook swank::*event-hook*)
                            *watch-sender* nil
@@ -299,15 +306,24 @@ could release it is connected any more."
 (defparameter *watched-calls-prune-threshold* 64
   "Calls in flight beyond which those on closed connections are forgotten.")
 
+(defun end-lost-calls ()
+  "End the calls in flight whose cl-mcp's connection closed before their
+answer (it was killed, or left them), telling the watchers, so that no
+line stays running and Stop never picks one (with `*watch-lock*' held)."
+  (maphash (lambda (key call)
+             (unless (member (car key) swank::*connections*)
+               (remhash key *watched-calls*)
+               (queue-message (list :phase :end :call (getf call :call) :tool (getf call :tool)
+                                    :outcome "its cl-mcp ended before the answer"
+                                    :ms (round (* 1000 (- (get-internal-real-time) (getf call :start)))
+                                               internal-time-units-per-second)))))
+           *watched-calls*))
+
 (defun forget-lost-calls ()
-  "Forget the calls in flight whose connection closed before their answer
-(with `*watch-lock*' held), once there are many."
+  "`end-lost-calls', once the calls in flight are many (with `*watch-lock*'
+held): the sender ends them anyway when it idles, and Stop first."
   (when (> (hash-table-count *watched-calls*) *watched-calls-prune-threshold*)
-    (maphash (lambda (key call)
-               (declare (ignore call))
-               (unless (member (car key) swank::*connections*)
-                 (remhash key *watched-calls*)))
-             *watched-calls*)))
+    (end-lost-calls)))
 
 (defun watch-request (connection event)
   "EVENT, an `:emacs-rex' from cl-mcp on CONNECTION, starts a tool call:
@@ -430,6 +446,7 @@ answer says so.  A sentence saying what was stopped, or that nothing was
 running."
   (let ((newest-key nil) (newest nil))
     (with-agent-lock (*watch-lock*)
+      (end-lost-calls)
       (maphash (lambda (key call)
                  (when (and (getf call :tag)
                             (or (null newest) (> (getf call :call) (getf newest :call))))

@@ -349,6 +349,7 @@ class AttachedLink:
         self._reconnecting: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._last_failure = ""
+        self._notice: str | None = None
 
     def describe(self) -> str:
         return f"Swank at {self.host}:{self.port}"
@@ -429,6 +430,14 @@ class AttachedLink:
         reason = await connection.wait_closed()
         if self._connection is connection:
             self._last_failure = reason
+            # The image ended this session's work with the connection
+            # (the agent's `forget-connection`): the next result says so.
+            self._notice = (
+                f"The connection to {self.describe()} was lost ({reason}). The image ended this "
+                "session's work with it: its evaluations that waited at an error or ran in the "
+                "background were aborted (their numbers no longer answer), and its REPL variables "
+                "(*, +, / ...) and its record of what it defined start afresh. The image and its "
+                "definitions are as they were.")
             log.warning("the connection to %s was lost (%s); reconnecting", self.describe(), reason)
             self._connection = None
             self._starting = None
@@ -483,7 +492,8 @@ class AttachedLink:
         return answer
 
     def take_notice(self) -> str | None:
-        return None
+        notice, self._notice = self._notice, None
+        return notice
 
     async def close(self) -> None:
         """Leave the image: close the connection, whose end ends this

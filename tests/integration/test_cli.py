@@ -100,7 +100,9 @@ def test_doctor():
     assert out.returncode == 0, out.stdout
     assert "[ok  ] SBCL" in out.stdout and "[ok  ] Swank" in out.stdout
     assert "[ok  ] image" in out.stdout and "alexandria" in out.stdout
-    assert "[ok  ] saved core" in out.stdout
+    core = saved_core(shutil.which("sbcl") or "sbcl", find_slime_dir(), find_bootstrap())
+    assert "[ok  ] saved core" in out.stdout, (
+        out.stdout, out.stderr[-3000:], sorted(path.name for path in core.parent.glob("image-*")))
 
 
 def test_doctor_says_what_to_install():

@@ -78,6 +78,7 @@ class Shared:
                      "the package registered")
         self.repl = self.watching.repl_text()
         self.home = home
+        self.port = server.port
 
 
 @pytest.fixture(scope="module")
@@ -289,6 +290,29 @@ def test_a_stop_that_comes_once_an_edit_is_written_answers_that_it_is_written(sh
     assert answer["structuredContent"]["written"] is True, answer
     assert source.read_text() == "(defun ew-edited () 2)\n"
     assert emacs.repl_text() == shared.repl
+
+
+def test_a_call_whose_cl_mcp_is_killed_ends_in_the_buffer_and_stop_passes_it_by(shared):
+    """Its line said running... for good, and every later Stop said "Stopped
+    call N" while nothing stopped (issue 50)."""
+    emacs = shared.watching
+    other = McpProcess("--connect", str(shared.port), env={"HOME": str(shared.home)})
+    try:
+        other.initialize()
+        other.start_request("tools/call", {"name": "evaluate-lisp",
+                                           "arguments": {"code": "(loop (sleep 0.5))"}})
+        wait_for(lambda: any("(loop (sleep 0.5))" in line and "running..." in line
+                             for line in buffer_lines(emacs)), "the running line")
+        other.proc.kill()  # SIGKILL: no goodbye
+        other.proc.wait()
+    finally:
+        other.close()
+    assert "its cl-mcp ended before the answer" in line_of(emacs, "evaluate-lisp", "(loop (sleep 0.5))")
+    emacs.eval('(with-current-buffer "*Messages*" (let ((inhibit-read-only t)) (erase-buffer)))')
+    emacs.eval("(cl-mcp-stop)")
+    wait_for(lambda: "nothing to stop" in text_of(emacs, '(get-buffer "*Messages*")'), "Stop's message")
+    assert "Stopped call" not in text_of(emacs, '(get-buffer "*Messages*")')
+    assert shared.process.eval("(+ 1 1)") == ("=> 2", False)
 
 
 def test_a_hold_ends_when_no_emacs_that_could_release_it_is_connected(shared):

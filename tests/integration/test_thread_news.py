@@ -226,8 +226,8 @@ def test_a_thread_stopped_by_an_interrupt_counts_toward_the_limit_as_one_at_its_
         assert not is_error, text
         napper = None
         while not napper:  # a thread just made gets its Linux id when it starts
-            napper = next(t["id"] for t in lisp.call("threads", action="list")["structuredContent"]["threads"]
-                          if t["name"] == "tn-napper")
+            napper = next((t["id"] for t in lisp.call("threads", action="list")["structuredContent"]["threads"]
+                           if t["name"] == "tn-napper"), None)
         stopped = lisp.call("threads", action="interrupt", thread=napper)
         assert not stopped["isError"], stopped
         notices_until(lisp, 'Thread "tn-after" stopped', start(

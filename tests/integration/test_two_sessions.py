@@ -65,8 +65,8 @@ def test_a_call_that_names_no_evaluation_means_its_own_and_the_others_is_only_re
             assert refused["isError"] and error_type(refused) == ANOTHERS, (tool, refused)
         assert first.eval("(boundp 'cl-user::*touched*)") == ("=> NIL", False)
         # Each has its own REPL variables and its own record of what it made.
-        assert first.eval("(defun ts-firsts () 1)")[1] is False
-        assert second.eval("(defun ts-seconds () 2)")[1] is False
+        assert first.eval("(defun ts-firsts () 1)") == ("=> TS-FIRSTS", False)
+        assert second.eval("(defun ts-seconds () 2)") == ("=> TS-SECONDS", False)
         assert first.eval("(+ 1 2)") == ("=> 3", False)
         assert second.eval("(+ 10 20)") == ("=> 30", False)
         assert first.eval("*") == ("=> 3", False)
@@ -120,3 +120,56 @@ def test_an_assistant_that_ends_takes_its_work_with_it_and_leaves_the_others(end
         aborted = second.call("invoke-restart", restart="ABORT")["content"][0]["text"]
         assert aborted.startswith("The evaluation was aborted."), aborted
 
+
+
+def test_a_thread_that_stops_hurries_only_its_own_sessions_calls():
+    with two_assistants() as (server, first, second):
+        request = first.start_request("tools/call", {"name": "evaluate-lisp",
+                                                     "arguments": {"code": "(progn (sleep 3) :first-done)"}})
+        deadline = time.monotonic() + 10
+        # The agent may still be loading when the call is sent.
+        running = ('(cl:let ((agent (cl:and (cl:find-package "CL-MCP-AGENT") '
+                   '(cl:find-symbol "*RUNNING*" "CL-MCP-AGENT")))) '
+                   "(cl:if (cl:and agent (cl:boundp agent)) (cl:length (cl:symbol-value agent)) 0))")
+        while server.client_eval(running) != "1":
+            assert time.monotonic() < deadline, "the first's call never ran"
+            time.sleep(0.05)
+        text, is_error = second.eval('(sb-thread:make-thread (lambda () (error "the second\'s thread")))')
+        assert not is_error, text
+        answer = first.response(request)["result"]["content"][0]["text"]
+        assert answer.startswith("=> :FIRST-DONE"), answer
+
+
+def test_a_thread_of_a_session_that_ended_is_anyones_once_it_stops():
+    with two_assistants() as (server, first, second):
+        text, is_error = first.eval('(sb-thread:make-thread (lambda () (sleep 2) (error "orphaned")) '
+                                    ':name "ts-orphan")')
+        assert not is_error, text
+        first.proc.kill()
+        first.proc.wait()
+        deadline = time.monotonic() + 30
+        while True:
+            entries = second.call("threads", action="list")["structuredContent"]["threads"]
+            entry = next((e for e in entries if e["name"] == "ts-orphan"), None)
+            if entry and entry["state"] == "stopped-at-error":
+                break
+            assert time.monotonic() < deadline, entries
+            time.sleep(0.1)
+        aborted = second.call("invoke-restart", evaluation=entry["evaluation"], restart="ABORT")
+        assert aborted["content"][0]["text"].startswith("The evaluation was aborted."), aborted
+
+
+def test_two_sessions_commanding_one_evaluation_at_once_each_get_their_own_answer():
+    """Commands and reports each have one slot: a reader's backtrace, sent
+    while the owner's eval-in-frame ran, took the eval-in-frame's report (or
+    the owner took the frames)."""
+    with two_assistants() as (_, first, second):
+        mine = waiting(first, '(error "read by both")')
+        for _ in range(3):
+            evaluated = first.start_request("tools/call", {"name": "eval-in-frame", "arguments": {
+                "evaluation": mine, "frame": 0, "code": "(progn (sleep 1) :from-the-frame)"}})
+            time.sleep(0.3)
+            frames = second.call("backtrace", evaluation=mine)["content"][0]["text"]
+            assert frames.startswith(f"[Backtrace of evaluation {mine}] (another assistant's"), frames
+            value = first.response(evaluated)["result"]["content"][0]["text"]
+            assert value.startswith("=> :FROM-THE-FRAME"), value
