@@ -166,17 +166,33 @@ def cache_problem(directory: Path, loaded: list[Path]) -> str | None:
     return None
 
 
-def saved_core(sbcl: str, slime_dir: Path, bootstrap: Path) -> Path:
-    """Where the saved core with Swank and the agent loaded is cached.  Its
-    name is a hash of the agent's text and of the path, size and mtime of
-    the SBCL binary and of every Swank source, so a new agent, an upgraded
-    SBCL or another Swank gets a core of its own."""
-    digest = hashlib.sha256(agent_digest(bootstrap).encode())
+def _runtime_lines(sbcl: str, slime_dir: Path) -> bytes:
+    """The path, size and mtime of the SBCL binary and of every Swank
+    source, a line each: what Swank's compiled files depend on."""
+    lines = []
     for path in [Path(sbcl).resolve(), *sorted(slime_dir.glob("*.lisp")),
                  *sorted(slime_dir.glob("swank/*.lisp"))]:
         info = path.stat()
-        digest.update(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+        lines.append(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\n")
+    return "".join(lines).encode()
+
+
+def saved_core(sbcl: str, slime_dir: Path, bootstrap: Path) -> Path:
+    """Where the saved core with Swank and the agent loaded is cached.  Its
+    name is a hash of the agent's text and of `_runtime_lines`, so a new
+    agent, an upgraded SBCL or another Swank gets a core of its own."""
+    digest = hashlib.sha256(agent_digest(bootstrap).encode())
+    digest.update(_runtime_lines(sbcl, slime_dir))
     return cache_dir() / f"image-{digest.hexdigest()[:16]}.core"
+
+
+def swank_fasl_dir(sbcl: str, slime_dir: Path, directory: Path) -> Path:
+    """Where Swank's compiled files for this SBCL and Swank are kept in
+    DIRECTORY: a directory that only ever appears whole (`loading_forms`).
+    Swank's loader compiles in place into ASDF's cache, so an SBCL killed
+    while it compiled (a host closing cl-mcp during its first start) left a
+    half-written file there, which every later start loaded and died on."""
+    return directory / f"swank-{hashlib.sha256(_runtime_lines(sbcl, slime_dir)).hexdigest()[:16]}"
 
 
 STALE_FASL_SECONDS = 30 * 86400
@@ -188,13 +204,15 @@ CORE_RETRY_SECONDS = 86400
 
 def remove_stale_caches(fasl: Path, core: Path | None) -> None:
     """Delete compiled agents and saved cores of other versions that have
-    not been used for a while, and core files a build left half-written.
+    not been used for a while, and the core files and Swank directories a
+    build or a start left half-written.
     (Recent ones may belong to another cl-mcp installation of this user,
     running now.)"""
     now = time.time()
     for pattern, current, limit in (("agent-*.fasl", fasl.name + "-", STALE_FASL_SECONDS),
                                     ("image-*.core", core.name if core else None, STALE_CORE_SECONDS),
                                     ("image-*.core.*.tmp", None, 3600),
+                                    ("swank-*.*.tmp", None, 3600),
                                     ("image-*.core.lock", core.name if core else None, 3600),
                                     ("image-*.core.failed", core.name if core else None,
                                      CORE_RETRY_SECONDS)):
@@ -203,7 +221,10 @@ def remove_stale_caches(fasl: Path, core: Path | None) -> None:
                 continue
             try:
                 if now - max(old.stat().st_atime, old.stat().st_mtime) > limit:
-                    old.unlink()
+                    if old.is_dir():  # Swank, compiled by an SBCL that was killed
+                        shutil.rmtree(old, ignore_errors=True)
+                    else:
+                        old.unlink()
             except OSError:
                 pass
 
@@ -217,21 +238,36 @@ def _load_agent_forms(bootstrap: Path, directory: Path) -> list[str]:
             f"(cl-mcp-agent::load-parts {parts} {stem})"]
 
 
-def loading_forms(slime_dir: Path, bootstrap: Path, fasl_dir: Path) -> list[str]:
-    """The --eval forms that load Swank and the agent (compiled into
-    FASL_DIR) into a bare SBCL."""
+def loading_forms(sbcl: str, slime_dir: Path, bootstrap: Path, fasl_dir: Path) -> list[str]:
+    """The --eval forms that load Swank and the agent (both compiled into
+    FASL_DIR) into a bare SBCL.  Swank's loader puts its files where ASDF's
+    output translations say: for the load, they say its directory
+    (`swank_fasl_dir`) or, when that is not there yet, one of this SBCL's
+    own, renamed into place once Swank has loaded from it."""
+    swank = _lisp_string(str(swank_fasl_dir(sbcl, slime_dir, fasl_dir)))
+    sources = _lisp_string(f"{slime_dir}/")
     return [
         "(require :asdf)",
+        "(require :sb-posix)",
         f"(load {_lisp_string(str(slime_dir / 'swank-loader.lisp'))})",
-        "(swank-loader:init :setup nil :quiet t)",
+        f"(let* ((ready (probe-file (concatenate 'string {swank} \"/\")))"
+        f" (into (if ready {swank} (format nil \"~A.~D.tmp\" {swank} (sb-posix:getpid)))))"
+        # Made private before Swank's loader makes anything inside it.
+        " (unless ready (sb-posix:mkdir into #o700))"
+        " (asdf:initialize-output-translations"
+        f" (list :output-translations (list {sources} (concatenate 'string into \"/\"))"
+        " :inherit-configuration))"
+        " (unwind-protect (swank-loader:init :setup nil :quiet t)"
+        " (asdf:clear-output-translations))"
+        f" (unless ready (ignore-errors (sb-posix:rename into {swank}))))",
         *_load_agent_forms(bootstrap, fasl_dir),
     ]
 
 
-def core_building_forms(slime_dir: Path, bootstrap: Path, output: Path) -> list[str]:
+def core_building_forms(sbcl: str, slime_dir: Path, bootstrap: Path, output: Path) -> list[str]:
     """The --eval forms that load Swank and the agent and save the image
     at OUTPUT (the agent's fasl is kept beside it)."""
-    return [*loading_forms(slime_dir, bootstrap, output.parent),
+    return [*loading_forms(sbcl, slime_dir, bootstrap, output.parent),
             # UIOP's hooks for saved images: forget what belongs to this
             # machine state (ASDF's source registry and output translations,
             # the user cache) so that each start computes it afresh.
@@ -324,7 +360,7 @@ class LispImage:
                 log.warning("the saved core %s did not start (%s); removing it", core, error)
                 core.unlink(missing_ok=True)
                 _note_failure(core)
-        return await self._spawn([sbcl], loading_forms(slime_dir, bootstrap, cache) + serving_forms())
+        return await self._spawn([sbcl], loading_forms(sbcl, slime_dir, bootstrap, cache) + serving_forms())
 
     async def _await_core(self, sbcl: str, slime_dir: Path, bootstrap: Path, core: Path) -> None:
         """Build CORE and wait for it as long as a start may take.  A build
@@ -352,7 +388,7 @@ class LispImage:
             private = Path(name)
             if problem := cache_problem(private, []):
                 raise ImageError(f"no private directory to compile the agent in: {problem}")
-            return await self._spawn([sbcl], loading_forms(slime_dir, bootstrap, private)
+            return await self._spawn([sbcl], loading_forms(sbcl, slime_dir, bootstrap, private)
                                      + serving_forms())
 
     async def _spawn(self, runtime: list[str], forms: list[str]) -> int:
@@ -452,7 +488,7 @@ async def _build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
                       timeout: float) -> None:
     """`build_core`, holding the lock."""
     temp = core.with_name(f"{core.name}.{os.getpid()}.tmp")
-    argv = sbcl_command([sbcl], core_building_forms(slime_dir, bootstrap, temp))
+    argv = sbcl_command([sbcl], core_building_forms(sbcl, slime_dir, bootstrap, temp))
     log.info("saving an SBCL core with Swank and the agent at %s (once)", core)
     started = time.monotonic()
     try:

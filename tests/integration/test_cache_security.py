@@ -100,7 +100,8 @@ def test_a_new_cache_directory_is_private_whatever_the_umask(tmp_path):
     assert first.stdout == f'=> "{core}"\n'
     assert (mode(cache_home), mode(cache)) == (0o700, 0o700)
     files = sorted(cache.glob("*"))
-    assert [f.suffix for f in files] == [".fasl"] * len(agent_parts(find_bootstrap())) + [".core", ".lock"]
+    assert [f.suffix for f in files] == [".fasl"] * len(agent_parts(find_bootstrap())) + [".core", ".lock", ""]
+    assert files[-1].name.startswith("swank-") and mode(files[-1]) == 0o700  # Swank's compiled files
     assert all(mode(f) & 0o022 == 0 for f in files), [oct(mode(f)) for f in files]
     # What cl-mcp wrote passes its own check; so does a directory of mode
     # 0755, as earlier versions made it: others may read, not write.
@@ -145,7 +146,8 @@ def test_a_parent_others_can_write_is_refused_unless_sticky(planted, tmp_path):
         planted_file.unlink()
     out = cl_mcp_eval(cache_home, "--no-saved-core")
     assert out.returncode == 0 and "ERROR" not in out.stderr, out.stderr
-    assert sorted(f.name for f in cache.iterdir()) == planted.all_fasl_names
+    names = sorted(f.name for f in cache.iterdir())
+    assert names[:-1] == planted.all_fasl_names and names[-1].startswith("swank-"), names
 
 
 def test_a_cache_reached_through_a_symlink_is_checked_where_it_points(planted, tmp_path):

@@ -160,6 +160,26 @@ def test_the_image_starts_from_a_saved_core_built_on_first_use(tmp_path):
         assert str(cores[0]).encode() in image_command_line(second)
 
 
+def test_a_start_killed_while_swank_compiles_leaves_nothing_half_written_behind(tmp_path):
+    """Swank's loader writes its files in place: killed as the first of them
+    appeared (a host closing cl-mcp during its first start), it left that
+    file half-written, and every later start loaded it and died
+    (END-OF-FILE in SB-FASL::FOP-LOAD-CODE)."""
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    first = McpProcess(env=env)
+    try:
+        first.initialize()
+        assert wait_for(lambda: any("swank" in str(path) for path in tmp_path.rglob("*.fasl")), 60)
+        first.proc.kill()
+        first.proc.wait()
+    finally:
+        for pid in processes_naming(str(tmp_path)):  # its image and builder, in sessions of their own
+            os.kill(pid, signal.SIGKILL)
+        first.close()  # its pipes
+    with cl_mcp(env=env) as second:
+        assert second.eval("(+ 1 2)") == ("=> 3", False), "".join(second.stderr_lines[-40:])
+
+
 def test_a_core_build_that_never_finished_is_tried_again(tmp_path):
     """A host may kill cl-mcp while its first start saves the core (a first
     start takes seconds): the next start builds it again and starts from it,
