@@ -93,11 +93,13 @@ def agent_fasl(bootstrap: Path, directory: Path) -> Path:
 
 
 def cached_code(bootstrap: Path, directory: Path, core: Path | None) -> list[Path]:
-    """The files of DIRECTORY a start may load: the saved core and the
-    compiled agent (one per SBCL version), those that exist."""
+    """The files of DIRECTORY a start may load: the saved core, the compiled
+    agent (one per SBCL version) and the directories of Swank's compiled
+    files (`swank_fasl_dir`, made mode 0700), those that exist."""
     stem = agent_fasl(bootstrap, directory)
     fasls = sorted(directory.glob(f"{stem.name}-*.fasl"))
-    return [*([core] if core is not None and core.exists() else []), *fasls]
+    swank = sorted(path for path in directory.glob("swank-*") if not path.name.endswith(".tmp"))
+    return [*([core] if core is not None and core.exists() else []), *fasls, *swank]
 
 
 # Every start runs code from the cache, so whoever can write there, or
