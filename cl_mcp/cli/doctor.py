@@ -12,8 +12,8 @@ from typing import Any
 
 from cl_mcp.errors import ClMcpError
 from cl_mcp.lisp.config import HEAP_SIZE_CAP, HEAP_SIZE_FLOOR, ImageConfig, physical_memory
-from cl_mcp.lisp.image import (LispImage, cache_dir, cache_problem, cached_code, find_bootstrap, find_slime_dir,
-                          saved_core)
+from cl_mcp.lisp.image import (LispImage, cache_dir, cache_problem, cached_code, core_failure, find_bootstrap,
+                               find_slime_dir, forget_core_failure, saved_core)
 from cl_mcp.lisp.swank.connection import SwankConnection
 from cl_mcp.wire.sexp import Symbol, plist
 
@@ -103,8 +103,7 @@ def check_cache(config: ImageConfig) -> bool:
     """Whether cl-mcp may keep and run code in its cache: the same check as
     every start's (the image check above has made the directory)."""
     cache = cache_dir()
-    sbcl = shutil.which(config.sbcl)
-    core = saved_core(sbcl, find_slime_dir(config.slime_dir), find_bootstrap()) if sbcl else None
+    core = configured_core(config)
     problem = cache_problem(cache, cached_code(find_bootstrap(), cache, core))
     if problem is not None:
         return line(False, "cache", f"{problem}; until then no saved core is used, "
@@ -112,16 +111,21 @@ def check_cache(config: ImageConfig) -> bool:
     return line(True, "cache", f"{cache}: nobody else can write it or what it holds")
 
 
+def configured_core(config: ImageConfig) -> Path | None:
+    sbcl = shutil.which(config.sbcl)
+    return saved_core(sbcl, find_slime_dir(config.slime_dir), find_bootstrap()) if sbcl else None
+
+
 def check_saved_core(config: ImageConfig) -> None:
     """Where the saved core is (the image check above builds it if missing)."""
-    sbcl = shutil.which(config.sbcl)
-    if sbcl is None:
+    core = configured_core(config)
+    if core is None:
         return
-    core = saved_core(sbcl, find_slime_dir(config.slime_dir), find_bootstrap())
     if core.is_file():
         line(True, "saved core", f"{core} ({core.stat().st_size / 2**20:.0f} MB): images start in ~30 ms")
     else:
-        line(None, "saved core", "none could be saved (see the log); images start from fasls (~250 ms)")
+        reason = core_failure(core) or "its build is still under way"
+        line(None, "saved core", f"none ({reason}); images start from fasls (~250 ms)")
 
 
 def doctor_command(argv: list[str]) -> int:
@@ -139,6 +143,10 @@ def doctor_command(argv: list[str]) -> int:
     check_systems()
     if all(essentials):
         config = ImageConfig(sbcl=args.sbcl, slime_dir=args.slime_dir, heap_size=args.heap_size)
+        if core := configured_core(config):
+            # Starts wait a day before they build a failed core again;
+            # doctor is asked to look now.
+            forget_core_failure(core)
         essentials.append(check_image(config) and check_cache(config))
         if essentials[-1]:
             check_saved_core(config)

@@ -21,6 +21,7 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import stat
 import tempfile
 import time
@@ -354,15 +355,23 @@ class LispImage:
         remove_stale_caches(agent_fasl(bootstrap, cache), core)
         if core is not None and not core.is_file() and not _failed_lately(core):
             await self._await_core(sbcl, slime_dir, bootstrap, core)
+        core_failure = None
         if core is not None and core.is_file():
             try:
                 return await self._spawn([sbcl, "--core", str(core)],
                                          restoring_forms() + serving_forms())
             except ImageError as error:
-                log.warning("the saved core %s did not start (%s); removing it", core, error)
-                core.unlink(missing_ok=True)
-                _note_failure(core)
-        return await self._spawn([sbcl], loading_forms(sbcl, slime_dir, bootstrap, cache) + serving_forms())
+                log.warning("the saved core %s did not start (%s); starting from fasls", core, error)
+                core_failure = (str(error), self.returncode)
+        port = await self._spawn([sbcl], loading_forms(sbcl, slime_dir, bootstrap, cache) + serving_forms())
+        if core is not None and core_failure is not None and _crashed(core_failure[1]):
+            # The core's own fault only when SBCL gave up on it and fasls
+            # start: an image killed as it started (a user's kill, the OOM
+            # killer), or too slow on a busy machine, says nothing of the core.
+            log.warning("SBCL starts from fasls but not from %s: removing the core", core)
+            core.unlink(missing_ok=True)
+            _note_failure(core, f"the saved core did not start: {core_failure[0]}")
+        return port
 
     async def _await_core(self, sbcl: str, slime_dir: Path, bootstrap: Path, core: Path) -> None:
         """Build CORE and wait for it as long as a start may take.  A build
@@ -474,7 +483,7 @@ async def build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
     # finished (cl-mcp was killed, as a host may kill a first start that
     # seems slow) is retried by the next start.  A build that fails is marked
     # failed and not retried at every start; one that runs out of time (a
-    # busy machine) is not a failure.
+    # busy machine) or whose builder was killed is not a failure.
     lock = _lock_build(core)
     if lock is None:
         log.info("another cl-mcp is saving the core at %s; starting from fasls", core)
@@ -498,7 +507,7 @@ async def _build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     except OSError as error:
-        _note_failure(core)
+        _note_failure(core, f"could not run SBCL to save a core: {error}")
         log.warning("could not save a core (%s); starting from fasls", error)
         return
     try:
@@ -511,14 +520,15 @@ async def _build_core(sbcl: str, slime_dir: Path, bootstrap: Path, core: Path,
         await _abandon_build(process, temp)
         raise
     if process.returncode != 0 or not temp.is_file():
-        tail = output.decode("utf-8", "replace").strip().splitlines()[-3:]
-        log.warning("could not save a core (exit code %s): %s", process.returncode, " / ".join(tail))
+        tail = " / ".join(output.decode("utf-8", "replace").strip().splitlines()[-3:])
+        log.warning("could not save a core (exit code %s): %s", process.returncode, tail)
         temp.unlink(missing_ok=True)
-        _note_failure(core)
+        if process.returncode == 0 or _crashed(process.returncode):  # not killed from outside
+            _note_failure(core, f"saving a core failed (exit code {process.returncode}): {tail}")
         return
     temp.chmod(0o600)  # whatever the umask: the next start refuses a core others can write
     temp.replace(core)
-    _failure_marker(core).unlink(missing_ok=True)
+    forget_core_failure(core)
     log.info("saved the core in %.1f s", time.monotonic() - started)
 
 
@@ -533,11 +543,41 @@ def _failure_marker(core: Path) -> Path:
     return core.with_name(core.name + ".failed")
 
 
-def _note_failure(core: Path) -> None:
+def _note_failure(core: Path, reason: str) -> None:
+    """Mark CORE failed, with REASON for `cl-mcp doctor` (the log that said
+    it is gone with the start that wrote it)."""
     try:
-        _failure_marker(core).touch()
+        _failure_marker(core).write_text(reason + "\n")
     except OSError:
         pass
+
+
+def core_failure(core: Path) -> str | None:
+    """Why CORE was marked failed lately, if it was."""
+    if not _failed_lately(core):
+        return None
+    try:
+        return _failure_marker(core).read_text(errors="replace").strip() or "no reason recorded"
+    except OSError:
+        return None
+
+
+def forget_core_failure(core: Path) -> None:
+    """Let the next start build CORE again, whenever it was marked failed."""
+    try:
+        _failure_marker(core).unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+# Signals by which SBCL itself dies (with --disable-ldb a fatal error exits
+# with code 1); SIGKILL, SIGTERM and their like come from outside.
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE})
+
+
+def _crashed(returncode: int | None) -> bool:
+    """Whether an SBCL that ended with RETURNCODE gave up by itself."""
+    return returncode is not None and (returncode > 0 or -returncode in CRASH_SIGNALS)
 
 
 def _lock_build(core: Path) -> int | None:

@@ -105,6 +105,29 @@ def test_doctor():
         out.stdout, out.stderr[-3000:], sorted(path.name for path in core.parent.glob("image-*")))
 
 
+def test_doctor_says_why_no_core_was_saved_and_tries_again(tmp_path):
+    """A failed build is not tried again by starts for a day; the doctor
+    says why it failed, and builds afresh each time it is asked."""
+    refuse = tmp_path / "refuse"
+    refuse.touch()
+    sbcl = tmp_path / "sbcl"
+    sbcl.write_text(f'#!/bin/sh\ncase "$*" in *save-lisp-and-die*) [ -e {refuse} ] && '
+                    f'{{ echo "no room for a core"; exit 3; }};; esac\nexec {shutil.which("sbcl")} "$@"\n')
+    sbcl.chmod(0o755)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def doctor() -> str:
+        out = subprocess.run([CL_MCP, "doctor", "--sbcl", str(sbcl)], capture_output=True, text=True,
+                             timeout=300, stdin=subprocess.DEVNULL, env=env)
+        assert out.returncode == 0, out.stdout
+        return out.stdout
+
+    assert ("[note] saved core: none (saving a core failed (exit code 3): no room for a core); "
+            "images start from fasls") in doctor()
+    refuse.unlink()
+    assert "[ok  ] saved core" in doctor()
+
+
 def test_doctor_says_what_to_install():
     out = cli("doctor", "--sbcl", "no-such-sbcl")
     assert out.returncode == 1 and "apt-get install sbcl" in out.stdout

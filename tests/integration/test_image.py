@@ -294,6 +294,40 @@ def test_a_core_that_will_not_start_is_replaced_by_fasls(tmp_path):
     assert not core.exists()
 
 
+def test_an_image_killed_as_it_starts_from_the_core_leaves_the_core_in_use(tmp_path, monkeypatch):
+    """A kill from outside while the image starts (the user's, the OOM
+    killer's) says nothing of the core: the start goes on from fasls, and
+    the next start uses the core again (it was removed and marked failed,
+    so every start came from fasls for a day)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    core = saved_core(shutil.which("sbcl"), find_slime_dir(), find_bootstrap())
+    read_port = LispImage._read_port
+    kills = []
+
+    async def killed_once(self, stream):
+        if not kills:
+            kills.append(self.pid)
+            os.kill(self.pid, signal.SIGKILL)
+        return await read_port(self, stream)
+
+    async def started_from(image: LispImage) -> bytes:
+        await image.start()
+        try:
+            return Path(f"/proc/{image.pid}/cmdline").read_bytes()
+        finally:
+            await image.stop()
+
+    async def body():
+        assert str(core).encode() in await started_from(LispImage(ImageConfig()))  # built, then used
+        monkeypatch.setattr(LispImage, "_read_port", killed_once)
+        assert b"--core" not in await started_from(LispImage(ImageConfig()))
+        assert kills and core.is_file() and not core.with_name(core.name + ".failed").exists()
+        monkeypatch.setattr(LispImage, "_read_port", read_port)
+        assert str(core).encode() in await started_from(LispImage(ImageConfig()))
+
+    asyncio.run(body())
+
+
 def test_no_saved_core_starts_from_fasls(tmp_path):
     with cl_mcp("--no-saved-core", env={"XDG_CACHE_HOME": str(tmp_path)}) as process:
         assert process.eval("(+ 1 2)") == ("=> 3", False)
