@@ -521,12 +521,42 @@ FORM (a `file-form'), delimited as FORM is (`form-syntax'), else the
   "The byte offset in UTF-8 of character INDEX of TEXT."
   (length (sb-ext:string-to-octets text :external-format :utf-8 :end index)))
 
+(defun emacs-lock-owner (path)
+  "The owner Emacs wrote into the lock of PATH (`.#NAME' beside it, a
+symlink to USER@HOST.PID:BOOT, or a file holding that where symlinks
+cannot be made) while one of its buffers has unsaved changes to PATH; nil
+when there is none, or when it names a dead process of this machine (an
+Emacs that crashed, whose lock Emacs itself ignores)."
+  (let* ((lock (concatenate 'string (directory-namestring path) ".#" (file-namestring path)))
+         (owner (or (ignore-errors (sb-posix:readlink lock))
+                    (ignore-errors
+                     (with-open-file (in lock :if-does-not-exist nil)
+                       (and in (read-line in nil nil)))))))
+    (when owner
+      (let* ((at (position #\@ owner))
+             (boot (or (position #\: owner :start (or at 0)) (length owner)))
+             (dot (position #\. owner :end boot :from-end t))
+             (pid (and at dot (> dot at) (parse-integer owner :start (1+ dot) :end boot :junk-allowed t))))
+        (unless (and pid (string= (subseq owner (1+ at) dot) (machine-instance))
+                     (handler-case (progn (sb-posix:kill pid 0) nil)
+                       (sb-posix:syscall-error (error) (= (sb-posix:syscall-errno error) sb-posix:esrch))))
+          (subseq owner 0 boot))))))
+
 (defun write-atomically (path original octets then)
   "Replace the file at PATH, whose bytes were ORIGINAL, with OCTETS: a
 temporary file in the same directory, synced, given PATH's mode, renamed
 over it, THEN called with the rename in one step no interrupt (a cancel,
 a deadline) divides.  Nil when written; the :status :error plist when the
-file's bytes are no longer ORIGINAL (another editor wrote it)."
+file's bytes are no longer ORIGINAL (another editor wrote it), or when an
+Emacs buffer holds unsaved changes to it (its save would then ask the
+programmer, and `yes' would drop this write)."
+  (let ((owner (emacs-lock-owner path)))
+    (when owner
+      (return-from write-atomically
+        (error-report "CL-MCP:UNSAVED-IN-EDITOR"
+                      "~A has unsaved changes in an Emacs buffer (~A holds its lock); nothing was ~
+                       written: ask the programmer to save or revert that buffer, then edit again."
+                      path owner))))
   (let* ((stat (sb-posix:stat path))
          (temporary (format nil "~A.cl-mcp-~D" path (sb-posix:getpid)))
          (created nil))
@@ -787,6 +817,8 @@ read and :candidates for an ambiguous TARGET."
                                         (lambda ()
                                           (refresh-source (truename file))
                                           (when *written-edit* (setf (car *written-edit*) reply))))))
+        (unless refused
+          (watch-file-written (truename file)))
         (or refused reply)))))
 
 ;;;; Reading a file

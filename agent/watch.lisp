@@ -226,6 +226,12 @@ held)."
   (with-agent-lock (*watch-lock*)
     (queue-message message)))
 
+(defun watch-file-written (truename)
+  "Tell the registered Emacs that cl-mcp wrote TRUENAME: the companion
+reverts the buffers that visit it and have no unsaved changes."
+  (when *watchers*  ; read unlocked: a hint, as the event hook is
+    (watch-send (list :phase :written :file (namestring truename)))))
+
 (defun send-to-watcher (connection messages)
   "Hand MESSAGES to CONNECTION's control thread, as one `:channel-send' Swank
 writes to its Emacs unread (channel 0: emacs/cl-mcp.el's hook takes it)."

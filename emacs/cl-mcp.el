@@ -169,6 +169,7 @@ cost Emacs time on every message).")
                        "-- the programmer holds the assistant --\n"
                      "-- the programmer released the assistant --\n"))
            (cl-incf cl-mcp--lines))
+    (:written (cl-mcp--revert-visiting (plist-get event :file)))
     (:dropped (goto-char (point-max))
               (insert (format "-- %d messages dropped (Emacs was slow) --\n"
                               (plist-get event :count)))
@@ -183,6 +184,14 @@ cost Emacs time on every message).")
             (goto-char (point-max))
             (insert (cl-mcp--line event) "\n")
             (cl-incf cl-mcp--lines)))))
+
+(defun cl-mcp--revert-visiting (file)
+  "Revert the buffers visiting FILE, which cl-mcp just wrote, that have no
+unsaved changes (cl-mcp writes no file a modified buffer visits)."
+  (let ((buffer (find-buffer-visiting file)))
+    (when (and buffer (not (buffer-modified-p buffer)))
+      (with-current-buffer buffer
+        (revert-buffer t t t)))))
 
 (defun cl-mcp--show (events)
   "Show EVENTS, a batch of the agent's messages, in the `*cl-mcp*' buffer,

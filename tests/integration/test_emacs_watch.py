@@ -292,6 +292,46 @@ def test_a_stop_that_comes_once_an_edit_is_written_answers_that_it_is_written(sh
     assert emacs.repl_text() == shared.repl
 
 
+def test_a_file_with_unsaved_changes_in_emacs_is_not_written_and_a_saved_one_is_reverted(shared, tmp_path):
+    """edit-form wrote a file whose Emacs buffer had unsaved changes, and
+    the programmer's save then asked "changed since visited?", where yes
+    dropped the edit: the write is refused while Emacs's lock is there.
+    Once saved, the edit is written and the companion reverts the buffer."""
+    process, emacs = shared.process, shared.watching
+    source = tmp_path / "ew-unsaved.lisp"
+    source.write_text("(defun ew-unsaved () 1)\n")
+    visit = f'(with-current-buffer (find-file-noselect "{source}")'
+    emacs.eval(f'{visit} (goto-char (point-max)) (insert "(defun ew-typed () 0)\\n") t)')
+    assert (tmp_path / ".#ew-unsaved.lisp").is_symlink()  # Emacs's lock, while the buffer is modified
+    refused = process.call("edit-form", path=str(source), line=1, text="(defun ew-unsaved () 2)")
+    assert refused["isError"] and "CL-MCP:UNSAVED-IN-EDITOR" in text(refused), refused
+    assert "has unsaved changes in an Emacs buffer" in text(refused), refused
+    assert source.read_text() == "(defun ew-unsaved () 1)\n"
+    emacs.eval(f"{visit} (save-buffer) t)")
+    written = process.call("edit-form", path=str(source), line=1, text="(defun ew-unsaved () 2)")
+    assert not written["isError"], written
+    expected = "(defun ew-unsaved () 2)\n(defun ew-typed () 0)\n"
+    assert source.read_text() == expected
+    wait_for(lambda: emacs.text(f"{visit} (buffer-substring-no-properties (point-min) (point-max)))") == expected,
+             "the buffer reverted")
+    assert emacs.eval(f"{visit} (buffer-modified-p))") == "nil"
+
+
+def test_a_lock_left_by_an_emacs_that_died_holds_no_write(shared, tmp_path):
+    process = shared.process
+    source = tmp_path / "ew-stale.lisp"
+    source.write_text("(defun ew-stale () 1)\n")
+    host = process.eval("(machine-instance)")[0].removeprefix("=> ").strip('"')
+    dead = int(process.eval("(+ 1 (with-open-file (in \"/proc/sys/kernel/pid_max\") (read in)))")[0][3:])
+    (tmp_path / ".#ew-stale.lisp").symlink_to(f"root@{host}.{dead}:1")
+    assert not process.call("edit-form", path=str(source), line=1, text="(defun ew-stale () 2)")["isError"]
+    (tmp_path / ".#ew-stale.lisp").unlink()
+    (tmp_path / ".#ew-stale.lisp").symlink_to(f"root@{host}.1:1")  # pid 1 lives
+    refused = process.call("edit-form", path=str(source), line=1, text="(defun ew-stale () 3)")
+    assert refused["isError"] and f"root@{host}.1 holds its lock" in text(refused), refused
+    assert source.read_text() == "(defun ew-stale () 2)\n"
+
+
 def test_a_call_whose_cl_mcp_is_killed_ends_in_the_buffer_and_stop_passes_it_by(shared):
     """Its line said running... for good, and every later Stop said "Stopped
     call N" while nothing stopped (issue 50)."""
