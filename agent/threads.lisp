@@ -60,8 +60,16 @@ evaluation is cl-mcp's, but a user's thread stopped at its error, or by
 
 (defvar *threads-started-by-cl-mcp*
   (make-hash-table :test #'eq :weakness :key :synchronized t)
-  "The threads `make-thread-watched' started, in a shared image: the only
-user threads there the threads tool may interrupt or kill.")
+  "The threads `make-thread-watched' started, in a shared image, each to the
+session whose evaluation started it (t for none): the only user threads
+there the threads tool may interrupt or kill.")
+
+(defun another-sessions-thread-p (thread)
+  "Whether THREAD was started by the evaluations of another cl-mcp session
+still attached: that session's to interrupt or kill, not this one's.  A
+thread whose session ended is anyone's."
+  (let ((session (gethash thread *threads-started-by-cl-mcp*)))
+    (and (live-session session) (not (eq session (current-session))))))
 
 (defun hands-off-reason (thread)
   "Why the threads tool may not interrupt or kill THREAD, a user's, nor
@@ -287,6 +295,12 @@ CL-MCP:NOT-IMPLEMENTED when this image lacks an internal it needs."
                               evaluations started can be ~(~A~)ed."
                              thread (sb-thread:thread-name target) (hands-off-reason target)
                              (if (eq action :kill) "kill" "interrupt")))
+              ((another-sessions-thread-p target)
+               (error-report "CL-MCP:ANOTHER-SESSIONS-THREAD"
+                             "Thread ~D (~S) was started by another assistant's evaluation (another ~
+                              cl-mcp attached to this image): its backtrace can be read, but only ~
+                              that assistant may ~(~A~) it."
+                             thread (sb-thread:thread-name target) (if (eq action :kill) "kill" "interrupt")))
               ((and (eq action :interrupt) (nth-value 1 (evaluation-of-thread target)))
                (error-report "CL-MCP:STOPPED-AT-ERROR"
                              "Thread ~D already waits at an error, as evaluation ~D: use ~

@@ -587,7 +587,7 @@ evaluation, or from a thread one started, runs FUNCTION through
         (let ((thread (apply make-thread (lambda (&rest arguments)
                                            (call-watched function arguments session))
                              options)))
-          (setf (gethash thread *threads-started-by-cl-mcp*) t)
+          (setf (gethash thread *threads-started-by-cl-mcp*) (or session t))
           thread)
         (apply make-thread function options))))
 

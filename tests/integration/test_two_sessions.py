@@ -172,3 +172,24 @@ def test_two_sessions_commanding_one_evaluation_at_once_each_get_their_own_answe
             assert frames.startswith(f"[Backtrace of evaluation {mine}] (another assistant's"), frames
             value = first.response(evaluated)["result"]["content"][0]["text"]
             assert value.startswith("=> :FROM-THE-FRAME"), value
+
+
+def test_a_thread_one_assistant_started_is_not_the_others_to_interrupt_or_kill():
+    with two_assistants() as (_, first, second):
+        text, is_error = first.eval('(sb-thread:make-thread (lambda () (sleep 60)) :name "ts-firsts")')
+        assert not is_error, text
+
+        def entry(process: McpProcess) -> dict:
+            entries = process.call("threads", action="list")["structuredContent"]["threads"]
+            return next(e for e in entries if e["name"] == "ts-firsts")
+        thread = entry(second)["id"]
+        for action in ("interrupt", "kill"):
+            refused = second.call("threads", action=action, thread=thread)
+            assert refused["isError"], refused
+            assert "CL-MCP:ANOTHER-SESSIONS-THREAD" in refused["content"][0]["text"], refused
+            assert f"only that assistant may {action} it" in refused["content"][0]["text"], refused
+        read = second.call("threads", action="backtrace", thread=thread)
+        assert not read["isError"] and "SLEEP" in read["content"][0]["text"], read
+        assert entry(first)["id"] == thread  # still alive
+        killed = first.call("threads", action="kill", thread=thread)
+        assert not killed["isError"], killed
