@@ -20,12 +20,15 @@
 ;;   h  `cl-mcp-hold'     refuse every call that runs code or changes the image
 ;;   r  `cl-mcp-release'  end the hold
 ;;   RET `cl-mcp-jump'    go to the line's file and line, or its backtrace
+;; `cl-mcp-share' opens a listener for assistants and saves its port, which
+;; `cl-mcp --connect' (with no port) reads.
 ;; `cl-mcp-unregister' has the images tell this Emacs nothing more, and
 ;; `cl-mcp-register' undoes it.
 
 ;;; Code:
 
 (require 'cl-lib)
+(require 'subr-x)
 (require 'slime)
 
 (defgroup cl-mcp nil
@@ -113,7 +116,8 @@ has no agent yet."
     ["Stop the running evaluation" cl-mcp-stop]
     ["Hold the assistant" cl-mcp-hold :visible (not cl-mcp--held)]
     ["Release the hold" cl-mcp-release :visible cl-mcp--held]
-    ["Jump to this call's place" cl-mcp-jump]))
+    ["Jump to this call's place" cl-mcp-jump]
+    ["Open a port for assistants" cl-mcp-share]))
 
 (define-derived-mode cl-mcp-mode special-mode "cl-mcp"
   "The assistant's tool calls, one line each.
@@ -259,6 +263,49 @@ refused until `cl-mcp-release'; calls that only read go on."
   (interactive)
   (cl-mcp--eval "WATCH-HOLD" '(nil) (lambda (answer) (cl-mcp--set-held (plist-get answer :held))
                                        (message "cl-mcp: the assistant is released"))))
+
+(defcustom cl-mcp-port-file "~/.cl-mcp-port"
+  "Where `cl-mcp-share' saves the port it opened; `cl-mcp --connect' with no
+port reads it."
+  :type 'file)
+
+(defun cl-mcp--saved-port ()
+  "The port `cl-mcp-port-file' holds, or nil."
+  (let ((file (expand-file-name cl-mcp-port-file)))
+    (when (file-readable-p file)
+      (with-temp-buffer
+        (insert-file-contents file)
+        (let ((text (string-trim (buffer-string))))
+          (and (string-match-p "\\`[0-9]+\\'" text) (string-to-number text)))))))
+
+(defun cl-mcp--command ()
+  "How to run cl-mcp: the one beside this package's checkout, or on PATH."
+  (let ((beside (expand-file-name "../.venv/bin/cl-mcp"
+                                  (file-name-directory (or load-file-name (locate-library "cl-mcp") "")))))
+    (or (and (file-executable-p beside) beside) (executable-find "cl-mcp") "cl-mcp")))
+
+(defun cl-mcp-share ()
+  "Open a loopback Swank listener in the current connection's image for
+assistants to attach to, and save its port in `cl-mcp-port-file', so that
+`cl-mcp --connect' with no port finds it.  The listener stays open for
+every assistant (`:dont-close'); run again, it reuses the saved port while
+that image still listens there."
+  (interactive)
+  (let ((saved (cl-mcp--saved-port)))
+    (slime-eval-async
+        `(cl:let ((saved ,saved))
+           (cl:if (cl:and saved (cl:find saved swank::*servers* :key (cl:function cl:second)))
+                  saved
+                  (swank:create-server :port 0 :dont-close cl:t :interface "127.0.0.1")))
+      (lambda (port)
+        (let* ((file (expand-file-name cl-mcp-port-file))
+               (temporary (format "%s.%d" file (emacs-pid))))
+          ;; Written whole, and private, before a cl-mcp can read it.
+          (with-temp-file temporary (insert (format "%d\n" port)))
+          (set-file-modes temporary #o600)
+          (rename-file temporary file t)
+          (message "cl-mcp: assistants can attach on port %d; register cl-mcp with your MCP host as: %s --connect"
+                   port (cl-mcp--command)))))))
 
 (defun cl-mcp-jump ()
   "Go to the place of this line's call: its file and line, or the backtrace

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from cl_mcp.client import ClientError, McpClient, JsonRpcError, ToolValidationError
+from cl_mcp.lisp.config import parse_address
 from cl_mcp.results.render import without_number_line
 
 
@@ -28,18 +29,30 @@ def split_server_options(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the command's own arguments, the server's options)."""
     own: list[str] = []
     server: list[str] = []
-    tokens = iter(argv)
-    for token in tokens:
+    index = 0
+    while index < len(argv):
+        token = argv[index]
         name = token.split("=", 1)[0]
+        index += 1
         if token in SERVER_FLAGS:
             server.append(token)
         elif name in SERVER_OPTIONS:
             server.append(token)
-            if "=" not in token:
-                server.append(next(tokens, ""))
+            bare_connect = name == "--connect" and not is_address(argv[index] if index < len(argv) else None)
+            if "=" not in token and not bare_connect:  # a bare --connect: the saved port
+                server.append(argv[index] if index < len(argv) else "")
+                index += 1
         else:
             own.append(token)
     return own, server
+
+
+def is_address(text: str | None) -> bool:
+    try:
+        parse_address(text or "")
+        return True
+    except ValueError:
+        return False
 
 
 # A terminal has no result budget: eval and repl show whole results (unless

@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, NoReturn
 
 from cl_mcp import __version__
-from cl_mcp.lisp.config import HEAP_SIZE_RANGE, ImageConfig, SessionConfig, parse_address
+from cl_mcp.lisp.config import HEAP_SIZE_RANGE, ImageConfig, SessionConfig, parse_address, saved_address
 from cl_mcp.server.client_log import ClientLogHandler
 from cl_mcp.wire import idle_poll, jsonrpc
 from cl_mcp.wire.jsonrpc import OversizedLine
@@ -41,6 +41,21 @@ def address(text: str) -> tuple[str, int]:
         return parse_address(text)
     except ValueError:
         raise argparse.ArgumentTypeError("must be [HOST:]PORT, such as 4005 or 127.0.0.1:4005") from None
+
+
+# --connect's value when it is given no port: the one `cl-mcp-share` saved.
+# Not a string, which argparse would pass through `address`.
+SAVED_PORT = object()
+
+
+def connect_address(parser: argparse.ArgumentParser, value: object) -> tuple[str, int] | None:
+    """--connect's address, the saved port read for a bare --connect."""
+    if value is not SAVED_PORT:
+        return value  # type: ignore[return-value]
+    try:
+        return saved_address()
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def positive_float(text: str) -> float:
@@ -115,9 +130,10 @@ def build_parser(environ: Mapping[str, str] = os.environ) -> argparse.ArgumentPa
     )
     parser.add_argument("--version", action="version", version=f"cl-mcp {__version__}")
     options = [
-        parser.add_argument("--connect", metavar="[HOST:]PORT", type=address,
+        parser.add_argument("--connect", metavar="[HOST:]PORT", type=address, nargs="?", const=SAVED_PORT,
                             help="attach to a running Swank (e.g. Emacs's M-x slime) instead of "
-                                 "starting SBCL; presents ~/.slime-secret if it exists"),
+                                 "starting SBCL; presents ~/.slime-secret if it exists. Without "
+                                 "a port, the one Emacs's M-x cl-mcp-share saved in ~/.cl-mcp-port"),
         parser.add_argument("--sbcl", default="sbcl", help="SBCL executable (default: sbcl)"),
         parser.add_argument("--slime-dir", help="directory with swank-loader.lisp "
                                                 "(default: Debian's cl-swank)"),
@@ -276,7 +292,9 @@ def run_command(name: str, argv: list[str]) -> int:
 
 
 def serve_main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.connect = connect_address(parser, args.connect)
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s cl-mcp %(levelname)s %(name)s: %(message)s",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 
 # The image's heap (SBCL's dynamic space), in MiB.  By default a quarter of
@@ -74,6 +75,29 @@ class SessionConfig:
     keep_output: int = 64 * 1024 * 1024  # characters of output kept for read-output
     max_suspended: int = 8
     suspend_timeout: float = 600.0
+
+
+def shared_port_file() -> Path:
+    """Where emacs/cl-mcp.el's `cl-mcp-share` saves the port it opened for
+    assistants, which a bare --connect reads."""
+    return Path.home() / ".cl-mcp-port"
+
+
+def saved_address() -> tuple[str, int]:
+    """The loopback address `cl-mcp-share` saved; ValueError saying what to
+    do when there is none."""
+    path = shared_port_file()
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        raise ValueError(f"--connect without a port reads {path}, which M-x cl-mcp-share "
+                         "(emacs/cl-mcp.el) writes, and there is none: run it in Emacs, "
+                         "or give the port (--connect 4005)") from None
+    try:
+        return parse_address(text)
+    except ValueError:
+        raise ValueError(f"{path} holds {text[:40]!r}, not a port: run M-x cl-mcp-share "
+                         "again") from None
 
 
 def parse_address(text: str) -> tuple[str, int]:

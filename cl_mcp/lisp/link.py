@@ -386,8 +386,9 @@ class AttachedLink:
             if isinstance(error.__cause__, ConnectionRefusedError):
                 self._last_failure += (
                     f"; nothing listens on port {self.port}: M-x slime's own listener closes once "
-                    "Emacs connects, so evaluate (swank:create-server :port "
-                    f"{self.port} :dont-close t) in the image first (docs/attach.md)")
+                    "Emacs connects, so run M-x cl-mcp-share in Emacs (emacs/cl-mcp.el; then "
+                    "--connect with no port finds its port), or evaluate (swank:create-server "
+                    f":port {self.port} :dont-close t) in the image first (docs/attach.md)")
             raise
         self._connection = connection
         self._last_failure = ""

@@ -128,6 +128,16 @@ def test_doctor_says_why_no_core_was_saved_and_tries_again(tmp_path):
     assert "[ok  ] saved core" in doctor()
 
 
+def test_a_bare_connect_with_no_saved_port_says_how_to_save_one(tmp_path):
+    out = subprocess.run([CL_MCP, "--connect"], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL, env={**os.environ, "HOME": str(tmp_path)})
+    assert out.returncode == 2 and "M-x cl-mcp-share" in out.stderr and "--connect 4005" in out.stderr, out.stderr
+    (tmp_path / ".cl-mcp-port").write_text("junk\n")
+    out = subprocess.run([CL_MCP, "--connect"], capture_output=True, text=True, timeout=60,
+                         stdin=subprocess.DEVNULL, env={**os.environ, "HOME": str(tmp_path)})
+    assert out.returncode == 2 and "holds 'junk', not a port" in out.stderr, out.stderr
+
+
 def test_doctor_says_what_to_install():
     out = cli("doctor", "--sbcl", "no-such-sbcl")
     assert out.returncode == 1 and "apt-get install sbcl" in out.stdout

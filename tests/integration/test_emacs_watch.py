@@ -332,6 +332,31 @@ def test_a_lock_left_by_an_emacs_that_died_holds_no_write(shared, tmp_path):
     assert source.read_text() == "(defun ew-stale () 2)\n"
 
 
+def test_cl_mcp_share_opens_a_port_a_bare_connect_finds(shared):
+    """M-x slime's listener closes once Emacs connects: cl-mcp-share opens
+    one that stays, saves its port, and `cl-mcp --connect` with no port
+    attaches there, to the programmer's image; run again, it keeps it."""
+    emacs, home = shared.watching, shared.home
+    port_file = home / ".cl-mcp-port"
+    port_file.unlink(missing_ok=True)
+    emacs.eval("(cl-mcp-share)")
+    wait_for(port_file.exists, "the saved port")
+    port = int(port_file.read_text())
+    assert port != shared.port and port_file.stat().st_mode & 0o777 == 0o600
+    assert emacs.slime_eval("(cl:progn (cl:defvar cl-user::*ew-from-emacs* 42) cl:t)") == "t"
+    for _ in range(2):  # two assistants, one after the other: the listener stays open
+        assistant = McpProcess("--connect", env={"HOME": str(home)})
+        try:
+            assistant.initialize()
+            assert assistant.eval("cl-user::*ew-from-emacs*") == ("=> 42", False)
+        finally:
+            assistant.close()
+    before = port_file.stat().st_mtime_ns
+    emacs.eval("(cl-mcp-share)")
+    wait_for(lambda: port_file.stat().st_mtime_ns != before, "the port saved again")
+    assert int(port_file.read_text()) == port
+
+
 def test_a_call_whose_cl_mcp_is_killed_ends_in_the_buffer_and_stop_passes_it_by(shared):
     """Its line said running... for good, and every later Stop said "Stopped
     call N" while nothing stopped (issue 50)."""

@@ -21,6 +21,10 @@ def test_every_passed_on_option_is_a_server_option():
     (["--package", "P", "x"], ["--package", "P", "x"], []),
     (["--no-saved-core", "(+ 1 2)"], ["(+ 1 2)"], ["--no-saved-core"]),
     (["(+ 1 2)", "--heap-size", "2048"], ["(+ 1 2)"], ["--heap-size", "2048"]),
+    (["--connect", "4005", "(+ 1 2)"], ["(+ 1 2)"], ["--connect", "4005"]),
+    (["--connect", "(+ 1 2)"], ["(+ 1 2)"], ["--connect"]),  # bare: the saved port
+    (["(+ 1 2)", "--connect"], ["(+ 1 2)"], ["--connect"]),
+    (["--connect", "--sbcl", "s", "x"], ["x"], ["--connect", "--sbcl", "s"]),
 ])
 def test_split(argv, own, server):
     assert split_server_options(argv) == (own, server)
