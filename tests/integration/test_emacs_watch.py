@@ -300,8 +300,11 @@ def test_a_file_with_unsaved_changes_in_emacs_is_not_written_and_a_saved_one_is_
     process, emacs = shared.process, shared.watching
     source = tmp_path / "ew-unsaved.lisp"
     source.write_text("(defun ew-unsaved () 1)\n")
-    visit = f'(with-current-buffer (find-file-noselect "{source}")'
-    emacs.eval(f'{visit} (goto-char (point-max)) (insert "(defun ew-typed () 0)\\n") t)')
+    emacs.eval(f'(with-current-buffer (find-file-noselect "{source}") (goto-char (point-max)) '
+               '(insert "(defun ew-typed () 0)\\n") t)')
+    # Not find-file-noselect again: once the file changes on disk, it asks
+    # whether to read it again, and a daemon's question waits for nobody.
+    visit = f'(with-current-buffer (get-file-buffer "{source}")'
     assert (tmp_path / ".#ew-unsaved.lisp").is_symlink()  # Emacs's lock, while the buffer is modified
     refused = process.call("edit-form", path=str(source), line=1, text="(defun ew-unsaved () 2)")
     assert refused["isError"] and "CL-MCP:UNSAVED-IN-EDITOR" in text(refused), refused
