@@ -355,22 +355,22 @@ class LispImage:
         remove_stale_caches(agent_fasl(bootstrap, cache), core)
         if core is not None and not core.is_file() and not _failed_lately(core):
             await self._await_core(sbcl, slime_dir, bootstrap, core)
-        core_failure = None
+        refused = None
         if core is not None and core.is_file():
             try:
                 return await self._spawn([sbcl, "--core", str(core)],
                                          restoring_forms() + serving_forms())
             except ImageError as error:
                 log.warning("the saved core %s did not start (%s); starting from fasls", core, error)
-                core_failure = (str(error), self.returncode)
+                refused = (str(error), self.returncode)
         port = await self._spawn([sbcl], loading_forms(sbcl, slime_dir, bootstrap, cache) + serving_forms())
-        if core is not None and core_failure is not None and _crashed(core_failure[1]):
+        if core is not None and refused is not None and _crashed(refused[1]):
             # The core's own fault only when SBCL gave up on it and fasls
             # start: an image killed as it started (a user's kill, the OOM
             # killer), or too slow on a busy machine, says nothing of the core.
             log.warning("SBCL starts from fasls but not from %s: removing the core", core)
             core.unlink(missing_ok=True)
-            _note_failure(core, f"the saved core did not start: {core_failure[0]}")
+            _note_failure(core, f"the saved core did not start: {refused[0]}")
         return port
 
     async def _await_core(self, sbcl: str, slime_dir: Path, bootstrap: Path, core: Path) -> None:
