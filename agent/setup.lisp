@@ -86,13 +86,14 @@ logged.  Return t."
   "Guards `*connections*' and cl-mcp's marks on a shared image while a
 connection comes or goes.")
 
-(defun prepare-attached-connection ()
+(defun prepare-attached-connection (&key (pid 0) (client ""))
   "Settings for cl-mcp's connection to an image the programmer shares:
 remember what the session creates, and stand aside so that Swank keeps
 sending the debugger of the programmer's own threads to Emacs (Swank sends
 it to the newest connection, which would otherwise be cl-mcp's); put on
 the image what `detach-from-image' takes off once cl-mcp's last connection
-goes.  Return t."
+goes.  PID is cl-mcp's process and CLIENT its host's name, which the
+programmer's Emacs shows beside its calls.  Return t."
   (setf *track-session* t)
   (sb-thread:with-mutex (*attach-lock*)
     (let ((ours swank::*emacs-connection*))
@@ -105,6 +106,7 @@ goes.  Return t."
     (pushnew 'note-heap-after-gc sb-ext:*after-gc-hooks*)
     (setf *detached* nil))
   (set-connection-nodelay)
+  (watch-session-attached swank::*emacs-connection* pid client)  ; agent/watch.lisp
   t)
 
 ;;;; Detaching: the image as it was without cl-mcp
@@ -146,7 +148,8 @@ meet an error."
       (sb-thread:with-mutex (*attach-lock*)
         (setf *connections* (remove connection *connections*))
         (let ((last (not (intersection *connections* swank::*connections*))))
-          (abort-all connection (not last))
+          (let ((aborted (abort-all connection (not last))))
+            (watch-session-left connection aborted))  ; agent/watch.lisp
           (forget-session-record connection)
           (when last
             (detach-from-image))))

@@ -102,8 +102,16 @@ answered as stopped.")
 
 (defvar *watched-calls* (make-hash-table :test #'equal)
   "The calls in flight, under (CONNECTION . REQUEST-ID): a plist with :call,
-:tool, :tag, :start, :awaits (the evaluation an await-evaluation takes)
-and, once the programmer stopped it, :stopped.")
+:tool, :tag, :start, :time, :who, :awaits (the evaluation an
+await-evaluation takes) and, once the programmer stopped it, :stopped.")
+
+(defvar *watched-sessions* (make-hash-table :test #'eq)
+  "Each attached cl-mcp's connection: how its lines name it, its host's
+name and process id (`watch-session-attached'); guarded by `*watch-lock*'.")
+
+(defun unix-time ()
+  "Seconds since 1970, as Emacs counts time."
+  (- (get-universal-time) 2208988800))  ; (encode-universal-time 0 0 0 1 1 1970 0)
 
 ;;;; Reading a request
 
@@ -301,6 +309,29 @@ waiting."
       (when (and backlog (plusp (car backlog)))
         (decf (car backlog))))))
 
+;;;; Who calls: each attached cl-mcp, named for the programmer
+
+(defun watch-session-attached (connection pid client)
+  "CONNECTION is a cl-mcp's (process PID, its host CLIENT, the name the
+host gave in MCP's clientInfo, or empty) that has just attached: its calls'
+lines name it, and the watchers are told (agent/setup.lisp calls this)."
+  (let ((who (format nil "~A:~D" (if (plusp (length client)) (flat-text client 24) "cl-mcp") pid)))
+    (with-agent-lock (*watch-lock*)
+      (setf (gethash connection *watched-sessions*) who)
+      (when *watchers*
+        (queue-message (list :phase :attach :who who :time (unix-time)))))))
+
+(defun watch-session-left (connection aborted)
+  "CONNECTION, a cl-mcp's, has closed, cleanly or not, and ABORTED of its
+evaluations were aborted with it: its calls in flight end, and the
+watchers are told (agent/setup.lisp calls this)."
+  (with-agent-lock (*watch-lock*)
+    (let ((who (gethash connection *watched-sessions*)))
+      (remhash connection *watched-sessions*)
+      (when (and who *watchers*)
+        (end-lost-calls)
+        (queue-message (list :phase :leave :who who :aborted aborted :time (unix-time)))))))
+
 ;;;; Seeing the calls: Swank's event hook
 
 (defun still-held-p ()
@@ -320,6 +351,7 @@ line stays running and Stop never picks one (with `*watch-lock*' held)."
              (unless (member (car key) swank::*connections*)
                (remhash key *watched-calls*)
                (queue-message (list :phase :end :call (getf call :call) :tool (getf call :tool)
+                                    :who (getf call :who) :time (getf call :time)
                                     :outcome "its cl-mcp ended before the answer"
                                     :ms (round (* 1000 (- (get-internal-real-time) (getf call :start)))
                                                internal-time-units-per-second)))))
@@ -341,19 +373,22 @@ call of `held-report'."
       (let ((known (and (symbolp entry) (assoc entry *watched-entry-points*))))
         (when known
           (let ((refused (and *held* (refused-while-held-p entry arguments) (still-held-p)))
-                (number (with-agent-lock (*watch-lock*) (incf *watch-counter*))))
+                (time (unix-time))
+                (number nil) (who nil))
             (when refused
               (setf (second event) (list 'held-report (second known))
                     tag nil))
             (with-agent-lock (*watch-lock*)
               (forget-lost-calls)
+              (setf number (incf *watch-counter*)
+                    who (gethash connection *watched-sessions*))
               (let ((awaits (and (eq entry 'await-evaluation-of) (first arguments))))
                 (setf (gethash (cons connection id) *watched-calls*)
                       (list :call number :tool (second known) :tag tag :awaits awaits
                             :stopped (and awaits (member awaits *stopped-evaluations*) t)
-                            :start (get-internal-real-time)))))
+                            :who who :time time :start (get-internal-real-time)))))
             (watch-send (list* :phase :start :call number :tool (second known)
-                               :runs-code (and (third known) t)
+                               :runs-code (and (third known) t) :who who :time time
                                (call-subject entry arguments)))))))))
 
 (defun finished-before-stop-p (result)
@@ -363,6 +398,21 @@ what the stop came too late to undo: an evaluation gone to the background
   (let ((value (reply-value (second result))))
     (and (eq (first result) :ok) (consp value) (keywordp (first value))
          (or (eq (getf value :status) :running) (getf value :written-before-cancel)))))
+
+(defun answered-status (result)
+  "The :status of RESULT's report, or nil."
+  (let ((value (reply-value (second result))))
+    (and (eq (first result) :ok) (consp value) (keywordp (first value)) (evenp (length value))
+         (getf value :status))))
+
+(defun answered-line (call result)
+  "The line RESULT, the answer to CALL, places its form at (compile-form's
+and edit-form's, where the form is now), or nil."
+  (let ((value (reply-value (second result))))
+    (and (member (getf call :tool) '("compile-form" "edit-form") :test #'string=)
+         (eq (first result) :ok) (consp value) (keywordp (first value)) (evenp (length value))
+         (integerp (getf value :line))
+         (getf value :line))))
 
 (defun watch-return (connection event)
   "EVENT, a `:return' to cl-mcp on CONNECTION, ends the call it answers:
@@ -383,8 +433,11 @@ replaced with."
                 (third event) result))
         (multiple-value-bind (outcome number) (outcome-of result)
           (watch-send (list :phase :end :call (getf call :call) :tool (getf call :tool)
+                            :who (getf call :who) :time (getf call :time)
                             :outcome (if stopped "cancelled by the programmer" outcome)
                             :evaluation number
+                            :line (answered-line call result)
+                            :background (eq (answered-status result) :running)
                             :waiting (let ((value (reply-value (second result))))
                                        (and (consp value) (keywordp (first value))
                                             (getf value :evaluation) t))
@@ -428,10 +481,12 @@ told of every tool call; start watching.  Return (:held HELD)."
       (setf *watchers* (remove connection *watchers*))))
   t)
 
-(defun stop-in-background ()
-  "Stop the newest evaluation running in the background, the await-evaluation
-that takes its outcome answered as stopped; its number, or nil."
-  (let ((evaluation (first (background-running))))
+(defun stop-in-background (&optional number)
+  "Stop background evaluation NUMBER (by default the newest) while it runs,
+the await-evaluation that takes its outcome answered as stopped; its
+number, or nil."
+  (let* ((running (background-running))
+         (evaluation (if number (find number running :key #'evaluation-id) (first running))))
     (when evaluation
       (let ((number (evaluation-id evaluation)))
         (with-agent-lock (*watch-lock*)
@@ -445,28 +500,40 @@ that takes its outcome answered as stopped; its number, or nil."
         (stop-background evaluation)
         number))))
 
-(defun watch-stop ()
-  "Stop the newest tool call that runs the user's code, or else the newest
-evaluation running in the background, as cancelled by the programmer: its
-answer says so.  A sentence saying what was stopped, or that nothing was
-running."
-  (let ((newest-key nil) (newest nil))
-    (with-agent-lock (*watch-lock*)
-      (end-lost-calls)
-      (maphash (lambda (key call)
-                 (when (and (getf call :tag)
-                            (or (null newest) (> (getf call :call) (getf newest :call))))
-                   (setf newest-key key newest call)))
-               *watched-calls*)
-      (when newest
-        (setf (gethash newest-key *watched-calls*) (list* :stopped t newest))))
-    (if newest
-        (progn (cancel-evaluation (getf newest :tag) (connection-session (car newest-key)))
-               (format nil "Stopped call ~D (~A)." (getf newest :call) (getf newest :tool)))
-        (let ((number (stop-in-background)))
-          (if number
-              (format nil "Stopped evaluation ~D, which ran in the background." number)
-              "No assistant evaluation is running: nothing to stop.")))))
+(defun watch-stop (&optional call evaluation)
+  "Stop CALL (a call's number) while it is in flight and runs the user's
+code, or EVALUATION (a number) while it runs in the background; with
+neither, the newest tool call that runs the user's code, or else the
+newest evaluation running in the background: cancelled by the programmer,
+its answer says so.  A sentence saying what was stopped, or why nothing
+was."
+  (let ((key nil) (found nil))
+    (unless evaluation
+      (with-agent-lock (*watch-lock*)
+        (end-lost-calls)
+        (maphash (lambda (each-key each)
+                   (when (if call
+                             (eql (getf each :call) call)
+                             (and (getf each :tag)
+                                  (or (null found) (> (getf each :call) (getf found :call)))))
+                     (setf key each-key found each)))
+                 *watched-calls*)
+        (when (getf found :tag)
+          (setf (gethash key *watched-calls*) (list* :stopped t found)))))
+    (cond ((getf found :tag)
+           (cancel-evaluation (getf found :tag) (connection-session (car key)))
+           (format nil "Stopped call ~D (~A)." (getf found :call) (getf found :tool)))
+          (found
+           (format nil "Call ~D (~A) runs none of your code: nothing to stop."
+                   (getf found :call) (getf found :tool)))
+          (call (format nil "Call ~D has ended: nothing to stop." call))
+          (t (let ((number (stop-in-background evaluation)))
+               (cond (number
+                      (format nil "Stopped evaluation ~D, which ran in the background." number))
+                     (evaluation
+                      (format nil "Evaluation ~D runs no more in the background: nothing to stop."
+                              evaluation))
+                     (t "No assistant evaluation is running: nothing to stop.")))))))
 
 (defun watch-hold (held)
   "Hold the assistant when HELD, else release it; tell the watchers.

@@ -220,7 +220,8 @@ async def serve(config: SessionConfig, out_fd: int) -> int:
 
     def make_session() -> LispSession:
         from cl_mcp.lisp.session import LispSession
-        return LispSession(config)
+        # Made once initialize is answered (`receive_first`): the host's name is known.
+        return LispSession(config, str(server.client_info.get("name", "")))
 
     server = McpServer(config, make_session, lambda message: transport.write(jsonrpc.encode(message)))
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import re
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Protocol
@@ -26,7 +27,7 @@ from cl_mcp.lisp.config import ImageConfig
 from cl_mcp.lisp.image import LispImage, agent_digest, agent_parts, find_bootstrap
 from cl_mcp.lisp.swank.connection import SwankConnection
 from cl_mcp.wire import idle_poll, sexp
-from cl_mcp.wire.sexp import SExp, Symbol
+from cl_mcp.wire.sexp import Keyword, SExp, Symbol
 
 log = logging.getLogger("cl_mcp.link")
 
@@ -340,10 +341,13 @@ class AttachedLink:
 
     shared = True
 
-    def __init__(self, host: str, port: int, set_up: SetUp) -> None:
+    def __init__(self, host: str, port: int, set_up: SetUp, client: str = "") -> None:
         self.host = host
         self.port = port
         self._set_up = set_up
+        # The host's name (MCP's clientInfo), which the programmer's Emacs
+        # shows beside this cl-mcp's calls with its process id.
+        self._client = client
         self._connection: SwankConnection | None = None
         self._starting: asyncio.Task[SwankConnection] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
@@ -425,7 +429,8 @@ class AttachedLink:
             code = re.sub(r"@([A-Z]+)@", lambda match: slots[match[1]], LOAD_AGENT)
             await connection.rex(_eval_text(code))
             log.info("loaded the cl-mcp agent into %s", self.describe())
-        await connection.rex([Symbol("cl-mcp-agent:prepare-attached-connection")])
+        await connection.rex([Symbol("cl-mcp-agent:prepare-attached-connection"),
+                              Keyword("pid"), os.getpid(), Keyword("client"), self._client])
 
     async def _watch(self, connection: SwankConnection) -> None:
         reason = await connection.wait_closed()

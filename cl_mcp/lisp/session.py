@@ -62,13 +62,15 @@ def unfitted(value: SExp) -> SExp:
 
 
 class LispSession:
-    def __init__(self, config: SessionConfig) -> None:
+    def __init__(self, config: SessionConfig, client: str = "") -> None:
+        # CLIENT: the host's name (MCP's clientInfo), which a programmer who
+        # watches the calls in a shared image sees beside them.
         self.config = config
         # The package a call without one runs in: where the last evaluation
         # left *package* (IN-PACKAGE sticks), CL-USER in a fresh image.
         self.package = DEFAULT_PACKAGE
         self._turns = asyncio.Lock()
-        self._link: Link = (AttachedLink(*config.connect, self._set_up) if config.connect
+        self._link: Link = (AttachedLink(*config.connect, self._set_up, client) if config.connect
                             else EmbeddedLink(config.image, self._set_up))
         # Tags name calls for cancel-evaluation and output-tail in the image.
         # A random start keeps two sessions attached to one image apart (and

@@ -108,7 +108,7 @@ def test_each_call_is_a_line_with_its_tool_form_outcome_and_time(shared):
     line = line_of(emacs, "evaluate-lisp", "(+ 40 2)")
     assert "=>  42  (" in line and " ms, evaluation " in line
     assert "=>  42  (" in line_of(shared.second, "evaluate-lisp", "(+ 40 2)")  # every Emacs registered
-    assert line_of(emacs, "find-definition", "cl-user::no-such-function-here")
+    assert line_of(emacs, "find-definition", "cl-user::no-such-")  # shortened, its outcome whole
     failed = process.call("evaluate-lisp", code='(error "boom")')
     assert failed["isError"]
     assert "SIMPLE-ERROR (waiting at its error)" in line_of(emacs, "evaluate-lisp", '(error "boom")')
@@ -211,12 +211,13 @@ def test_jump_goes_to_the_form_s_file_and_line_or_the_waiting_backtrace(shared):
     path.write_text("(in-package #:cl-user)\n\n(defun jumped-to (x)\n  (* x 2))\n")
     compiled = process.call("compile-form", path=str(path), line=4)
     assert not compiled["isError"], compiled
-    jump_from(emacs, "compile-form", f"{path}:4")
+    jump_from(emacs, "compile-form", "jump-here.lisp:4")  # a long path loses its start
     assert json.loads(emacs.eval("(buffer-file-name (window-buffer (selected-window)))")) == str(path)
-    assert emacs.eval("(with-current-buffer (window-buffer (selected-window)) (line-number-at-pos))") == "4"
-    failed = process.call("evaluate-lisp", code='(error "jump to my backtrace")')
+    # The form's first line, where line 4 is.
+    assert emacs.eval("(with-current-buffer (window-buffer (selected-window)) (line-number-at-pos))") == "3"
+    failed = process.call("evaluate-lisp", code='(error "ew-bt")')  # short: its line is full
     assert failed["isError"]
-    jump_from(emacs, "evaluate-lisp", "jump to my backtrace")
+    jump_from(emacs, "evaluate-lisp", "ew-bt")
     wait_for(lambda: "waiting at its error" in text_of(emacs, '(get-buffer "*cl-mcp backtrace*")'),
              "the backtrace buffer")
     assert "ERROR" in text_of(emacs, '(get-buffer "*cl-mcp backtrace*")').upper()
@@ -226,8 +227,8 @@ def test_jump_goes_to_the_form_s_file_and_line_or_the_waiting_backtrace(shared):
 
 def test_an_emacs_without_the_package_sees_no_event(shared):
     process, plain = shared.process, shared.plain
-    process.call("evaluate-lisp", code="(list :seen-by-the-watching-emacs-only)")
-    line_of(shared.watching, "evaluate-lisp", ":seen-by-the-watching-emacs-only")
+    process.call("evaluate-lisp", code="(list :seen-by-one)")
+    line_of(shared.watching, "evaluate-lisp", ":seen-by-one")
     assert plain.eval("(if (slime-connected-p) 1 0)") == "1"
     assert "cl-mcp-watch" not in text_of(plain, "(slime-events-buffer)")
     messages = text_of(plain, '(get-buffer "*Messages*")')
@@ -376,11 +377,132 @@ def test_a_call_whose_cl_mcp_is_killed_ends_in_the_buffer_and_stop_passes_it_by(
     finally:
         other.close()
     assert "its cl-mcp ended before the answer" in line_of(emacs, "evaluate-lisp", "(loop (sleep 0.5))")
+    wait_for(lambda: f"cl-mcp-tests:{other.proc.pid} left, aborting 1 evaluation --" in watch_buffer(emacs),
+             "the leave line")
     emacs.eval('(with-current-buffer "*Messages*" (let ((inhibit-read-only t)) (erase-buffer)))')
     emacs.eval("(cl-mcp-stop)")
     wait_for(lambda: "nothing to stop" in text_of(emacs, '(get-buffer "*Messages*")'), "Stop's message")
     assert "Stopped call" not in text_of(emacs, '(get-buffer "*Messages*")')
     assert shared.process.eval("(+ 1 1)") == ("=> 2", False)
+
+
+def messages_of(emacs: Emacs) -> str:
+    return text_of(emacs, '(get-buffer "*Messages*")')
+
+
+def clear_messages(emacs: Emacs) -> None:
+    emacs.eval('(with-current-buffer "*Messages*" (let ((inhibit-read-only t)) (erase-buffer)))')
+
+
+def on_line(emacs: Emacs, subject: str, command: str) -> None:
+    """Run COMMAND (an Elisp call) on the newest `*cl-mcp*` line with SUBJECT."""
+    emacs.eval('(with-current-buffer "*cl-mcp*" (goto-char (point-max)) '
+               f"(search-backward {json.dumps(subject)}) {command})")
+
+
+def test_each_assistant_s_attaching_calls_and_leaving_are_lines_that_name_it(shared):
+    """Each line says which assistant made the call, by its host's name and
+    cl-mcp's process, at the time the call started (it said the time the
+    line was last drawn); attaching and leaving are lines of their own."""
+    emacs = shared.watching
+    other = McpProcess("--connect", str(shared.port), env={"HOME": str(shared.home)})
+    try:
+        other.initialize()
+        who = f"cl-mcp-tests:{other.proc.pid}"
+        wait_for(lambda: f"{who} attached --" in watch_buffer(emacs), "the attach line")
+        started = time.time()
+        slept = other.call("evaluate-lisp", code="(progn :ew-slept (sleep 2.5))")
+        assert not slept["isError"], slept
+        line = line_of(emacs, "evaluate-lisp", ":ew-slept")
+        assert who in line, line
+        # HH:MM:SS when the call started; its end was 2.5 s later.
+        assert line.split()[1] in {time.strftime("%H:%M:%S", time.localtime(started + delta))
+                                   for delta in (-1, 0, 1)}, line
+        assert f"{shared.process.proc.pid}" in line_of(emacs, "evaluate-lisp", "(+ 40 2)")
+    finally:
+        other.close()
+    wait_for(lambda: f"{who} left --" in watch_buffer(emacs), "the leave line")
+
+
+def test_a_long_form_is_shortened_so_that_its_outcome_shows(shared):
+    process, emacs = shared.process, shared.watching
+    code = "(progn " + " ".join(f":ew-filler-{i}" for i in range(40)) + " :ew-the-outcome-shows)"
+    assert not process.call("evaluate-lisp", code=code)["isError"]
+    line = line_of(emacs, "evaluate-lisp", "(progn :ew-filler-0")
+    assert "=>  :EW-THE-OUTCOME-SHOWS  (" in line and line.endswith(")"), line
+    assert "(progn :ew-filler-0" in line and "..." in line, line
+    # cl-mcp-line-width, with no window on the buffer.
+    assert len(line) <= int(emacs.eval("cl-mcp-line-width")), line
+
+
+def test_the_buffer_follows_new_lines_unless_the_programmer_moved_point(shared):
+    process, emacs = shared.process, shared.watching
+    at_end = '(with-current-buffer "*cl-mcp*" (if (= (point) (point-max)) 1 0))'
+    emacs.eval('(with-current-buffer "*cl-mcp*" (goto-char (point-max)))')
+    process.call("evaluate-lisp", code="(list :ew-follow-1)")
+    line_of(emacs, "evaluate-lisp", ":ew-follow-1")
+    assert emacs.eval(at_end) == "1"
+    emacs.eval('(with-current-buffer "*cl-mcp*" (goto-char (point-min)))')
+    process.call("evaluate-lisp", code="(list :ew-follow-2)")
+    line_of(emacs, "evaluate-lisp", ":ew-follow-2")
+    assert emacs.eval('(with-current-buffer "*cl-mcp*" (point))') == "1"
+    emacs.eval('(with-current-buffer "*cl-mcp*" (goto-char (point-max)))')
+
+
+def test_stop_on_a_line_stops_that_call_and_only_while_it_runs(shared):
+    process, emacs = shared.process, shared.watching
+    assert not process.call("evaluate-lisp", code="(list :ew-stop-finished)")["isError"]
+    line_of(emacs, "evaluate-lisp", ":ew-stop-finished")
+    request = process.start_request("tools/call", {"name": "evaluate-lisp",
+                                                   "arguments": {"code": "(progn :ew-stop-me (sleep 30))"}})
+    wait_for(lambda: any(":ew-stop-me" in line and "running..." in line for line in buffer_lines(emacs)),
+             "the running line")
+    clear_messages(emacs)
+    on_line(emacs, ":ew-stop-finished", "(cl-mcp-stop)")
+    wait_for(lambda: "has ended: nothing to stop" in messages_of(emacs), "Stop's message")
+    time.sleep(1)
+    assert not process.answered(request)  # the running call was left alone
+    on_line(emacs, ":ew-stop-me", "(cl-mcp-stop)")
+    answer = process.response(request, timeout=60)["result"]
+    assert "CL-MCP:CANCELLED-BY-PROGRAMMER" in text(answer), answer
+    assert "cancelled by the programmer" in line_of(emacs, "evaluate-lisp", ":ew-stop-me")
+
+
+def test_jump_goes_to_where_an_edit_put_its_form_and_says_when_an_evaluation_waits_no_more(shared):
+    process, emacs = shared.process, shared.watching
+    path = shared.home / "ew-jump-edit.lisp"
+    path.write_text("(in-package #:cl-user)\n\n(defun ew-first () 1)\n\n(defun ew-jumped () 2)\n")
+    edited = process.call("edit-form", path=str(path), form="defun ew-jumped",
+                          text="(defun ew-jumped ()\n  3)")
+    assert not edited["isError"], edited
+    jump_from(emacs, "edit-form", "defun ew-jumped")
+    assert json.loads(emacs.eval("(buffer-file-name (window-buffer (selected-window)))")) == str(path)
+    assert emacs.eval("(with-current-buffer (window-buffer (selected-window)) (line-number-at-pos))") == "5"
+    failed = process.call("evaluate-lisp", code='(error "ew-waits")')
+    assert failed["isError"]
+    line_of(emacs, "evaluate-lisp", "ew-waits")
+    assert not process.call("invoke-restart", restart="abort")["isError"]
+    clear_messages(emacs)
+    jump_from(emacs, "evaluate-lisp", "ew-waits")
+    wait_for(lambda: "no longer waits at its error" in messages_of(emacs), "Jump's message")
+
+
+def test_the_hold_shows_in_every_mode_line_and_the_keys_work_in_every_buffer(shared):
+    emacs = shared.watching
+    some = '(get-buffer-create "ew-some-buffer.lisp")'
+    mode_line = f"(format-mode-line mode-line-format nil nil {some})"
+    for key, command in (("s", "cl-mcp-stop"), ("h", "cl-mcp-hold"), ("r", "cl-mcp-release"),
+                         ("b", "cl-mcp-show")):
+        assert emacs.eval(f'(with-current-buffer {some} (key-binding (kbd "C-c ; {key}")))') == command
+    assert "cl-mcp HELD" not in emacs.eval(mode_line)
+    emacs.eval(f'(with-current-buffer {some} (call-interactively (key-binding (kbd "C-c ; h"))))')
+    try:
+        for each in (emacs, shared.second):  # every Emacs that watches
+            wait_for(lambda: "cl-mcp HELD" in each.eval(mode_line), "the hold in the mode line")
+    finally:
+        emacs.eval(f'(with-current-buffer {some} (call-interactively (key-binding (kbd "C-c ; r"))))')
+    for each in (emacs, shared.second):
+        wait_for(lambda: "cl-mcp HELD" not in each.eval(mode_line), "the release in the mode line")
 
 
 def test_a_hold_ends_when_no_emacs_that_could_release_it_is_connected(shared):
