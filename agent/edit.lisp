@@ -550,13 +550,16 @@ a deadline) divides.  Nil when written; the :status :error plist when the
 file's bytes are no longer ORIGINAL (another editor wrote it), or when an
 Emacs buffer holds unsaved changes to it (its save would then ask the
 programmer, and `yes' would drop this write)."
-  (let ((owner (emacs-lock-owner path)))
-    (when owner
+  (let ((why (let ((owner (emacs-lock-owner path)))
+               (if owner
+                   (format nil "~A holds its lock" owner)
+                   (unsaved-in-watchers path)))))  ; agent/watch.lisp
+    (when why
       (return-from write-atomically
         (error-report "CL-MCP:UNSAVED-IN-EDITOR"
-                      "~A has unsaved changes in an Emacs buffer (~A holds its lock); nothing was ~
+                      "~A has unsaved changes in an Emacs buffer (~A); nothing was ~
                        written: ask the programmer to save or revert that buffer, then edit again."
-                      path owner))))
+                      path why))))
   (let* ((stat (sb-posix:stat path))
          (temporary (format nil "~A.cl-mcp-~D" path (sb-posix:getpid)))
          (created nil))

@@ -240,12 +240,16 @@ reverts the buffers that visit it and have no unsaved changes."
   (when *watchers*  ; read unlocked: a hint, as the event hook is
     (watch-send (list :phase :written :file (namestring truename)))))
 
-(defun send-to-watcher (connection messages)
-  "Hand MESSAGES to CONNECTION's control thread, as one `:channel-send' Swank
+(defun send-on-channel (connection payload)
+  "Hand PAYLOAD to CONNECTION's control thread, as one `:channel-send' Swank
 writes to its Emacs unread (channel 0: emacs/cl-mcp.el's hook takes it)."
   (let ((swank::*emacs-connection* connection)
         (swank::*send-counter* 0))  ; never `maybe-slow-down's wait for Emacs
-    (swank::send-to-emacs (list :channel-send 0 (cons :cl-mcp-watch messages)))))
+    (swank::send-to-emacs (list :channel-send 0 payload))))
+
+(defun send-to-watcher (connection messages)
+  "Send MESSAGES, a batch, to CONNECTION's Emacs."
+  (send-on-channel connection (cons :cl-mcp-watch messages)))
 
 (defparameter *watch-idle-check-seconds* 2
   "How often an idle sender checks that an Emacs still watches.")
@@ -308,6 +312,60 @@ waiting."
     (let ((backlog (gethash connection *watch-backlogs*)))
       (when (and backlog (plusp (car backlog)))
         (decf (car backlog))))))
+
+;;;; Asking the registered Emacs
+
+(defparameter *ask-seconds* 2
+  "How long a question waits for the registered Emacs' answers: one that
+has not answered by then (stalled, or busy) is not heard.")
+
+(defvar *questions* (make-hash-table)
+  "The questions in flight, by number: (WAITING . ANSWERS), how many Emacs
+have yet to answer and what those that did said; guarded by `*watch-lock*'.")
+
+(defvar *question-counter* 0 "The number of the last question asked.")
+
+(defun ask-watchers (question)
+  "Ask each registered Emacs QUESTION (a plist their companion answers,
+with `watch-answer'); their non-nil answers, once all have answered or
+`*ask-seconds*' have passed."
+  (let* ((watchers (with-agent-lock (*watch-lock*) (copy-list (live-watchers))))
+         (number (and watchers
+                      (with-agent-lock (*watch-lock*)
+                        (setf (gethash (incf *question-counter*) *questions*)
+                              (cons (length watchers) '()))
+                        *question-counter*))))
+    (when number
+      (dolist (connection watchers)
+        (ignore-errors (send-on-channel connection (list :cl-mcp-ask number question))))
+      ;; Answers come in other threads (each Emacs's requests); a poll
+      ;; needs no wait that a timeout leaves without its mutex.
+      (loop with deadline = (+ (get-internal-real-time) (* *ask-seconds* internal-time-units-per-second))
+            until (or (<= (car (with-agent-lock (*watch-lock*) (gethash number *questions*))) 0)
+                      (> (get-internal-real-time) deadline))
+            do (sleep 0.005))
+      (with-agent-lock (*watch-lock*)
+        (prog1 (remove nil (cdr (gethash number *questions*)))
+          (remhash number *questions*))))))
+
+(defun watch-answer (number answer)
+  "A registered Emacs's ANSWER to question NUMBER (`ask-watchers').  Return t."
+  (with-agent-lock (*watch-lock*)
+    (let ((question (gethash number *questions*)))
+      (when question
+        (decf (car question))
+        (push answer (cdr question)))))
+  t)
+
+(defun unsaved-in-watchers (truename)
+  "Who holds unsaved changes to the file TRUENAME, by the registered Emacs'
+own word (a buffer that visits it is modified), or nil (agent/edit.lisp
+calls this)."
+  (when *watchers*  ; read unlocked: no Emacs to ask costs nothing
+    (let ((answer (find-if (lambda (answer) (getf answer :modified))
+                           (ask-watchers (list :unsaved (namestring truename))))))
+      (and answer (format nil "its buffer ~A in Emacs ~A says so"
+                          (getf answer :buffer) (getf answer :emacs))))))
 
 ;;;; Who calls: each attached cl-mcp, named for the programmer
 

@@ -282,11 +282,23 @@ lines; one the programmer moved stays where it is."
                                      (list global-mode-string))
                                    (list cl-mcp--mode-line-entry))))
 
+(defun cl-mcp--answer (question)
+  "This Emacs's answer to the agent's QUESTION, a plist: to (:unsaved FILE),
+whether a buffer visiting FILE has unsaved changes."
+  (let* ((file (plist-get question :unsaved))
+         (buffer (and file (find-buffer-visiting file))))
+    (when (and buffer (buffer-modified-p buffer))
+      (list :modified t :buffer (buffer-name buffer) :emacs (format "%d" (emacs-pid))))))
+
 (defun cl-mcp--event-hook (event)
-  "Take the agent's `:cl-mcp-watch' batches out of SLIME's events."
+  "Take the agent's `:cl-mcp-watch' batches and `:cl-mcp-ask' questions out
+of SLIME's events (a question is answered on the connection it came on)."
   (pcase event
     (`(:channel-send 0 (:cl-mcp-watch . ,messages))
      (cl-mcp--show messages)
+     t)
+    (`(:channel-send 0 (:cl-mcp-ask ,number ,question))
+     (cl-mcp--eval "WATCH-ANSWER" (list number `(quote ,(cl-mcp--answer question))) #'ignore)
      t)))
 
 ;;;; Commands

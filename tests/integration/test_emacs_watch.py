@@ -321,6 +321,27 @@ def test_a_file_with_unsaved_changes_in_emacs_is_not_written_and_a_saved_one_is_
     assert emacs.eval(f"{visit} (buffer-modified-p))") == "nil"
 
 
+def test_a_buffer_with_unsaved_changes_and_no_lock_is_known_by_asking_its_emacs(shared, tmp_path):
+    """With `create-lockfiles` off, Emacs leaves no .#NAME lock: the agent
+    asks each registered Emacs whether a buffer visiting the file is
+    modified."""
+    process, emacs = shared.process, shared.watching
+    source = tmp_path / "ew-nolock.lisp"
+    source.write_text("(defun ew-nolock () 1)\n")
+    emacs.eval(f'(with-current-buffer (find-file-noselect "{source}") (setq-local create-lockfiles nil) '
+               '(goto-char (point-max)) (insert "(defun ew-nolock-typed () 0)\\n") t)')
+    visit = f'(with-current-buffer (get-file-buffer "{source}")'
+    assert not (tmp_path / ".#ew-nolock.lisp").exists()
+    refused = process.call("edit-form", path=str(source), line=1, text="(defun ew-nolock () 2)")
+    assert refused["isError"] and "CL-MCP:UNSAVED-IN-EDITOR" in text(refused), refused
+    pid = emacs.eval("(emacs-pid)")
+    assert f"its buffer ew-nolock.lisp in Emacs {pid} says so" in text(refused), refused
+    assert source.read_text() == "(defun ew-nolock () 1)\n"
+    emacs.eval(f"{visit} (save-buffer) t)")
+    assert not process.call("edit-form", path=str(source), line=1, text="(defun ew-nolock () 2)")["isError"]
+    assert source.read_text() == "(defun ew-nolock () 2)\n(defun ew-nolock-typed () 0)\n"
+
+
 def test_a_lock_left_by_an_emacs_that_died_holds_no_write(shared, tmp_path):
     process = shared.process
     source = tmp_path / "ew-stale.lisp"
