@@ -877,6 +877,14 @@ them, when there were any."
           (append plist (list :unevaluated *unevaluated-read-evals*))
           plist))))
 
+(defun line-count (text)
+  "How many lines TEXT has, as wc -l and an editor count them: a last line
+ends at its newline, not after it."
+  (let ((newlines (count #\Newline text)))
+    (if (and (plusp (length text)) (char/= (char text (1- (length text))) #\Newline))
+        (1+ newlines)
+        newlines)))
+
 (defun outline-plist (file text forms line)
   "The :outline answer: at most `*outline-limit*' of FORMS (of TEXT), from
 the first that ends at or after LINE; :total counts them all, :next is the
@@ -885,7 +893,7 @@ line of the first form left out after those listed."
                    (length forms)))
          (shown (subseq forms from (min (length forms) (+ from *outline-limit*))))
          (after (nth (+ from (length shown)) forms)))
-    (append (list :status :ok :file file :mode :outline :lines (line-at text (length text))
+    (append (list :status :ok :file file :mode :outline :lines (line-count text)
                   :total (length forms)
                   :forms (mapcar (lambda (form) (outline-entry text form)) shown))
             (and (plusp from) (list :skipped from))

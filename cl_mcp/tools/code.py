@@ -70,6 +70,18 @@ def reference_change(reference: dict[str, Any]) -> str:
     return place_change(reference, "this reference", "the reference is not")
 
 
+def referrers_count(references: list[dict[str, Any]], dropped: int) -> str:
+    """How many definitions refer, and how many references they make when
+    that differs: one definition may refer from several places in it."""
+    definitions = len({(referrer_title(r), r.get("file"), r.get("line")) for r in references})
+    total = len(references) + dropped
+    if dropped:
+        return f"{total} references, the first {len(references)} listed (from {definitions} definitions)"
+    if total == definitions:
+        return str(definitions)
+    return f"{definitions} ({total} references)"
+
+
 def render_xref(result: dict[str, Any]) -> Rendered:
     """The referrers, one line each; none found is an answer, not an error."""
     symbol, relation = result["symbol"], result["relation"]
@@ -78,7 +90,7 @@ def render_xref(result: dict[str, Any]) -> Rendered:
     if not references:
         text = f"No definitions that {verb} {symbol} were found."
     else:
-        lines = [f"Definitions that {verb} {symbol}: {len(references) + (result.get('dropped') or 0)}"]
+        lines = [f"Definitions that {verb} {symbol}: {referrers_count(references, result.get('dropped') or 0)}"]
         lines += [reference_line(reference) for reference in references]
         if result.get("dropped"):
             lines.append(f"… and {result['dropped']} more, not listed")
@@ -163,7 +175,8 @@ def counts_text(counts: list[dict[str, Any]]) -> str:
 def notes_head(notes: list[Any], dropped: int, counts: list[dict[str, Any]]) -> str:
     """``N notes`` listed, and ``M compiler notes counted`` when some were."""
     total = len(notes) + dropped
-    head = f"{total} note" + ("" if total == 1 else "s")
+    # Distinct: SBCL prints a note once per expansion where cl-mcp lists it once.
+    head = {0: "0 notes", 1: "1 note"}.get(total, f"{total} distinct notes")
     counted = sum(entry["count"] for entry in counts)
     return head + (f" listed, {counted} compiler note{'' if counted == 1 else 's'} counted" if counted else "")
 

@@ -52,7 +52,7 @@ def test_warnings_are_reported_at_their_lines_and_do_not_stop_the_load(lisp):
     assert '"two"' in full["message"] and full["snippet"] == '(+ 1 "two"))'
     text = result["content"][0]["text"]
     blocks = text.split("\n\n")
-    assert blocks[0] == (f"Compiled {path}: {len(notes)} notes listed, 1 compiler note counted\n"
+    assert blocks[0] == (f"Compiled {path}: {len(notes)} distinct notes listed, 1 compiler note counted\n"
                          f"fasl: {lisp.files / 'warnings.fasl'}\nloaded: yes")
     assert blocks[-1] == ('[compiler notes: 1, counted per file, not listed (notes: "all" lists them)]\n'
                           f"{path}: 1")
@@ -69,7 +69,7 @@ def test_notes_all_lists_the_plain_compiler_notes_too(lisp):
         ("style-warning", 4, 9), ("style-warning", 5, 5), ("note", 8, 3), ("warning", 8, 3)]
     assert "deleting unreachable code" in structured["notes"][2]["message"]
     text = result["content"][0]["text"]
-    assert text.startswith(f"Compiled {path}: 4 notes\n") and "counted" not in text
+    assert text.startswith(f"Compiled {path}: 4 distinct notes\n") and "counted" not in text
     assert f"NOTE at {path}:8:3\ndeleting unreachable code" in text
 
 

@@ -339,6 +339,8 @@ def test_outline_check_and_one_form_of_a_large_file(lisp, tmp_path):
     forms = outline(lisp, path)
     lines = path.read_text().splitlines()
     assert len(lines) > 3000 and len(forms) > 200
+    # As wc -l counts them: the file ends in a newline, after which no line begins.
+    assert checked_call(lisp, "read-lisp-file", path=str(path))["structuredContent"]["lines"] == len(lines)
     for entry in forms:
         assert lines[entry["line"] - 1].strip(), entry
     contexts = checked_call(lisp, "read-lisp-file", path=str(path))["structuredContent"]["contexts"]

@@ -105,6 +105,17 @@ def test_each_method_specialized_on_a_class_with_its_signature(lisp):
     assert "PROBE-AREA (PROBE-SHAPE T)  (no source file" in text
 
 
+def test_the_count_says_definitions_and_references_apart(lisp, tmp_path):
+    """It counted references where the model reads callers ("20" for 14)."""
+    source = tmp_path / "twice.lisp"
+    source.write_text("(defun xr-callee (x) x)\n(defun xr-twice () (xr-callee 1) (xr-callee 2))\n"
+                      "(defun xr-once () (xr-callee 3))\n")
+    assert not lisp.call("compile-file", path=str(source))["isError"]
+    result = xref(lisp, symbol="cl-user::xr-callee")
+    assert result["content"][0]["text"].splitlines()[0] == "Definitions that call XR-CALLEE: 2 (3 references)"
+    assert sorted(r["name"] for r in result["structuredContent"]["references"]) == ["XR-ONCE", "XR-TWICE", "XR-TWICE"]
+
+
 def test_none_found_is_not_an_error(lisp):
     result = xref(lisp, symbol="cl-mcp-fixture::doubled-area")
     assert not result["isError"]
