@@ -558,7 +558,7 @@ signalled an error, FAILURE as `describe-error' gives it."
   (or (find-package "QL")
       (let ((setup (quicklisp-setup-file)))
         (when setup
-          (load setup)
+          (call-loading-libraries (lambda () (load setup)))  ; its packages are a library's
           (find-package "QL")))))
 
 (defun system-version (name)

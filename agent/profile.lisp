@@ -31,10 +31,15 @@ unprofile what the other started.")
   "The names of SB-SPROF profile uses, with what each must be; the
 internal ones are in swank-bootstrap.lisp's table.")
 
+(defun ensure-sprof ()
+  "Load SB-SPROF, once: a library, whose package list-definitions leaves
+out as it does a loaded system's."
+  (unless (find-package "SB-SPROF")
+    (call-loading-libraries (lambda () (require :sb-sprof)))))
+
 (defun sprof (name)
   "The function NAME of SB-SPROF, which is loaded on the first call."
-  (unless (find-package "SB-SPROF")
-    (require :sb-sprof))
+  (ensure-sprof)
   (fdefinition (find-symbol name "SB-SPROF")))
 
 (defun sprof-value (name)
@@ -44,8 +49,7 @@ internal ones are in swank-bootstrap.lisp's table.")
 (defun missing-sprof-internals ()
   "The names in `*sprof-internals*' this SB-SPROF lacks (it is loaded
 first): profile's modes cpu and alloc need them all."
-  (unless (find-package "SB-SPROF")
-    (require :sb-sprof))
+  (ensure-sprof)
   (loop for (name . kind) in *sprof-internals*
         for symbol = (find-symbol name "SB-SPROF")
         unless (and symbol (if (eq kind :function) (fboundp symbol) (boundp symbol)))

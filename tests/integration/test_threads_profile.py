@@ -208,6 +208,14 @@ def test_cpu_profile_finds_the_callee(lisp):
     assert len(profile["rows"]) <= 5
 
 
+def test_the_profiler_cl_mcp_loaded_is_not_the_session_s_definitions(lisp):
+    """list-definitions listed 162 SB-SPROF symbols once a profile had run
+    (issue 43)."""
+    cpu_profile(lisp)
+    listed = lisp.call("list-definitions")["content"][0]["text"]
+    assert "TP-CALLEE" in listed and "SB-SPROF::" not in listed, listed[:2000]
+
+
 def test_cpu_profile_after_an_evaluation_went_to_the_background(lisp):
     """The lane's next thread is made inside the window's interrupt, where
     SIGPROF is blocked: it had no samples at all ("Sampled threads:
