@@ -12,7 +12,8 @@ import pytest
 
 from tests.integration.conftest import McpProcess
 from tests.truth.corpus import CORPUS, copy_library, load_copy
-from tests.truth.places import oracle, unique
+from tests.truth.mutants import FAST, Mutant, caused, run_mutant
+from tests.truth.places import Tally, oracle, unique
 from tests.truth.run import check_library
 
 LIBRARIES = {library.directory: library for library in CORPUS}
@@ -23,8 +24,23 @@ _copies = itertools.count(1)
 def test_every_place_of_a_library_before_and_after_edits(name):
     tally = check_library(LIBRARIES[name], rounds=8, seed=37, log=lambda text: None)
     assert sum(tally.right.values()) > 200
-    assert tally.right[("xref before edits", "caller")] > 10 and tally.right[("xref after edits", "caller")] > 10
+    # After edits, the files compile-form compiled again are left out: most of named-readtables' calls.
+    assert tally.right[("xref before edits", "caller")] > 10 and tally.right[("xref after edits", "caller")] > 0
     assert tally.failures == []
+
+
+@pytest.fixture(scope="module")
+def unplanted() -> Tally:
+    """cl-split-sequence's check, two rounds of edits, without a planted fault."""
+    return check_library(LIBRARIES["cl-split-sequence"], rounds=2, seed=37, log=lambda text: None)
+
+
+@pytest.mark.parametrize("mutant", FAST, ids=[mutant.name for mutant in FAST])
+def test_a_planted_fault_makes_answers_wrong(unplanted, mutant: Mutant):
+    """The harness's comparisons see what is missing, extra and wrong: each
+    fault planted in a copy of cl-mcp (tests/truth/mutants.py) counts."""
+    assert mutant.library == "cl-split-sequence"
+    assert caused(run_mutant(mutant, 2, 37, check_library), unplanted) > 0
 
 
 @pytest.fixture(scope="module")

@@ -151,19 +151,68 @@ def entry_key(entry: dict[str, Any], package: str) -> tuple[str, ...]:
     return (entry.get("type", ""), package, entry.get("name", ""), *signature(entry))
 
 
+PRIMARY = {"function", "generic-function", "macro", "class", "structure", "condition", "variable", "constant",
+           "type", "setf-expander"}
+# What places.lisp reads; find-definition lists more (packages, declaims).
+READ_TYPES = PRIMARY | {"method", "compiler-macro"}
+# Forms that define more than they name: a class's accessors are methods at
+# its slots, a generic function's :method options methods at its form.
+DEFINES_MORE = {"class", "structure", "condition", "generic-function"}
+
+
+class Layout:
+    """Each file's top-level forms now and the definitions the oracle reads
+    in them: where find-definition may list what the oracle cannot name."""
+
+    def __init__(self) -> None:
+        self.forms: dict[str, list[Form]] = {}
+        self.definitions: dict[str, list[Definition]] = {}
+
+    def update(self, definitions: list[Definition], forms: list[Form], files: list[str] | None = None) -> None:
+        """The oracle's DEFINITIONS and FORMS of FILES (or every file)."""
+        for file in files if files is not None else {f.file for f in forms}:
+            self.forms[file] = [f for f in forms if f.file == file]
+            self.definitions[file] = [d for d in definitions if d.file == file]
+
+    def unnamed(self, file: str, line: int) -> bool:
+        """True when LINE of FILE is in a top-level form the oracle reads no
+        definition in (a library's own defining macro), or one that
+        defines more than it names (`DEFINES_MORE`)."""
+        for form in self.forms.get(file, []):
+            if form.start <= line <= form.end:
+                inside = [d for d in self.definitions.get(file, []) if form.start <= d.line <= form.end]
+                return not inside or any(d.type in DEFINES_MORE for d in inside)
+        return False
+
+
 def check_places(process: McpProcess, tally: Tally, phase: str, compiled: dict[tuple[str, ...], Definition],
-                 lines: dict[tuple[str, ...], Compiled], now: dict[tuple[str, ...], Definition]) -> None:
+                 lines: dict[tuple[str, ...], Compiled], now: dict[tuple[str, ...], Definition],
+                 copy: Path, known: set[tuple[str, ...]], layout: Layout) -> None:
     """Ask find-definition and describe-symbol about every definition of
     COMPILED (the library's, by key, as loaded) and count their places
     right or wrong against NOW (the oracle on the files as they are now)
-    and LINES (where each was last compiled).  PHASE names the answers."""
+    and LINES (where each was last compiled), both ways: a definition
+    listed twice is wrong, and so is one in COPY's files of a kind the
+    oracle reads that KNOWN (every key it read, defined once or more) lacks,
+    unless LAYOUT says the oracle cannot name what its line's form defines.
+    PHASE names the answers."""
     by_symbol: dict[tuple[str, str], list[Definition]] = {}
     for definition in compiled.values():
         by_symbol.setdefault((definition.query, definition.package), []).append(definition)
     for (query, package), definitions in by_symbol.items():
         found = process.call("find-definition", symbol=query, package=package)
         entries = found.get("structuredContent", {}).get("definitions", [])
-        places = {entry_key(entry, package): entry for entry in entries if "line" in entry}
+        places: dict[tuple[str, ...], dict[str, Any]] = {}
+        for entry in (entry for entry in entries if "line" in entry):
+            key = entry_key(entry, package)
+            where = f"{entry.get('type')} {query} {short(str(entry.get('file', '')))}:{entry['line']}"
+            if key in places:
+                tally.count(f"find-definition {phase}", "duplicate", f"{where}: duplicate: listed twice")
+            elif (str(entry.get("file", "")).startswith(f"{copy}/") and entry.get("type") in READ_TYPES
+                  and key not in known and entry.get("place") != "not-found"
+                  and not layout.unnamed(entry["file"], entry["line"])):
+                tally.count(f"find-definition {phase}", "extra", f"{where}: extra: the text defines no such thing")
+            places.setdefault(key, entry)
         for definition in definitions:
             failure = expected_failure(places.get(definition.key), now.get(definition.key), lines[definition.key])
             tally.count(f"find-definition {phase}", definition.type,
@@ -171,10 +220,15 @@ def check_places(process: McpProcess, tally: Tally, phase: str, compiled: dict[t
                                     f" {failure}")
         described = process.call("describe-symbol", symbol=query, package=package)
         location = described.get("structuredContent", {}).get("location")
-        if location and "line" in location:
-            # Its type says which definition: the symbol's own of that type
-            same = [d for d in definitions if d.type == location["type"] and not d.name.startswith("(")]
-            if len(same) == 1:
-                failure = expected_failure(location, now.get(same[0].key), lines[same[0].key])
-                tally.count(f"describe-symbol {phase}", same[0].type,
-                            failure and f"{same[0].type} {query}: {failure}")
+        primary = [d for d in definitions if d.type in PRIMARY and not d.name.startswith("(")]
+        if not (location and "line" in location):
+            if any(now.get(d.key) for d in primary):
+                tally.count(f"describe-symbol {phase}", "missing",
+                            f"{query}: missing: no location, where the library defines {primary[0].type} {primary[0].name}")
+            continue
+        # Its type says which definition: the symbol's own of that type
+        same = [d for d in primary if d.type == location["type"]]
+        if len(same) == 1:
+            failure = expected_failure(location, now.get(same[0].key), lines[same[0].key])
+            tally.count(f"describe-symbol {phase}", same[0].type,
+                        failure and f"{same[0].type} {query}: {failure}")

@@ -24,7 +24,6 @@ from pathlib import Path
 from tests.integration.conftest import McpProcess
 from tests.truth.corpus import Library, copy_library, load_copy
 from tests.truth.places import Tally, short
-from tests.truth.xref import code_lines
 
 ANSWER = "test places"
 DEFINERS = {"test": " (fiveam:is (eql :truth-harness nil))",
@@ -32,6 +31,69 @@ DEFINERS = {"test": " (fiveam:is (eql :truth-harness nil))",
             "define-test": " (fiveam:is (eql :truth-harness nil))",
             "deftest": " :truth-harness"}
 OPENING = re.compile(r"\((test|def-test|define-test|deftest)\s+\(?([^\s()]+)", re.I)
+
+
+
+def code_lines(text: str) -> list[str]:
+    """TEXT's lines with its strings, comments and characters (`#\\x`)
+    blanked, so that a parenthesis left in them opens a form."""
+    out, i, depth = [], 0, 0
+    state = "code"  # or "string", "line-comment", "block-comment", "bars"
+    while i < len(text):
+        c, pair = text[i], text[i:i + 2]
+        if c == "\n":
+            out.append(c)
+            state = "code" if state == "line-comment" else state
+            i += 1
+            continue
+        if state == "code":
+            if c == ";":
+                state = "line-comment"
+            elif c == '"':
+                state = "string"
+            elif pair == "#|":
+                state, depth = "block-comment", 1
+                out.append("  ")
+                i += 2
+                continue
+            elif pair == "#\\" and i + 2 < len(text):
+                out.append("   ")
+                i += 3
+                continue
+            elif c == "\\" and i + 1 < len(text):
+                out.append(text[i:i + 2] if text[i + 1] != "\n" else " \n")
+                i += 2
+                continue
+            elif c == "|":
+                state = "bars"
+            out.append(c if state in ("code", "bars") else " ")
+        elif state == "string" or state == "bars":
+            if c == "\\" and i + 1 < len(text):
+                if text[i + 1] == "\n":  # the newline is counted as a line's end
+                    out.append(" " if state == "string" else c)
+                    i += 1
+                else:
+                    out.append("  " if state == "string" else text[i:i + 2])
+                    i += 2
+                continue
+            closing = '"' if state == "string" else "|"
+            if c == closing:
+                out.append(c if state == "bars" else " ")
+                state = "code"
+            else:
+                out.append(" " if state == "string" else c)
+        elif state == "block-comment":
+            if pair in ("#|", "|#"):
+                depth += 1 if pair == "#|" else -1
+                state = "code" if depth == 0 else state
+                out.append("  ")
+                i += 2
+                continue
+            out.append(" ")
+        else:
+            out.append(" ")
+        i += 1
+    return "".join(out).split("\n")
 
 
 def failing_everywhere(path: Path) -> dict[str, int]:

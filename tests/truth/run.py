@@ -20,8 +20,9 @@ from tests.truth import edits
 from tests.truth.backtraces import ANSWERS as BACKTRACES
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
 from tests.truth.frames import ANSWER as FRAMES
+from tests.truth.mutants import MUTANTS, Mutant, caused, run_mutant
 from tests.truth.notes import check_notes, read_notes
-from tests.truth.places import Compiled, Definition, Tally, check_places, oracle, read_oracle, unique
+from tests.truth.places import Compiled, Definition, Layout, Tally, check_places, read_oracle, unique
 from tests.truth.places_of_tests import ANSWER as TEST_PLACES
 from tests.truth.places_of_tests import check_test_places
 from tests.truth.tests_oracle import check_library_tests
@@ -47,28 +48,32 @@ def compile_form(process: McpProcess, d: Definition, now: dict[tuple[str, ...], 
     return f"compile-form {d.name} ({Path(d.file).name}:{d.line})"
 
 
-def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
+def check_library(library: Library, rounds: int, seed: int, log=print,
+                  env: dict[str, str] | None = None) -> Tally:
     """The places of LIBRARY, before and after ROUNDS rounds of edits
-    seeded with SEED."""
+    seeded with SEED; ENV, the environment cl-mcp runs in beside ours (a
+    planted fault's copy of it: tests/truth/mutants.py)."""
     tally = Tally()
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="cl-mcp-truth-") as scratch:
         pristine = copy_library(library, Path(scratch) / "pristine")
         edited = copy_library(library, Path(scratch) / "edited")
         # Whole answers: what the result budget leaves out is tested elsewhere.
-        process = McpProcess("--max-result-chars", "1000000")
+        process = McpProcess("--max-result-chars", "1000000", env=env)
         try:
             process.initialize()
             load_copy(process, library, edited)
             definitions, forms = read_oracle(pristine, library.system, edited)
             compiled = unique(definitions)
+            known = {d.key for d in definitions}
+            layout = Layout()
+            layout.update(definitions, forms)
             lines = {key: Compiled(d.line, d.digest) for key, d in compiled.items()}
             now = dict(compiled)
-            check_places(process, tally, "before edits", compiled, lines, now)
+            check_places(process, tally, "before edits", compiled, lines, now, edited, known, layout)
             callees = [d for d in compiled.values() if d.type in CALLEES and not d.name.startswith("(")]
-            references: dict[tuple[str, str, str], list[int]] = {}
             recompiled: set[str] = set()
-            check_xref(process, tally, "before edits", callees, edited, pristine, forms, references, recompiled)
+            check_xref(process, tally, "before edits", callees, edited, pristine, library.system, recompiled)
             sources = sorted({form.file for form in forms})
             check_notes(process, tally, "before edits", read_notes(pristine, library.system, edited), forms, sources)
             for _ in range(rounds):
@@ -79,7 +84,8 @@ def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
                     done = edits.random_edit(rng, rng.choice(choices))
                     if done:
                         log(f"  {done}")
-                fresh = oracle(pristine, library.system, edited, touched)
+                fresh, fresh_forms = read_oracle(pristine, library.system, edited, touched)
+                layout.update(fresh, fresh_forms, touched)
                 now = {k: d for k, d in now.items() if d.file not in touched} | unique(fresh)
                 compilable = [d for d in fresh if d.type in COMPILABLE and d.key in lines]
                 if compilable and rng.random() < 0.5:
@@ -89,11 +95,11 @@ def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
                         recompiled.add(chosen.file)
                         log(f"  {done}")
                 in_touched = {k: d for k, d in compiled.items() if d.file in touched}
-                check_places(process, tally, "after edits", in_touched, lines, now)
+                check_places(process, tally, "after edits", in_touched, lines, now, edited, known, layout)
             if rounds:
-                check_places(process, tally, "after edits", compiled, lines, now)
+                check_places(process, tally, "after edits", compiled, lines, now, edited, known, layout)
                 forms = read_oracle(pristine, library.system, edited)[1]
-                check_xref(process, tally, "after edits", callees, edited, pristine, forms, references, recompiled)
+                check_xref(process, tally, "after edits", callees, edited, pristine, library.system, recompiled)
                 check_notes(process, tally, "after edits", read_notes(pristine, library.system, edited), forms,
                             sources)
         finally:
@@ -101,7 +107,39 @@ def check_library(library: Library, rounds: int, seed: int, log=print) -> Tally:
     return tally
 
 
-def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, output_rounds: int) -> str:
+MUTANT_ROUNDS = 3
+
+
+def planted_faults(seed: int, log=print) -> list[tuple[Mutant, int]]:
+    """Each mutant's count of wrong answers that a run without it (the same
+    library, rounds and seed) does not have."""
+    baselines: dict[str, Tally] = {}
+    counts = []
+    for mutant in MUTANTS:
+        if mutant.library not in baselines:
+            library = next(lib for lib in CORPUS if lib.directory == mutant.library)
+            baselines[mutant.library] = check_library(library, MUTANT_ROUNDS, seed, log=lambda text: None)
+        count = caused(run_mutant(mutant, MUTANT_ROUNDS, seed, check_library), baselines[mutant.library])
+        log(f"  mutant: {mutant.name}: {count} wrong answers")
+        counts.append((mutant, count))
+    return counts
+
+
+def mutant_table(counts: list[tuple[Mutant, int]]) -> list[str]:
+    """docs/truth.md's table of planted faults."""
+    out = ["## Planted faults", "",
+           "Each comparison above is proved by a fault planted in a scratch copy of cl-mcp",
+           "(tests/truth/mutants.py), one at a time: the library's check (its places, xref and",
+           f"notes, {MUTANT_ROUNDS} rounds of edits) must count wrong answers that the same run without",
+           "the fault does not. A fault that causes none fails `make truth`; three of them run in",
+           "`make test` (tests/integration/test_truth.py).", "",
+           "| planted fault | where | library | wrong answers it caused |", "|---|---|---|---|"]
+    out += [f"| {m.name} | {m.file} | {m.library} | {count} |" for m, count in counts]
+    return out + [""]
+
+
+def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, output_rounds: int,
+          counts: list[tuple[Mutant, int]]) -> str:
     """docs/truth.md: per library and per answer, then per definition type."""
     answers = sorted({a for t in results.values() for a, _ in [*t.right, *t.wrong]})
     out = ["# Truth on real code",
@@ -120,11 +158,23 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, out
            "the line it was compiled at (with its text edited inside, `found-after-edit` with",
            "that same line is right too). A name defined twice in a library is not checked.",
            "",
+           "Both ways: a definition find-definition lists twice is wrong (`duplicate`), and so is",
+           "one it lists in the library's files, of a kind the oracle reads, that the oracle does",
+           "not read there (`extra`; unless its line is in a form that defines more than the oracle",
+           "names: a class's accessors, a generic function's `:method`s, a library's own defining",
+           "macro); describe-symbol without a location, where the library defines the symbol's",
+           "function, macro, variable, class or type, is `missing`.",
+           "",
            "xref's callers of every function and generic function, before the edits and after",
-           "all of them, are checked against the top-level forms the oracle reads and the text",
-           "(tests/truth/xref.py): the caller's line is where the form holding the reference",
-           "starts, the reference opens a form in code, and its `place` and `compiledLine`",
-           "follow the reference's line through a line diff of the text it was compiled from.",
+           "all of them, are checked both ways against the calls SBCL records (tests/truth/xref.py,",
+           "callers.lisp): a plain SBCL that loaded the pristine library answers",
+           "`sb-introspect:who-calls`, and places each call by reading the texts: its top-level",
+           "form and the compiler's number of its form inside it, found again in the file as it is",
+           "now (the top-level form that reads the same). Each answer is matched to one recorded",
+           "call; its caller's line, its reference line, `place` and `compiledLine` must be the",
+           "call's. A recorded call no answer matches is `missing`, an answer that matches none",
+           "`extra` (or `duplicate`), a matched one with a field wrong `wrong field`: the kinds",
+           "below count them apart. Files compile-form compiled again are left out.",
            "",
            "| library | answer | checked | right | wrong |",
            "|---|---|---|---|---|"]
@@ -219,7 +269,7 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, out
             "above it, and named-readtables' tests (its own copy of RT) not placed at all.",
             "",
             "Not checked yet by the harness: frames' locals.",
-            "", "## Wrong answers", ""]
+            "", *mutant_table(counts), "## Wrong answers", ""]
     for name, tally in results.items():
         for failure in tally.failures[:40]:
             out.append(f"- {name}: {failure}")
@@ -235,6 +285,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=37)
     parser.add_argument("--output-rounds", type=int, default=10, help="rounds of the output scenarios")
     parser.add_argument("--output", type=Path, default=TABLE)
+    parser.add_argument("--no-mutants", action="store_true", help="leave out the planted faults")
     options = parser.parse_args()
     chosen = [lib for lib in CORPUS if not options.libraries or lib.directory in options.libraries]
     started = time.monotonic()
@@ -251,8 +302,13 @@ def main() -> None:
         wrong = sum(results[library.directory].wrong.values())
         right = sum(results[library.directory].right.values())
         print(f"  {right} right, {wrong} wrong", file=sys.stderr)
+    counts = [] if options.no_mutants else planted_faults(options.seed,
+                                                         log=lambda text: print(text, file=sys.stderr))
     options.output.write_text(table(results, time.monotonic() - started, options.rounds, options.seed,
-                                    options.output_rounds))
+                                    options.output_rounds, counts))
+    unseen = [mutant.name for mutant, count in counts if count == 0]
+    if unseen:
+        sys.exit(f"planted faults no comparison saw: {', '.join(unseen)}")
 
 
 if __name__ == "__main__":

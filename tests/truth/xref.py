@@ -1,173 +1,127 @@
-"""The xref oracle and the check of xref's callers against it.
+"""The xref oracle and the two-sided check of xref's callers against it.
 
 For every function and generic function of a library, xref's `calls`
-answer lists its callers.  Each caller in the library's files is checked
-against the top-level forms a plain SBCL reads (places.lisp) and against
-the text:
+answer must list exactly the calls SBCL recorded, no fewer, no more, none
+twice.  The oracle (callers.lisp, in a plain SBCL that loaded the pristine
+library; no part of cl-mcp) asks `sb-introspect:who-calls` and places each
+recorded call by reading the texts: its line in the text it was compiled
+from, and in the file as it is now, its top-level form's first line and
+its own line (or that the caller's form is gone: deleted, renamed, cut
+off).  Each answer of cl-mcp is matched to one recorded call by its file
+and the line the call had when compiled (`compiledLine`, or for an
+`unchanged` reference its line), and then must be:
 
-- its reference line falls inside a top-level form of the file as it is now;
-- its place's line is that form's first line;
-- the reference opens a form in code (a list, `#'`, a backquote or a
-  comma), not in a string or a comment (the form need not name the callee: a macro's or an inline function's
-  expansion makes calls that SBCL records at its use);
-- its `place` and `compiledLine` are the reference's (docs/tools.md):
-  the line the reference had when compiled is one of the callee's reference
-  lines in that caller before any edit, and the line it has now is where
-  that line went, as a line diff of the two texts maps it: `unchanged` on
-  the same line, `found-after-edit` with `compiledLine` on another,
-  `not-found` when the line is gone.  In a file that compile-form compiled
-  again, the compiled lines are not known and only the places are checked.
+- for a call still in the file: `line` the first line of its top-level
+  form now, `referenceLine` its line now, and `place` `unchanged` on the
+  line it was compiled at (`found-after-edit` with that same line is right
+  too, for a text edited inside), else `found-after-edit` with
+  `compiledLine` the line it was compiled at;
+- for a call whose form is gone: `not-found`, `compiledLine` its line.
+
+A recorded call no answer matches is missing; an answer that matches none
+is extra, or a duplicate when it names a call already matched; a matched
+answer with a field wrong is a wrong field.  Each is counted apart.  Files
+compile-form compiled again during the edits are left out (what the
+image then holds is no longer the pristine library's code).
 """
 
 from __future__ import annotations
 
-import difflib
+import os
+import subprocess
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tests.integration.conftest import McpProcess
-from tests.truth.places import Definition, Form, Tally, short
+from tests.truth.places import Definition, Tally, short
 
 CALLEES = {"function", "generic-function"}
+ORACLE = Path(__file__).with_name("callers.lisp")
 
 
-def code_lines(text: str) -> list[str]:
-    """TEXT's lines with its strings, comments and characters (`#\\x`)
-    blanked, so that a parenthesis left in them opens a form."""
-    out, i, depth = [], 0, 0
-    state = "code"  # or "string", "line-comment", "block-comment", "bars"
-    while i < len(text):
-        c, pair = text[i], text[i:i + 2]
-        if c == "\n":
-            out.append(c)
-            state = "code" if state == "line-comment" else state
-            i += 1
-            continue
-        if state == "code":
-            if c == ";":
-                state = "line-comment"
-            elif c == '"':
-                state = "string"
-            elif pair == "#|":
-                state, depth = "block-comment", 1
-                out.append("  ")
-                i += 2
-                continue
-            elif pair == "#\\" and i + 2 < len(text):
-                out.append("   ")
-                i += 3
-                continue
-            elif c == "\\" and i + 1 < len(text):
-                out.append(text[i:i + 2] if text[i + 1] != "\n" else " \n")
-                i += 2
-                continue
-            elif c == "|":
-                state = "bars"
-            out.append(c if state in ("code", "bars") else " ")
-        elif state == "string" or state == "bars":
-            if c == "\\" and i + 1 < len(text):
-                if text[i + 1] == "\n":  # the newline is counted as a line's end
-                    out.append(" " if state == "string" else c)
-                    i += 1
-                else:
-                    out.append("  " if state == "string" else text[i:i + 2])
-                    i += 2
-                continue
-            closing = '"' if state == "string" else "|"
-            if c == closing:
-                out.append(c if state == "bars" else " ")
-                state = "code"
-            else:
-                out.append(" " if state == "string" else c)
-        elif state == "block-comment":
-            if pair in ("#|", "|#"):
-                depth += 1 if pair == "#|" else -1
-                state = "code" if depth == 0 else state
-                out.append("  ")
-                i += 2
-                continue
-            out.append(" ")
-        else:
-            out.append(" ")
-        i += 1
-    return "".join(out).split("\n")
+@dataclass(frozen=True)
+class Call:
+    """A call SBCL recorded, as the oracle placed it."""
+
+    callee: str
+    file: str
+    compiled_line: int
+    form_line: int | None  # None: its caller's form is not in the file any more
+    line: int | None
 
 
-def line_map(compiled: str, now: str) -> dict[int, int]:
-    """Each 1-based line of COMPILED that is still in NOW, to its line there."""
-    matcher = difflib.SequenceMatcher(None, compiled.splitlines(), now.splitlines(), autojunk=False)
-    return {a + k + 1: b + k + 1 for a, b, size in matcher.get_matching_blocks() for k in range(size)}
+def recorded_calls(pristine: Path, system: str, edited: Path, callees: list[Definition]) -> list[Call]:
+    """Every call of CALLEES that SBCL records in SYSTEM (loaded from
+    PRISTINE), placed in the files of EDITED as they are now."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as names:
+        names.write("".join(f"{d.query}\n" for d in callees))
+        names.flush()
+        run = subprocess.run(["sbcl", "--script", str(ORACLE), f"{pristine}/", system, f"{edited}/", names.name],
+                             capture_output=True, text=True, timeout=900, env=os.environ)
+    assert run.returncode == 0 and not run.stderr.strip(), run.stderr[-3000:]
+    calls = []
+    for row in run.stdout.splitlines():
+        _, callee, file, compiled, form_line, line = row.split("\t")
+        calls.append(Call(callee, file, int(compiled), None if form_line == "-" else int(form_line),
+                          None if line == "-" else int(line)))
+    return calls
 
 
-def callers(process: McpProcess, d: Definition, copy: Path) -> list[dict[str, Any]]:
-    """xref's callers of D that are placed in the files of COPY."""
-    result = process.call("xref", symbol=d.query, package=d.package, relation="calls")
-    return [r for r in result.get("structuredContent", {}).get("references", [])
-            if str(r.get("file", "")).startswith(f"{copy}/")]
+def answered_line(reference: dict[str, Any]) -> int:
+    """The line the reference had when compiled, as REFERENCE says."""
+    if reference.get("place") in ("not-found", "found-after-edit"):
+        return reference.get("compiledLine") or 0
+    return reference.get("referenceLine") or 0
 
 
-def place_failure(reference: dict[str, Any], forms: list[Form]) -> str | None:
-    """Why REFERENCE's lines are wrong against FORMS (its file's, now) and
-    the text; None when they are right."""
-    line, at, column = reference["line"], reference["referenceLine"], reference["referenceColumn"]
-    holding = [f for f in forms if f.start <= at <= f.end]
-    if not holding:
-        return f"reference line {at} is in no top-level form"
-    form = holding[0]
-    if line != form.start:
-        return f"place line {line}, but the form holding reference line {at} starts at {form.start}"
-    code = code_lines(Path(reference["file"]).read_text(encoding="utf-8"))
-    if not code[at - 1][column - 1:].startswith(("(", "#'", "`", ",")):
-        return f"reference {at}:{column} opens no form: it is in a string, a comment or a name"
-    # A call that a macro's or an inline function's expansion makes is
-    # recorded at its use, which need not name the callee.
-    return None
-
-
-def status_failure(reference: dict[str, Any], compiled_lines: list[int], moved: dict[int, int]) -> str | None:
-    """Why REFERENCE's `place` and `compiledLine` are wrong, its callee's
-    reference lines in its caller having been COMPILED_LINES, which the
-    edits MOVED (line when compiled to line now); None when right."""
-    got = (reference["referenceLine"], reference.get("place"), reference.get("compiledLine"))
-    wanted = set()
-    for line in compiled_lines:
-        if line not in moved:
-            wanted.add(("not-found", line))
-        elif moved[line] == line:
-            wanted |= {(line, "unchanged", None), (line, "found-after-edit", line)}
-        else:
-            wanted.add((moved[line], "found-after-edit", line))
-    if got[1] == "not-found":
-        return None if ("not-found", got[2]) in wanted else f"not-found, compiled at {got[2]}; expected one of {sorted(map(str, wanted))}"
-    return None if got in wanted else f"got {got}, expected one of {sorted(map(str, wanted))}"
+def field_failure(call: Call, reference: dict[str, Any]) -> str | None:
+    """Why REFERENCE, matched to CALL, has a field wrong; None when right."""
+    got = (reference.get("line"), reference.get("referenceLine"), reference.get("place"),
+           reference.get("compiledLine"))
+    if call.line is None:
+        return None if got[2] == "not-found" else f"got {got}, expected not-found (its caller's form is gone)"
+    if call.line == call.compiled_line:
+        wanted = {(call.form_line, call.line, "unchanged", None),
+                  (call.form_line, call.line, "found-after-edit", call.compiled_line)}
+    else:
+        wanted = {(call.form_line, call.line, "found-after-edit", call.compiled_line)}
+    return None if got in wanted else f"got {got}, expected {sorted(wanted, key=str)[0]}"
 
 
 def check_xref(process: McpProcess, tally: Tally, phase: str, callees: list[Definition], copy: Path,
-               pristine: Path, forms: list[Form], baseline: dict[tuple[str, str, str], list[int]],
-               recompiled: set[str]) -> None:
-    """Ask xref for the callers of each of CALLEES (in COPY, loaded from the
-    text in PRISTINE) and count each caller right or wrong against FORMS
-    (the oracle's, now).  BASELINE, the reference lines as compiled by
-    (callee, caller, file), is filled in before any edit and read after;
-    RECOMPILED are the files compile-form compiled again."""
-    by_file: dict[str, list[Form]] = {}
-    for form in forms:
-        by_file.setdefault(form.file, []).append(form)
-    maps: dict[str, dict[int, int]] = {}
+               pristine: Path, system: str, recompiled: set[str]) -> None:
+    """Ask xref for the callers of each of CALLEES (in COPY, loaded from
+    the text in PRISTINE) and count its answers against the oracle's
+    recorded calls, both ways.  RECOMPILED: the files compile-form compiled
+    again, left out."""
+    answer = f"xref {phase}"
+    expected: dict[tuple[str, str, int], list[Call]] = defaultdict(list)
+    for call in recorded_calls(pristine, system, copy, callees):
+        if call.file not in recompiled:
+            expected[(call.callee, call.file, call.compiled_line)].append(call)
     for d in callees:
-        for reference in callers(process, d, copy):
-            file, key = reference["file"], (d.query, reference["name"], reference["file"])
-            failure = None if reference.get("place") == "not-found" else place_failure(
-                reference, by_file.get(file, []))
-            if phase == "before edits":
-                baseline.setdefault(key, []).append(reference["referenceLine"])
-                if (reference.get("place"), reference.get("compiledLine")) != ("unchanged", None):
-                    failure = failure or f"{reference.get('place')} {reference.get('compiledLine')} before any edit"
-            elif baseline.get(key) and file not in recompiled:
-                if file not in maps:
-                    compiled = (pristine / Path(file).relative_to(copy)).read_text(encoding="utf-8")
-                    maps[file] = line_map(compiled, Path(file).read_text(encoding="utf-8"))
-                failure = failure or status_failure(reference, baseline[key], maps[file])
-            tally.count(f"xref {phase}", "caller",
-                        failure and f"caller {reference['name']} of {d.query} {short(file)}:{reference['line']}"
-                                    f" (reference line {reference['referenceLine']}): {failure}")
+        result = process.call("xref", symbol=d.query, package=d.package, relation="calls")
+        references = [r for r in result.get("structuredContent", {}).get("references", [])
+                      if str(r.get("file", "")).startswith(f"{copy}/") and r["file"] not in recompiled]
+        for reference in references:
+            key = (d.query, reference["file"], answered_line(reference))
+            where = (f"caller {reference['name']} of {d.query} {short(reference['file'])}:{reference.get('line')}"
+                     f" (reference line {reference.get('referenceLine')})")
+            calls = expected.get(key)
+            if calls:
+                call = calls.pop()
+                failure = field_failure(call, reference)
+                tally.count(answer, "caller" if not failure else "caller, wrong field",
+                            failure and f"{where}: wrong field: {failure}")
+            elif key in expected:  # matched already, its calls all taken
+                tally.count(answer, "caller, duplicate", f"{where}: duplicate: answered twice")
+            else:
+                tally.count(answer, "caller, extra", f"{where}: extra: SBCL records no such call")
+        for key in [k for k in expected if k[0] == d.query]:
+            for call in expected.pop(key):
+                tally.count(answer, "caller, missing",
+                            f"a call of {d.query} at {short(call.file)}:{call.compiled_line} when compiled"
+                            f" (now {call.line or 'gone'}): missing from xref's answer")

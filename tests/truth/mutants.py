@@ -1,0 +1,97 @@
+"""Planted faults: each comparison of the harness proved able to fail.
+
+Each mutant is one small fault planted in a scratch copy of cl-mcp (its
+Python package, swank-bootstrap.lisp and the agent's parts; the copy runs
+first on PYTHONPATH, and its agent, another digest, is compiled afresh).
+The harness then checks one library of the corpus against that copy
+(`check_library`, a few rounds of edits); the fault must make some answers
+wrong.  A mutant that makes none shows a comparison that cannot see it, and
+fails `make truth`."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tests.truth.corpus import CORPUS, Library
+from tests.truth.places import Tally
+
+ROOT = Path(__file__).parents[2]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """A fault: in FILE (of the repository), OLD, found exactly once, becomes NEW."""
+
+    name: str
+    file: str
+    old: str
+    new: str
+    library: str = "cl-split-sequence"
+
+
+MUTANTS = [
+    Mutant("xref drops every other caller", "agent/code.lisp",
+           ":references (loop for (name location method) in found\n",
+           ":references (loop for (name location method) in found by #'cddr\n"),
+    Mutant("xref lists its first caller twice", "cl_mcp/tools/code.py",
+           '"references": [reference_structure(r) for r in references]}',
+           '"references": [reference_structure(r) for r in references + references[:1]]}'),
+    Mutant("xref places each reference at its caller's first line", "cl_mcp/tools/code.py",
+           'structure["referenceLine"] = reference["reference-line"]',
+           'structure["referenceLine"] = reference["line"]'),
+    Mutant("find-definition lists a copy one line up before each definition", "cl_mcp/tools/names.py",
+           '"definitions": [definition_structure(d) for d in definitions]}',
+           '"definitions": [s for d in definitions for s in ([{**definition_structure(d), '
+           '"line": definition_structure(d)["line"] - 1}] if "line" in definition_structure(d) else [])'
+           ' + [definition_structure(d)]]}'),
+    Mutant("describe-symbol gives no location", "cl_mcp/tools/names.py",
+           'if result.get("location"):', 'if result.get("location") and False:'),
+    Mutant("a place found after an edit is called unchanged (status unchanged)", "cl_mcp/results/render.py",
+           'structure["place"] = place["status"]',
+           'structure["place"] = "unchanged" if place["status"] == "found-after-edit" else place["status"]'),
+    Mutant("a place gone from the file is called found after an edit (status not-found)",
+           "cl_mcp/results/render.py", 'structure["place"] = place["status"]',
+           'structure["place"] = "found-after-edit" if place["status"] == "not-found" else place["status"]'),
+    Mutant("the compiled line is one more (status found-after-edit)", "cl_mcp/results/render.py",
+           'structure["compiledLine"] = place["compiled-line"]',
+           'structure["compiledLine"] = place["compiled-line"] + 1'),
+    Mutant("compile-file leaves out its first note", "cl_mcp/tools/code.py",
+           '"notes": [note_structure(note) for note in notes]}',
+           '"notes": [note_structure(note) for note in notes[1:]]}', "cl-ppcre"),
+]
+
+# The three make test runs, fast (cl-split-sequence, two rounds of edits).
+FAST = [MUTANTS[0], MUTANTS[2], MUTANTS[3]]
+
+
+def planted(mutant: Mutant, scratch: Path) -> Path:
+    """A copy of cl-mcp in SCRATCH with MUTANT's fault; its directory."""
+    copy = scratch / "cl-mcp"
+    shutil.copytree(ROOT / "cl_mcp", copy / "cl_mcp", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "agent", copy / "agent")
+    shutil.copy(ROOT / "swank-bootstrap.lisp", copy / "swank-bootstrap.lisp")
+    target = copy / mutant.file
+    text = target.read_text(encoding="utf-8")
+    assert text.count(mutant.old) == 1, f"{mutant.name}: {mutant.old!r} is not in {mutant.file} exactly once"
+    target.write_text(text.replace(mutant.old, mutant.new), encoding="utf-8")
+    return copy
+
+
+def run_mutant(mutant: Mutant, rounds: int, seed: int, check_library: Callable[..., Tally]) -> Tally:
+    """CHECK_LIBRARY's tally (tests/truth/run.py's) of MUTANT's library,
+    ROUNDS rounds of edits seeded with SEED, against cl-mcp with MUTANT planted."""
+    library: Library = next(lib for lib in CORPUS if lib.directory == mutant.library)
+    with tempfile.TemporaryDirectory(prefix="cl-mcp-mutant-") as scratch:
+        copy = planted(mutant, Path(scratch))
+        return check_library(library, rounds, seed, log=lambda text: None, env={"PYTHONPATH": str(copy)})
+
+
+def caused(planted_tally: Tally, baseline: Tally) -> int:
+    """How many wrong answers PLANTED_TALLY has that BASELINE, the same run
+    without the fault, does not."""
+    return sum((Counter(planted_tally.failures) - Counter(baseline.failures)).values())
