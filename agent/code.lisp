@@ -136,6 +136,95 @@ reads the agent and gets `swank::xref-doit' instead."
               (typep (svref xrefs 0) '(simple-array (unsigned-byte 8) (*)))
               (find 'referrers xrefs :start 1)))))
 
+;;; Swank places a reference by reading its referrer's top-level form in
+;;; the text of its source cache, which holds a file without a coding
+;;; cookie as Latin-1: a UTF-8 character literal there (`#\¶', two bytes)
+;;; is no character, the read fails, and Swank falls back to the form's
+;;; opening, the caller's first line (esrap's TRACE-RULE, found by the
+;;; truth harness's xref oracle).  The form is then read here from that
+;;; text decoded as UTF-8, noting where each list and quoted form starts,
+;;; and numbered as the compiler numbers a form's subforms.
+
+(defun noting-readtable (readtable starts)
+  "A copy of READTABLE whose lists, quotes, backquotes and #' note in
+STARTS, an EQ table, where the form they read starts."
+  (let ((copy (copy-readtable readtable)))
+    (flet ((noting (function width)
+             (lambda (stream &rest arguments)
+               (let* ((start (- (file-position stream) width))
+                      (form (apply function stream arguments)))
+                 (when (consp form)
+                   (setf (gethash form starts) start))
+                 form))))
+      (dolist (char '(#\( #\' #\`))
+        (let ((function (get-macro-character char copy)))
+          (when function
+            (set-macro-character char (noting function 1) nil copy))))
+      (let ((function (ignore-errors (get-dispatch-macro-character #\# #\' copy))))
+        (when function
+          (set-dispatch-macro-character #\# #\' (noting function 2) copy))))
+    copy))
+
+(defun numbered-form-start (text start number package readtable)
+  "Where the subform the compiler numbers NUMBER (`sb-c::find-source-paths')
+of the top-level form at START of TEXT starts, read in PACKAGE and
+READTABLE with nothing evaluated or left interned; nil when it does not
+read or has no such subform.  A list's tails share its numbers, and no
+text opens them: the form is the one of that number the text opens."
+  (let ((starts (make-hash-table :test #'eq))
+        (sb-c::*source-paths* (make-hash-table :test #'eq)))
+    (handler-case
+        (let ((form (let ((*package* package) (*readtable* readtable))
+                      ;; agent/reading.lisp, loaded later: its function, not its macro.
+                      (call-reading-quietly text start (length text)
+                                            (lambda ()
+                                              (let ((*readtable* (noting-readtable *readtable* starts)))
+                                                (read-from-string text t nil :start start)))))))
+          (sb-c::find-source-paths form 0)
+          ;; A string stream read from START counts its positions from there.
+          (loop for each being the hash-keys of sb-c::*source-paths* using (hash-value path)
+                when (and (eql (second path) number) (gethash each starts))
+                  return (+ start (gethash each starts))))
+      (serious-condition () nil))))
+
+(defun numbered-reference-location (location source files)
+  "LOCATION, Swank's of a reference whose SOURCE (an SB-INTROSPECT
+definition source) names the referring form by the compiler's number, put
+at that form when Swank could not read it and fell back to its top-level
+form's opening (see above); else nil."
+  (let* ((pathname (sb-introspect:definition-source-pathname source))
+         (path (and pathname (probe-file pathname) (namestring (truename pathname))))
+         (number (sb-introspect:definition-source-form-number source))
+         (index (first (sb-introspect:definition-source-form-path source)))
+         (position (second (assoc :position (rest location))))
+         (compiled (and path (integerp number) (plusp number) (integerp index) (integerp position)
+                        (eq (swank-file-format path) :latin-1)  ; Swank's position counts bytes
+                        (compiled-source path files)))
+         (starts (and compiled (source-file-forms compiled))))
+    (when (and starts (< index (length starts)))
+      (let* ((text (source-file-string compiled))
+             (start (aref starts index))
+             (forms (and (<= (utf-8-offset compiled start) (1- position)
+                             (utf-8-offset compiled (form-opening text start)))
+                         (ignore-errors (top-level-form-bounds text start))))
+             (at (and forms (multiple-value-bind (package missing readtable) (form-package text forms)
+                              (declare (ignore missing))
+                              (and package (numbered-form-start text start number package readtable))))))
+        (when (and at (> at start))
+          (let ((octet (utf-8-offset compiled at))
+                (*swank-text-format* :latin-1))
+            `(:location (:file ,(second (assoc :file (rest location))))
+                        (:position ,(1+ octet))
+                        (:snippet ,(swank-snippet (source-file-octets compiled) octet)))))))))
+
+(defun xref-location (entry files)
+  "Swank's (NAME LOCATION) of ENTRY, a `referrers' (NAME . SOURCE), its
+location mended when Swank could not read the referring form."
+  (let ((swank (swank/sbcl::source-location-for-xref-data entry)))
+    (let ((mended (and (consp (second swank)) (eq (first (second swank)) :location)
+                       (ignore-errors (numbered-reference-location (second swank) (cdr entry) files)))))
+      (if mended (list (first swank) mended) swank))))
+
 (defun referrer-name (referrer fun)
   "The name SB-INTROSPECT gives REFERRER, whose code is FUN: an SBCL built
 with cross-references for its internals also lists its transforms, as
@@ -189,8 +278,9 @@ as `swank::xref-doit' returns them; for :specializes, (NAME LOCATION
 METHOD) lists (see `specializing-methods')."
   (cond ((eq relation :specializes) (specializing-methods symbol))
         ((and (member relation *packed-relations*) (referrers-readable-p))
-         (swank/sbcl::sanitize-xrefs
-          (mapcar #'swank/sbcl::source-location-for-xref-data (referrers relation symbol))))
+         (let ((files (make-hash-table :test 'equal)))
+           (swank/sbcl::sanitize-xrefs
+            (mapcar (lambda (entry) (xref-location entry files)) (referrers relation symbol)))))
         (t (swank::xref-doit relation symbol))))
 
 (defun xref-of (text relation &key package)

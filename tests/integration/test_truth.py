@@ -362,3 +362,14 @@ def test_a_deleted_after_method_is_not_found_at_its_primary_method(lisp, tmp_pat
              if d["type"] == "method" and d.get("qualifiers") == [":AFTER"]
              and d.get("specializers") == ["FLEXI-STREAMS:FLEXI-OUTPUT-STREAM", "T"]]
     assert len(found) == 1 and found[0]["place"] == "not-found", result
+
+
+def test_an_xref_reference_in_a_form_holding_a_utf_8_character_literal_is_at_its_call(lisp, tmp_path):
+    # esrap's TRACE-RULE holds `#\¶`: Swank reads the file as Latin-1, where
+    # that is no character, and placed every reference at the caller's opening.
+    pristine, edited = loaded(lisp, tmp_path, "esrap")
+    interface = edited / "src" / "interface.lisp"
+    lines = interface.read_text().splitlines()
+    found = references_from(lisp, "esrap::cell-function", "TRACE-RULE")
+    assert found and all(r["referenceLine"] > r["line"] for r in found), found
+    assert all("(cell-function " in lines[r["referenceLine"] - 1] for r in found), found
