@@ -582,15 +582,6 @@ programmer, and `yes' would drop this write)."
       (when (and created (probe-file temporary))
         (delete-file temporary)))))
 
-(defun refresh-source (truename)
-  "Swank's source cache for TRUENAME made the text just written: it keeps
-a text by the file's date in whole seconds, so a second write within one
-second would keep the first text."
-  (let ((cache swank/source-file-cache::*source-file-cache*))
-    (remhash truename cache)
-    (remhash (namestring truename) cache)
-    (remember-source truename)))
-
 (defun line-ending (text index)
   "The line ending of the line holding INDEX of TEXT: CRLF or LF."
   (let ((newline (position #\Newline text :start index)))
@@ -818,7 +809,6 @@ read and :candidates for an ambiguous TARGET."
                                                       (file-form-readtable form) max-output)))))
              (refused (write-atomically file octets written
                                         (lambda ()
-                                          (refresh-source (truename file))
                                           (when *written-edit* (setf (car *written-edit*) reply))))))
         (unless refused
           (watch-file-written (truename file)))

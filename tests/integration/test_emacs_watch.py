@@ -267,12 +267,12 @@ def test_a_stop_that_comes_once_an_edit_is_written_answers_that_it_is_written(sh
     """A stop can undo no edit: one that lands after the rename answers the
     edit, written, and its compile cut short (it answered
     CANCELLED-BY-PROGRAMMER, for an edit that was on disk).  The agent's
-    refresh-source, which runs right after the rename, is made slow so
+    watch-file-written, which runs right after the rename, is made slow so
     that the stop lands there."""
     process, emacs = shared.process, shared.watching
     source = tmp_path / "ew-edit.lisp"
     source.write_text("(defun ew-edited () 1)\n")
-    assert not process.eval("(sb-int:encapsulate 'cl-mcp-agent::refresh-source 'ew-slow "
+    assert not process.eval("(sb-int:encapsulate 'cl-mcp-agent::watch-file-written 'ew-slow "
                             "(lambda (f &rest args) (sleep 3) (apply f args)))")[1]
     try:
         request = process.start_request("tools/call", {"name": "edit-form", "arguments": {
@@ -283,7 +283,7 @@ def test_a_stop_that_comes_once_an_edit_is_written_answers_that_it_is_written(sh
         emacs.eval("(cl-mcp-stop)")
         answer = process.response(request, timeout=60)["result"]
     finally:
-        process.eval("(sb-int:unencapsulate 'cl-mcp-agent::refresh-source 'ew-slow)")
+        process.eval("(sb-int:unencapsulate 'cl-mcp-agent::watch-file-written 'ew-slow)")
     assert "CANCELLED-BY-PROGRAMMER" not in text(answer), answer
     assert "cancelled once the edit was written" in text(answer), answer
     assert "the edit is written, and stays written" in text(answer), answer
@@ -439,7 +439,8 @@ def test_each_assistant_s_attaching_calls_and_leaving_are_lines_that_name_it(sha
         # HH:MM:SS when the call started; its end was 2.5 s later.
         assert line.split()[1] in {time.strftime("%H:%M:%S", time.localtime(started + delta))
                                    for delta in (-1, 0, 1)}, line
-        assert f"{shared.process.proc.pid}" in line_of(emacs, "evaluate-lisp", "(+ 40 2)")
+        assert not shared.process.call("evaluate-lisp", code="(list :ew-the-other)")["isError"]
+        assert f"cl-mcp-tests:{shared.process.proc.pid}" in line_of(emacs, "evaluate-lisp", ":ew-the-other")
     finally:
         other.close()
     wait_for(lambda: f"{who} left --" in watch_buffer(emacs), "the leave line")

@@ -14,9 +14,10 @@
 ;;;; (comments and blank lines aside), its call the form of the same number.
 ;;;; One line per recorded call:
 ;;;;
-;;;;   CALL TAB CALLEE TAB FILE TAB COMPILED-LINE TAB FORM-LINE TAB LINE
+;;;;   CALL TAB CALLEE TAB FILE TAB COMPILED-LINE TAB COMPILED-FORM-LINE TAB FORM-LINE TAB LINE
 ;;;;
-;;;; FILE is in EDITED; COMPILED-LINE the call's line in PRISTINE; FORM-LINE
+;;;; FILE is in EDITED; COMPILED-LINE the call's line in PRISTINE, and
+;;;; COMPILED-FORM-LINE the first line of its top-level form there; FORM-LINE
 ;;;; and LINE the first line of its top-level form and the call's line now,
 ;;;; or - and - when no top-level form of the file reads as it did (the
 ;;;; caller was deleted, renamed or cut off).
@@ -157,8 +158,9 @@ the same printed form, the same how many-th of its kind; or nil."
                            (when (and before index number (< index (length (first before))))
                              (let* ((top (aref (first before) index))
                                     (again (and after (counterpart (first after) (first before) index))))
-                               (format t "CALL~C~A~C~A~C~D~C~A~C~A~%" #\Tab query #\Tab now #\Tab
+                               (format t "CALL~C~A~C~A~C~D~C~D~C~A~C~A~%" #\Tab query #\Tab now #\Tab
                                        (line-of (second before) (numbered-form top number)) #\Tab
+                                       (line-of (second before) (top-start top)) #\Tab
                                        (if again (line-of (second after) (top-start again)) "-") #\Tab
                                        (if again (line-of (second after) (numbered-form again number)) "-"))))))))))))))
 

@@ -1,6 +1,8 @@
 """Seeded random edits of a library's files, as a programmer makes them
 between two compilations: lines inserted or deleted above, inside and
-after a definition, a definition deleted or renamed, a file cut short.
+after a definition, a definition deleted or renamed, a file cut short;
+and as an assistant makes them, through edit-form: a whole top-level form
+replaced (compiled or not), a new one inserted after it, or it deleted.
 Each keeps the file readable, so the oracle can read it again."""
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import random
 import re
 from pathlib import Path
 
+from tests.integration.conftest import McpProcess
 from tests.truth.places import Definition
 
 INSERTED = ";; inserted by the truth harness\n"
@@ -107,3 +110,32 @@ def random_edit(rng: random.Random, d: Definition) -> str | None:
     if kind == "rename":
         return rename(d)
     return shorten(d)
+
+
+EDITED_BY_TOOL = ";; edited by the truth harness through edit-form\n"
+
+
+def assistant_edit(rng: random.Random, process: McpProcess,
+                   d: Definition) -> tuple[str, tuple[int, int] | None] | None:
+    """One edit-form of D's top-level form, chosen at random: what was done
+    and the lines of what edit-form compiled (None: nothing); None when D is
+    not a whole top-level form or edit-form refused."""
+    lines = _lines(d.file)
+    if not _top_level(d, lines):
+        return None
+    kind = rng.choice(["replace", "replace", "insert-after", "delete"])
+    compile_it = kind != "delete" and rng.random() < 0.5
+    arguments = {"path": d.file, "line": d.line, "action": kind, "compile": compile_it}
+    if kind == "replace":
+        text = lines[d.line - 1:d.end]
+        arguments["text"] = "".join(text[:1] + [EDITED_BY_TOOL] + text[1:])
+    elif kind == "insert-after":
+        arguments["text"] = f"(defun truth-inserted-after-line-{d.line} () nil)"
+    result = process.call("edit-form", **arguments)
+    if result["isError"]:
+        return None
+    done = f"edit-form {kind} {d.name} ({Path(d.file).name}:{d.line}){' compiled' if compile_it else ''}"
+    if not compile_it:
+        return done, None
+    # The new text: the form one line longer, or the form inserted after it.
+    return done, (d.line, d.end + 1) if kind == "replace" else (d.end + 1, d.end + 1)

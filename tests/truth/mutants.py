@@ -60,6 +60,12 @@ MUTANTS = [
     Mutant("the compiled line is one more (status found-after-edit)", "cl_mcp/results/render.py",
            'structure["compiledLine"] = place["compiled-line"]',
            'structure["compiledLine"] = place["compiled-line"] + 1'),
+    Mutant("edit-form gives Swank's source cache the text it wrote (the trial's xref after an edit-form)",
+           "agent/edit.lisp",
+           "(lambda ()\n                                          (when *written-edit*",
+           "(lambda ()\n                                          (let ((cache swank/source-file-cache::*source-file-cache*))"
+           " (remhash (truename file) cache) (remhash (namestring (truename file)) cache)"
+           " (remember-source (truename file)))\n                                          (when *written-edit*"),
     Mutant("compile-file leaves out its first note", "cl_mcp/tools/code.py",
            '"notes": [note_structure(note) for note in notes]}',
            '"notes": [note_structure(note) for note in notes[1:]]}', "cl-ppcre"),

@@ -27,7 +27,7 @@ from tests.truth.places_of_tests import ANSWER as TEST_PLACES
 from tests.truth.places_of_tests import check_test_places
 from tests.truth.tests_oracle import check_library_tests
 from tests.truth.threads import check_library_threads
-from tests.truth.xref import CALLEES, check_xref
+from tests.truth.xref import CALLEES, Recompiled, check_xref
 
 TABLE = Path(__file__).parents[2] / "docs" / "truth.md"
 # Answers that are not about definitions: no rows in the table by definition type.
@@ -36,16 +36,28 @@ COMPILABLE = {"function", "macro", "generic-function", "method", "variable"}
 
 
 def compile_form(process: McpProcess, d: Definition, now: dict[tuple[str, ...], Definition],
-                 lines: dict[tuple[str, ...], Compiled]) -> str | None:
+                 lines: dict[tuple[str, ...], Compiled], recompiled: set[tuple[str, ...]]) -> str | None:
     """compile-form of D's top-level form; the definitions it holds are
-    then compiled at their lines now."""
+    then compiled at their lines now (and RECOMPILED)."""
     result = process.call("compile-form", path=d.file, line=d.line)
     if result["isError"]:
         return None
     for other in now.values():
         if other.file == d.file and other.end == d.end and other.key in lines:
             lines[other.key] = Compiled(other.line, other.digest)
+            recompiled.add(other.key)
     return f"compile-form {d.name} ({Path(d.file).name}:{d.line})"
+
+
+def compiled_now(fresh: dict[tuple[str, ...], Definition], file: str, start: int, end: int,
+                 lines: dict[tuple[str, ...], Compiled], recompiled: set[tuple[str, ...]]) -> None:
+    """edit-form compiled what it wrote in FILE, lines START to END: the
+    definitions FRESH (the oracle's, just after) reads there are compiled
+    at their lines now (and RECOMPILED)."""
+    for d in fresh.values():
+        if d.file == file and start <= d.line <= end and d.key in lines:
+            lines[d.key] = Compiled(d.line, d.digest)
+            recompiled.add(d.key)
 
 
 def check_library(library: Library, rounds: int, seed: int, log=print,
@@ -72,8 +84,9 @@ def check_library(library: Library, rounds: int, seed: int, log=print,
             now = dict(compiled)
             check_places(process, tally, "before edits", compiled, lines, now, edited, known, layout)
             callees = [d for d in compiled.values() if d.type in CALLEES and not d.name.startswith("(")]
-            recompiled: set[str] = set()
-            check_xref(process, tally, "before edits", callees, edited, pristine, library.system, recompiled)
+            recompiled: set[tuple[str, ...]] = set()  # the definitions compiled again
+            check_xref(process, tally, "before edits", callees, edited, pristine, library.system,
+                       Recompiled.of(recompiled, compiled, forms, now, forms))
             sources = sorted({form.file for form in forms})
             check_notes(process, tally, "before edits", read_notes(pristine, library.system, edited), forms, sources)
             for _ in range(rounds):
@@ -85,22 +98,31 @@ def check_library(library: Library, rounds: int, seed: int, log=print,
                     if done:
                         log(f"  {done}")
                 fresh, fresh_forms = read_oracle(pristine, library.system, edited, touched)
+                file = rng.choice(touched)
+                in_file = [d for d in fresh if d.file == file]
+                if in_file and rng.random() < 0.5:  # an assistant's edit too, through cl-mcp
+                    done = edits.assistant_edit(rng, process, rng.choice(in_file))
+                    if done:
+                        log(f"  {done[0]}")
+                        fresh, fresh_forms = read_oracle(pristine, library.system, edited, touched)
+                        if done[1]:
+                            compiled_now(unique(fresh), file, *done[1], lines, recompiled)
                 layout.update(fresh, fresh_forms, touched)
                 now = {k: d for k, d in now.items() if d.file not in touched} | unique(fresh)
                 compilable = [d for d in fresh if d.type in COMPILABLE and d.key in lines]
                 if compilable and rng.random() < 0.5:
                     chosen = rng.choice(compilable)
-                    done = compile_form(process, chosen, now, lines)
+                    done = compile_form(process, chosen, now, lines, recompiled)
                     if done:
-                        recompiled.add(chosen.file)
                         log(f"  {done}")
                 in_touched = {k: d for k, d in compiled.items() if d.file in touched}
                 check_places(process, tally, "after edits", in_touched, lines, now, edited, known, layout)
             if rounds:
                 check_places(process, tally, "after edits", compiled, lines, now, edited, known, layout)
-                forms = read_oracle(pristine, library.system, edited)[1]
-                check_xref(process, tally, "after edits", callees, edited, pristine, library.system, recompiled)
-                check_notes(process, tally, "after edits", read_notes(pristine, library.system, edited), forms,
+                forms_now = read_oracle(pristine, library.system, edited)[1]
+                check_xref(process, tally, "after edits", callees, edited, pristine, library.system,
+                           Recompiled.of(recompiled, compiled, forms, now, forms_now))
+                check_notes(process, tally, "after edits", read_notes(pristine, library.system, edited), forms_now,
                             sources)
         finally:
             process.close(60)
@@ -174,7 +196,7 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, out
            "call; its caller's line, its reference line, `place` and `compiledLine` must be the",
            "call's. A recorded call no answer matches is `missing`, an answer that matches none",
            "`extra` (or `duplicate`), a matched one with a field wrong `wrong field`: the kinds",
-           "below count them apart. Files compile-form compiled again are left out.",
+           "below count them apart. The callers compile-form or edit-form compiled again are left out.",
            "",
            "| library | answer | checked | right | wrong |",
            "|---|---|---|---|---|"]

@@ -20,9 +20,9 @@ and the line the call had when compiled (`compiledLine`, or for an
 
 A recorded call no answer matches is missing; an answer that matches none
 is extra, or a duplicate when it names a call already matched; a matched
-answer with a field wrong is a wrong field.  Each is counted apart.  Files
-compile-form compiled again during the edits are left out (what the
-image then holds is no longer the pristine library's code).
+answer with a field wrong is a wrong field.  Each is counted apart.  The
+callers compile-form or edit-form compiled again during the edits are left
+out: the image's code for them is no longer the pristine library's.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.integration.conftest import McpProcess
-from tests.truth.places import Definition, Tally, short
+from tests.truth.places import Definition, Form, Tally, short
 
 CALLEES = {"function", "generic-function"}
 ORACLE = Path(__file__).with_name("callers.lisp")
@@ -49,6 +49,7 @@ class Call:
     callee: str
     file: str
     compiled_line: int
+    compiled_form_line: int  # its caller's top-level form's first line in the text compiled
     form_line: int | None  # None: its caller's form is not in the file any more
     line: int | None
 
@@ -64,9 +65,9 @@ def recorded_calls(pristine: Path, system: str, edited: Path, callees: list[Defi
     assert run.returncode == 0 and not run.stderr.strip(), run.stderr[-3000:]
     calls = []
     for row in run.stdout.splitlines():
-        _, callee, file, compiled, form_line, line = row.split("\t")
-        calls.append(Call(callee, file, int(compiled), None if form_line == "-" else int(form_line),
-                          None if line == "-" else int(line)))
+        _, callee, file, compiled, compiled_form, form_line, line = row.split("\t")
+        calls.append(Call(callee, file, int(compiled), int(compiled_form),
+                          None if form_line == "-" else int(form_line), None if line == "-" else int(line)))
     return calls
 
 
@@ -91,21 +92,58 @@ def field_failure(call: Call, reference: dict[str, Any]) -> str | None:
     return None if got in wanted else f"got {got}, expected {sorted(wanted, key=str)[0]}"
 
 
+def form_start(forms: list[Form], d: Definition) -> int:
+    """The first line of the top-level form of FORMS that holds D."""
+    return next((f.start for f in forms if f.file == d.file and f.start <= d.line <= f.end), d.line)
+
+
+@dataclass(frozen=True)
+class Recompiled:
+    """The callers compiled again since the library was loaded: their
+    top-level forms' first lines in the pristine text and now, and the
+    files where one of them is gone since (where no call that is gone is
+    checked: which caller's it was, only the text compiled could say)."""
+
+    pristine: set[tuple[str, int]]
+    now: set[tuple[str, int]]
+    gone_in: set[str]
+
+    @classmethod
+    def of(cls, keys: set[tuple[str, ...]], compiled: dict[tuple[str, ...], Definition], pristine: list[Form],
+           now: dict[tuple[str, ...], Definition], forms: list[Form]) -> "Recompiled":
+        """KEYS, of definitions COMPILED (as loaded, PRISTINE's forms) and NOW
+        (the oracle's now, FORMS the top-level forms now)."""
+        return cls({(compiled[k].file, form_start(pristine, compiled[k])) for k in keys if k in compiled},
+                   {(now[k].file, form_start(forms, now[k])) for k in keys if k in now},
+                   {compiled[k].file for k in keys if k in compiled and k not in now})
+
+    def recorded(self, call: Call) -> bool:
+        """Whether CALL may be a recompiled caller's."""
+        if call.form_line is None:
+            return call.file in self.gone_in
+        return (call.file, call.compiled_form_line) in self.pristine
+
+    def answered_by(self, reference: dict[str, Any]) -> bool:
+        """Whether REFERENCE may be a recompiled caller's."""
+        if reference.get("place") == "not-found":
+            return reference["file"] in self.gone_in
+        return (reference["file"], reference.get("line")) in self.now
+
+
 def check_xref(process: McpProcess, tally: Tally, phase: str, callees: list[Definition], copy: Path,
-               pristine: Path, system: str, recompiled: set[str]) -> None:
+               pristine: Path, system: str, recompiled: Recompiled) -> None:
     """Ask xref for the callers of each of CALLEES (in COPY, loaded from
     the text in PRISTINE) and count its answers against the oracle's
-    recorded calls, both ways.  RECOMPILED: the files compile-form compiled
-    again, left out."""
+    recorded calls, both ways; the RECOMPILED callers left out."""
     answer = f"xref {phase}"
     expected: dict[tuple[str, str, int], list[Call]] = defaultdict(list)
     for call in recorded_calls(pristine, system, copy, callees):
-        if call.file not in recompiled:
+        if not recompiled.recorded(call):
             expected[(call.callee, call.file, call.compiled_line)].append(call)
     for d in callees:
         result = process.call("xref", symbol=d.query, package=d.package, relation="calls")
         references = [r for r in result.get("structuredContent", {}).get("references", [])
-                      if str(r.get("file", "")).startswith(f"{copy}/") and r["file"] not in recompiled]
+                      if str(r.get("file", "")).startswith(f"{copy}/") and not recompiled.answered_by(r)]
         for reference in references:
             key = (d.query, reference["file"], answered_line(reference))
             where = (f"caller {reference['name']} of {d.query} {short(reference['file'])}:{reference.get('line')}"
