@@ -6,7 +6,7 @@ each required parameter) in a thread an evaluation starts, under a handler
 that takes `sb-debug:list-backtrace` at the signal and declines.  A call is
 checked when that handler saw an error and the thread stops at it: the
 oracle's frames, from the one that signalled down to the thread's
-outermost own frame, must all appear, in order, among the frames of two
+outermost own frame, must all appear, in order, and nothing else between them, among the frames of two
 answers: backtrace of the evaluation number the thread waits under, and
 the threads tool's backtrace of the thread (taken by an interrupt).  The
 same call is then made in an evaluation's own thread: when it signals
@@ -56,18 +56,31 @@ def lambda_nil(text: str) -> str:
     return text.replace("(LAMBDA NIL", "(LAMBDA ()")
 
 
+def appears(name: str, call: str) -> bool:
+    """Whether CALL, a printed frame, is a call of the function NAME."""
+    return call == f"({name})" or call.startswith(f"({name} ")
+
+
 def missing(expected: list[str], calls: list[str]) -> str | None:
-    """Why EXPECTED (function names) do not all appear in order among CALLS
-    (printed calls); None when they do."""
+    """Why CALLS (printed frames) are not EXPECTED's frames (function names)
+    both ways: each must appear, in order, and from the first to the last
+    of them no other frame comes between (cl-mcp leaves out the same
+    evaluator frames the oracle does; a foreign frame prints no call);
+    None when they are."""
     calls = [lambda_nil(call) for call in calls]
-    position = 0
-    for name in map(lambda_nil, expected):
-        found = next((i for i in range(position, len(calls))
-                      if calls[i] == f"({name})" or calls[i].startswith(f"({name} ")), None)
+    # Matched from the outermost frame up, each at the nearest frame above
+    # the one below: frames above the oracle's first (a waiting thread's
+    # own, which may call the same functions) are not taken for its.
+    position, matched = len(calls), []
+    for name in reversed([lambda_nil(name) for name in expected]):
+        found = next((i for i in range(position - 1, -1, -1) if appears(name, calls[i])), None)
         if found is None:
-            return f"{name} missing after frame {position}: oracle {expected}, cl-mcp {calls}"
-        position = found + 1
-    return None
+            return f"{name} missing above frame {position}: oracle {expected}, cl-mcp {calls}"
+        matched.append(found)
+        position = found
+    extra = [calls[i] for i in range(matched[-1], matched[0]) if i not in matched and calls[i].startswith("(")] \
+        if matched else []
+    return f"extra frames {extra} among the oracle's {expected}" if extra else None
 
 
 def stopped_entry(process: McpProcess, thread: str, seconds: float = 10) -> dict | None:

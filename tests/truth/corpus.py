@@ -67,12 +67,12 @@ def load_copy(process: McpProcess, library: Library, copy: Path) -> None:
 
 
 @contextmanager
-def loaded(library: Library, *options: str) -> Iterator[tuple[McpProcess, Path]]:
-    """A fresh cl-mcp (embedded, started with OPTIONS) that loaded a fresh
-    copy of LIBRARY, and the copy."""
+def loaded(library: Library, *options: str, env: dict[str, str] | None = None) -> Iterator[tuple[McpProcess, Path]]:
+    """A fresh cl-mcp (embedded, started with OPTIONS, in ENV beside ours)
+    that loaded a fresh copy of LIBRARY, and the copy."""
     with tempfile.TemporaryDirectory(prefix="cl-mcp-truth-") as scratch:
         copy = copy_library(library, Path(scratch))
-        process = McpProcess(*options)
+        process = McpProcess(*options, env=env)
         try:
             process.initialize()
             load_copy(process, library, copy)

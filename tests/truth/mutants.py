@@ -19,6 +19,7 @@ from typing import Callable
 
 from tests.truth.corpus import CORPUS, Library
 from tests.truth.places import Tally
+from tests.truth.threads import check_library_threads
 
 ROOT = Path(__file__).parents[2]
 
@@ -32,6 +33,7 @@ class Mutant:
     old: str
     new: str
     library: str = "cl-split-sequence"
+    threads: bool = False  # checked by the running-code answers (threads.py), not the places
 
 
 MUTANTS = [
@@ -66,6 +68,10 @@ MUTANTS = [
            "(lambda ()\n                                          (let ((cache swank/source-file-cache::*source-file-cache*))"
            " (remhash (truename file) cache) (remhash (namestring (truename file)) cache)"
            " (remember-source (truename file)))\n                                          (when *written-edit*"),
+    Mutant("backtrace puts a made-up frame before each real one", "cl_mcp/results/render.py",
+           '        frames.append({"index": index, "call": frame,',
+           '        frames.append({"index": index, "call": "(TRUTH-MADE-UP-FRAME)", "locals": []})\n'
+           '        frames.append({"index": index, "call": frame,', threads=True),
     Mutant("compile-file leaves out its first note", "cl_mcp/tools/code.py",
            '"notes": [note_structure(note) for note in notes]}',
            '"notes": [note_structure(note) for note in notes[1:]]}', "cl-ppcre"),
@@ -88,13 +94,24 @@ def planted(mutant: Mutant, scratch: Path) -> Path:
     return copy
 
 
-def run_mutant(mutant: Mutant, rounds: int, seed: int, check_library: Callable[..., Tally]) -> Tally:
-    """CHECK_LIBRARY's tally (tests/truth/run.py's) of MUTANT's library,
-    ROUNDS rounds of edits seeded with SEED, against cl-mcp with MUTANT planted."""
+def check_of(mutant: Mutant, rounds: int, seed: int, check_library: Callable[..., Tally],
+             env: dict[str, str] | None = None) -> Tally:
+    """The tally of the check that MUTANT's fault is in reach of, on its
+    library: CHECK_LIBRARY's (tests/truth/run.py's; ROUNDS rounds of edits
+    seeded with SEED), or the running-code answers', cl-mcp in ENV."""
     library: Library = next(lib for lib in CORPUS if lib.directory == mutant.library)
+    if not mutant.threads:
+        return check_library(library, rounds, seed, log=lambda text: None, env=env)
+    tally = Tally()
+    check_library_threads(library, tally, 1, seed, log=lambda text: None, env=env)
+    return tally
+
+
+def run_mutant(mutant: Mutant, rounds: int, seed: int, check_library: Callable[..., Tally]) -> Tally:
+    """`check_of' MUTANT against cl-mcp with MUTANT planted."""
     with tempfile.TemporaryDirectory(prefix="cl-mcp-mutant-") as scratch:
         copy = planted(mutant, Path(scratch))
-        return check_library(library, rounds, seed, log=lambda text: None, env={"PYTHONPATH": str(copy)})
+        return check_of(mutant, rounds, seed, check_library, env={"PYTHONPATH": str(copy)})
 
 
 def caused(planted_tally: Tally, baseline: Tally) -> int:

@@ -20,7 +20,7 @@ from tests.truth import edits
 from tests.truth.backtraces import ANSWERS as BACKTRACES
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
 from tests.truth.frames import ANSWER as FRAMES
-from tests.truth.mutants import MUTANTS, Mutant, caused, run_mutant
+from tests.truth.mutants import MUTANTS, Mutant, caused, check_of, run_mutant
 from tests.truth.notes import check_notes, read_notes
 from tests.truth.places import Compiled, Definition, Layout, Tally, check_places, read_oracle, unique
 from tests.truth.places_of_tests import ANSWER as TEST_PLACES
@@ -135,13 +135,13 @@ MUTANT_ROUNDS = 3
 def planted_faults(seed: int, log=print) -> list[tuple[Mutant, int]]:
     """Each mutant's count of wrong answers that a run without it (the same
     library, rounds and seed) does not have."""
-    baselines: dict[str, Tally] = {}
+    baselines: dict[tuple[str, bool], Tally] = {}
     counts = []
     for mutant in MUTANTS:
-        if mutant.library not in baselines:
-            library = next(lib for lib in CORPUS if lib.directory == mutant.library)
-            baselines[mutant.library] = check_library(library, MUTANT_ROUNDS, seed, log=lambda text: None)
-        count = caused(run_mutant(mutant, MUTANT_ROUNDS, seed, check_library), baselines[mutant.library])
+        which = (mutant.library, mutant.threads)
+        if which not in baselines:
+            baselines[which] = check_of(mutant, MUTANT_ROUNDS, seed, check_library)
+        count = caused(run_mutant(mutant, MUTANT_ROUNDS, seed, check_library), baselines[which])
         log(f"  mutant: {mutant.name}: {count} wrong answers")
         counts.append((mutant, count))
     return counts
@@ -152,7 +152,7 @@ def mutant_table(counts: list[tuple[Mutant, int]]) -> list[str]:
     out = ["## Planted faults", "",
            "Each comparison above is proved by a fault planted in a scratch copy of cl-mcp",
            "(tests/truth/mutants.py), one at a time: the library's check (its places, xref and",
-           f"notes, {MUTANT_ROUNDS} rounds of edits) must count wrong answers that the same run without",
+           f"notes, {MUTANT_ROUNDS} rounds of edits; or its backtraces and output) must count wrong answers that the same run without",
            "the fault does not. A fault that causes none fails `make truth`; three of them run in",
            "`make test` (tests/integration/test_truth.py).", "",
            "| planted fault | where | library | wrong answers it caused |", "|---|---|---|---|"]
@@ -239,7 +239,8 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, out
             "that signalled (below `%SIGNAL`, or below `INTERNAL-ERROR` for a trap in compiled",
             "code) down to the thread's outermost own frame, SBCL's evaluator and foreign frames",
             "aside, must all appear in order in backtrace's answer for the evaluation number the",
-            "thread waits under, and in the threads tool's backtrace of the thread. The same call",
+            "thread waits under, and in the threads tool's backtrace of the thread, with no other",
+            "frame between the first and the last of them (an extra frame is wrong). The same call",
             "is then made in an evaluation's own thread: when it signals there too, the first 20",
             "frames of that oracle (an error result shows 20; the `(LAMBDA ())` SBCL's evaluator",
             "wraps a form in aside, as docs/tools.md says) must be in the result's `[Backtrace]`",

@@ -10,9 +10,10 @@ from tests.truth.output import check_output
 from tests.truth.places import Tally
 
 
-def check_library_threads(library: Library, tally: Tally, rounds: int, seed: int, log=print) -> None:
+def check_library_threads(library: Library, tally: Tally, rounds: int, seed: int, log=print,
+                          env: dict[str, str] | None = None) -> None:
     """LIBRARY's backtraces, and ROUNDS rounds of its output scenarios
-    seeded with SEED, counted in TALLY."""
-    with loaded(library) as (process, copy):
+    seeded with SEED, counted in TALLY; cl-mcp runs in ENV beside ours."""
+    with loaded(library, env=env) as (process, copy):
         check_backtraces(process, tally, copy, library.system, log)
         check_output(process, tally, library.directory, rounds, seed, log)
