@@ -202,9 +202,29 @@ as from CL-USER."
                     (read-from-string text t nil :start start :end end)))
             (*package* (find-package "COMMON-LISP-USER")))
         (and (consp form)
-             (loop for (type . definition) in (definition-forms form)
+             (loop for (type . definition) in (expanded-definition-forms form)
                    collect (format nil "~A ~A" type (printed-name (definition-form-name definition))))))
     (serious-condition () '())))
+
+(defparameter *definer-expansion-depth* 8
+  "How many macroexpansions a form's definers are looked for through.")
+
+(defun expanded-definition-forms (form &optional (depth *definer-expansion-depth*))
+  "The defining forms FORM holds (see `definition-forms'), looked for
+through the expansion of a macro of its own (hunchentoot's
+`define-easy-handler' is a `defun', ironclad's `define-digest-finalizer'
+a `defmethod'), and of the forms at top level inside the PROGN and
+EVAL-WHEN it expands to: what compile-form just compiled defines."
+  (let ((operator (and (consp form) (car form))))
+    (cond ((not (and operator (symbolp operator))) '())
+          ((member operator '(progn eval-when))
+           (loop for inner in (if (eq operator 'progn) (rest form) (cddr form))
+                 append (expanded-definition-forms inner depth)))
+          ((definition-forms form))
+          ((and (plusp depth) (macro-function operator) (not (special-operator-p operator)))
+           (let ((expansion (handler-case (macroexpand-1 form) (serious-condition () form))))
+             (and (not (eq expansion form))
+                  (expanded-definition-forms expansion (1- depth))))))))
 
 (defun buffer-note-in-file (note file text)
   "NOTE, one of Swank's compiler notes for a form compiled from a string,

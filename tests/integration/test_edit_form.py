@@ -648,3 +648,23 @@ def test_what_a_reply_holds_fits_a_swank_frame_and_says_how_to_read_the_rest(lis
         assert checked["content"][0]["text"].startswith(f"{long}: 3 problems, the first 2 listed")
     finally:
         lisp.eval(f"(setf {limits.replace('(', '(values ', 1)} (values 1000000 1000))")
+
+
+def test_compile_form_says_what_a_librarys_own_definer_defines(lisp, tmp_path):
+    """It answered "defined: nothing named" for hunchentoot's
+    define-easy-handler and ironclad's define-digest-finalizer (issue 43):
+    what the expansion defines is named."""
+    path = tmp_path / "definers.lisp"
+    path.write_text("(in-package #:cl-user)\n\n"
+                    "(defmacro define-cf-handler (name)\n"
+                    "  `(progn (defvar ,(intern (format nil \"*~A-HITS*\" name)) 0)\n"
+                    "          (define-cf-route ,name)))\n\n"
+                    "(defmacro define-cf-route (name) `(defun ,name () :routed))\n\n"
+                    "(define-cf-handler cf-served)\n\n(list :defines-nothing)\n")
+    for line in (3, 7):
+        assert not lisp.call("compile-form", path=str(path), line=line)["isError"]
+    compiled = lisp.call("compile-form", path=str(path), line=9)
+    assert compiled["structuredContent"]["defined"] == ["variable *CF-SERVED-HITS*", "function CF-SERVED"], compiled
+    assert lisp.eval("(cf-served)") == ("=> :ROUTED", False)
+    plain = lisp.call("compile-form", path=str(path), line=11)
+    assert plain["structuredContent"]["defined"] == [] and "defined: nothing named" in plain["content"][0]["text"]
