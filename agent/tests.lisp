@@ -407,17 +407,17 @@ and def-test, RT's and Fiasco's deftest, define-test).")
     (search +test-octets+ lowered :start2 (1+ opening) :end2 end)))
 
 (defun test-opening (needle lowered)
-  "The byte where a form naming NEEDLE (lowered bytes) opens in LOWERED: a
-test's before any other form naming it (esrap names a rule and its test
-alike)."
+  "The byte where a form naming NEEDLE (lowered bytes) opens in LOWERED
+whose operator names a test: another form of that name is no test's place
+\(esrap names a rule and its test alike; ironclad's test ADLER32 is made by
+a #. form, and its (defstruct (adler32 is a digest's)."
   (let ((openings (loop for start in (occurrences needle lowered)
                         for end = (+ start (length needle))
                         when (and (plusp start) (not (symbol-octet-p (aref lowered (1- start))))
                                   (or (= end (length lowered)) (not (symbol-octet-p (aref lowered end))))
                                   (test-opening-p lowered start))
                           collect (skip-blanks-and-comments lowered (line-start lowered start)))))
-    (or (find-if (lambda (opening) (test-definer-p lowered opening)) openings)
-        (first openings))))
+    (find-if (lambda (opening) (test-definer-p lowered opening)) openings)))
 
 (defun name-candidates (name)
   "NAME, then NAME without each trailing .PART or -PART: a test made by a

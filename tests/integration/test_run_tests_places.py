@@ -99,3 +99,20 @@ def test_fiasco_and_rt_failures_moved_by_an_edit(lisp, tmp_path):
         (str(fiasco), 17, "found-after-edit", 14)}
     # RT's entries record none: found by name in the compiled text, then resolved.
     assert places(lisp, test="run-tests-fixture/rt::adds.2") == {(str(rt), 11, "found-after-edit", 8)}
+
+
+def test_a_test_made_by_a_generating_form_is_not_placed_at_a_form_of_its_name(lisp, tmp_path):
+    """ironclad's test ADLER32, made by a #.(loop … collect `(rtest:deftest
+    ,digest …)) form, was placed at (defstruct (adler32 …) (issue 43): a
+    form whose operator defines no test is no test's place."""
+    copy = registered_copy(lisp, FIXTURES / "run-tests-fixture", tmp_path / "run-tests-fixture")
+    rt = copy / "rt-suite.lisp"
+    rt.write_text(rt.read_text() + "\n(defstruct (made.1) x)\n\n"
+                  "(macrolet ((checks () `(progn ,@(loop for name in '(made.1)\n"
+                  "                                       collect `(deftest ,name (+ 1 1) 3)))))\n"
+                  "  (checks))\n")
+    load(lisp, "run-tests-fixture/rt")
+    check_results_of(lisp, "run-tests")
+    result = checked_call(lisp, "run-tests", test="run-tests-fixture/rt::made.1")
+    [problem] = result["structuredContent"]["tests"]["problems"]
+    assert "line" not in problem["place"] and "no form naming this test" in problem["place"]["error"], problem
