@@ -113,14 +113,22 @@ has no agent yet."
 
 ;;;; The buffer
 
-(defvar cl-mcp-mode-map
+(defvar cl-mcp-command-map
   (let ((map (make-sparse-keymap)))
     (define-key map (kbd "s") #'cl-mcp-stop)
     (define-key map (kbd "h") #'cl-mcp-hold)
     (define-key map (kbd "r") #'cl-mcp-release)
+    (define-key map (kbd "b") #'cl-mcp-show)
+    map)
+  "cl-mcp's commands, under `cl-mcp-keys-prefix' in every buffer.")
+(fset 'cl-mcp-command-map cl-mcp-command-map)
+
+(defvar cl-mcp-mode-map
+  (let ((map (make-sparse-keymap)))
+    (set-keymap-parent map cl-mcp-command-map)
     (define-key map (kbd "RET") #'cl-mcp-jump)
     map)
-  "Keys of the `*cl-mcp*' buffer.")
+  "Keys of the `*cl-mcp*' buffer: cl-mcp's commands, and RET.")
 
 (easy-menu-define cl-mcp-menu cl-mcp-mode-map "cl-mcp's assistant."
   '("cl-mcp"
@@ -432,16 +440,6 @@ a buffer; say in words when it waits no more."
       (display-buffer (current-buffer)))))
 
 ;;;; Keys in every buffer
-
-(defvar cl-mcp-command-map
-  (let ((map (make-sparse-keymap)))
-    (define-key map (kbd "s") #'cl-mcp-stop)
-    (define-key map (kbd "h") #'cl-mcp-hold)
-    (define-key map (kbd "r") #'cl-mcp-release)
-    (define-key map (kbd "b") #'cl-mcp-show)
-    map)
-  "cl-mcp's commands, under `cl-mcp-keys-prefix' in every buffer.")
-(fset 'cl-mcp-command-map cl-mcp-command-map)
 
 (defvar cl-mcp-keys-mode-map (make-sparse-keymap)
   "The keymap of `cl-mcp-keys-mode': `cl-mcp-command-map' under its prefix.")

@@ -66,14 +66,6 @@ where their forms start."
         (*print-readably* nil) (*print-length* nil) (*print-level* nil))
     (prin1-to-string form)))
 
-(defun compile-time-p (form)
-  "True when FORM changes how the forms after it read, as compile-file
-would evaluate it."
-  (and (consp form) (symbolp (car form))
-       (or (member (symbol-name (car form)) '("IN-PACKAGE" "IN-READTABLE") :test #'string=)
-           (and (eq (car form) 'eval-when) (consp (rest form))
-                (intersection (second form) '(:compile-toplevel compile))))))
-
 (defun read-tops (file)
   "FILE's top-level forms, in order, as compile-file reads them."
   (let ((*package* (find-package :cl-user))
@@ -84,7 +76,7 @@ would evaluate it."
         (let* ((*starts* (make-hash-table :test #'eq))
                (form (let ((*readtable* (noting-readtable))) (read in nil in))))
           (when (eq form in) (return))
-          (when (compile-time-p form)
+          (when (truth-system-files:compile-time-p form)
             (eval form))
           (push (make-top :form form :start (gethash form *starts*) :starts *starts*
                           :key (printed-key form))
@@ -116,12 +108,6 @@ opens them), else the nearest form around it whose start is noted."
 (defun line-of (octets offset)
   (1+ (count 10 octets :end (min offset (length octets)))))
 
-(defun octets-of (file)
-  (with-open-file (in file :element-type '(unsigned-byte 8))
-    (let ((octets (make-array (file-length in) :element-type '(unsigned-byte 8))))
-      (read-sequence octets in)
-      octets)))
-
 (defun counterpart (tops-now tops index)
   "The top-level form of TOPS-NOW that reads as form INDEX of TOPS did:
 the same printed form, the same how many-th of its kind; or nil."
@@ -139,7 +125,7 @@ the same printed form, the same how many-th of its kind; or nil."
     (flet ((file-data (file)
              (or (gethash file read-files)
                  (setf (gethash file read-files)
-                       (handler-case (list (read-tops file) (octets-of file))
+                       (handler-case (list (read-tops file) (truth-system-files:octets-of file))
                          (error (e) (format *error-output* "~A: ~A~%" file e) nil))))))
       (with-open-file (in callees-file)
         (loop for query = (read-line in nil) while query

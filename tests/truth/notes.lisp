@@ -52,12 +52,6 @@
 (defun line-at (octets position)
   (1+ (count 10 octets :end (min position (length octets)))))
 
-(defun octets-of (file)
-  (with-open-file (in file :element-type '(unsigned-byte 8))
-    (let ((octets (make-array (file-length in) :element-type '(unsigned-byte 8))))
-      (read-sequence octets in)
-      octets)))
-
 (defun report (file octets condition out)
   "Print CONDITION's line, when it has a place in FILE."
   (let ((context (sb-c::find-error-context nil)))
@@ -73,7 +67,7 @@
 
 (defun compile-noting (file out)
   "Compile FILE, printing each condition's line to OUT."
-  (let ((octets (octets-of file)))
+  (let ((octets (truth-system-files:octets-of file)))
     (handler-bind ((sb-ext:compiler-note (lambda (c) (report file octets c out) (muffle-warning c)))
                    (warning (lambda (c) (report file octets c out) (muffle-warning c))))
       (let ((*standard-output* (make-broadcast-stream)) (*error-output* (make-broadcast-stream))

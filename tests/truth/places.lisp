@@ -122,23 +122,9 @@ by ARGUMENTS."
                 (if (eq (car form) 'defmethod) (printed specializers package) "") #\Tab
                 (sxhash text) #\Tab (1+ (count 10 octets :end (max 0 (1- end)))))))))
 
-(defun compile-time-p (form)
-  "True when FORM changes how the forms after it read, as compile-file
-would evaluate it: IN-PACKAGE, IN-READTABLE, an EVAL-WHEN for compile time."
-  (and (consp form) (symbolp (car form))
-       (or (member (symbol-name (car form)) '("IN-PACKAGE" "IN-READTABLE") :test #'string=)
-           (and (eq (car form) 'eval-when) (consp (rest form))
-                (intersection (second form) '(:compile-toplevel compile))))))
-
-(defun octets-of (file)
-  (with-open-file (in file :element-type '(unsigned-byte 8))
-    (let ((octets (make-array (file-length in) :element-type '(unsigned-byte 8))))
-      (read-sequence octets in)
-      octets)))
-
 (defun read-file (file)
   "Print every definition of FILE, read form by form as ASDF would."
-  (let ((octets (octets-of file))
+  (let ((octets (truth-system-files:octets-of file))
         (*package* (find-package :cl-user))
         (*readtable* (copy-readtable nil)))
     (with-open-file (in file :external-format :utf-8)
@@ -149,7 +135,7 @@ would evaluate it: IN-PACKAGE, IN-READTABLE, an EVAL-WHEN for compile time."
                       (text (sb-ext:octets-to-string octets :start start :end end
                                                             :external-format :utf-8)))
                  (when (eq form in) (return))
-                 (when (compile-time-p form)
+                 (when (truth-system-files:compile-time-p form)
                    (eval form))
                  (format t "FORM~C~A~C~D~C~D~%" #\Tab file #\Tab (1+ (count 10 octets :end start))
                          #\Tab (1+ (count 10 octets :end (max 0 (1- end)))))
