@@ -94,11 +94,13 @@ history."
 (defconstant +kept-values+ 100
   "How many evaluations' values are kept.")
 
-(defstruct (kept-entry (:constructor make-kept-entry (number value)))
-  "The value of evaluation NUMBER: VALUE itself, or, once it has given way
-to free memory, a weak pointer to it (WEAK true)."
+(defstruct (kept-entry (:constructor make-kept-entry (number value session)))
+  "The value of evaluation NUMBER, of SESSION (`current-session'): VALUE
+itself, or, once it has given way to free memory, a weak pointer to it
+\(WEAK true)."
   (number 0 :type (integer 1) :read-only t)
   (value nil)
+  (session nil :read-only t)
   (weak nil))
 
 (defvar *kept-entries* (make-array +kept-values+ :initial-element nil)
@@ -112,8 +114,10 @@ returned, in the order they returned; nil in a slot not used yet.")
   "Evaluations numbered below this may have had their value pushed out of
 the ring.")
 
-(defvar *reset-below* 1
-  "Evaluations numbered below this were made before the last reset.")
+(defun reset-below ()
+  "The asking session's evaluations numbered below this were made before
+its last reset."
+  (session-record-reset-below (session-record)))
 
 (define-condition value-not-kept (error)
   ((number :initarg :number :reader value-not-kept-number)
@@ -151,7 +155,7 @@ then let the oldest values give way if memory is short (`give-way')."
     (let ((old (aref *kept-entries* *kept-next*)))
       (when old
         (setf *evicted-below* (max *evicted-below* (1+ (kept-entry-number old))))))
-    (setf (aref *kept-entries* *kept-next*) (make-kept-entry number value)
+    (setf (aref *kept-entries* *kept-next*) (make-kept-entry number value (current-session))
           *kept-next* (mod (1+ *kept-next*) +kept-values+)))
   (give-way))
 
@@ -172,8 +176,8 @@ is a `value-not-kept' error that says why."
     (error 'value-not-kept
            :number number
            :reason (cond ((> number *evaluation-counter*) :future)
-                         ((< number *reset-below*) :reset)
                          ((< number *evicted-below*) :evicted)
+                         ((< number (reset-below)) :reset)
                          (entry :dropped)
                          (t :none)))))
 
@@ -248,12 +252,16 @@ collection, which an allocation the heap cannot take starts anyway."
       (sb-ext:gc :full t))))
 
 (defun forget-history ()
-  "Forget this session's REPL history and the values kept (`soft-reset')."
+  "Forget this session's REPL history and the values it kept (`soft-reset')."
   (let ((record (session-record)))
     (with-history-lock ()
       (setf (session-record-repl-history record) (make-list 9))))
-  (with-history-lock ()
-    (setf *kept-entries* (make-array +kept-values+ :initial-element nil)
-          *kept-next* 0
-          *reset-below* (1+ *evaluation-counter*)
-          *evicted-below* *reset-below*)))
+  ;; Only this session's: another assistant's values stay (in an image
+  ;; cl-mcp owns, the one session's are all of them).
+  (let ((session (current-session))
+        (record (session-record)))
+    (with-history-lock ()
+      (setf *kept-entries* (map 'vector (lambda (entry)
+                                          (and entry (not (eq (kept-entry-session entry) session)) entry))
+                                *kept-entries*)
+            (session-record-reset-below record) (1+ *evaluation-counter*)))))

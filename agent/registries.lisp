@@ -623,7 +623,10 @@ own reset to remove; each attached cl-mcp has its own."
   (kept '())
   ;; Its values of the REPL's variables (agent/history.lisp), a fresh list
   ;; after each change (so that it may be read without a lock).
-  (repl-history (make-list 9)))
+  (repl-history (make-list 9))
+  ;; The number its next evaluation would have had at its last reset: the
+  ;; values of its own below it were forgotten (agent/history.lisp).
+  (reset-below 1))
 
 (defvar *session-records* (make-hash-table :test #'eq)
   "Each session's `session-record', by session (the key nil in an image

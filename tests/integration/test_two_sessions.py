@@ -45,6 +45,13 @@ def waiting(process: McpProcess, code: str) -> int:
     return int(found.group(1))
 
 
+def number_of(process: McpProcess, code: str) -> int:
+    """Evaluate CODE; the evaluation's number (no other evaluates meanwhile)."""
+    text, is_error = process.eval(f"(values {code} cl-mcp-agent::*evaluation-counter*)")
+    assert not is_error, text
+    return int(text.rsplit("\n", 1)[1].removeprefix("=> "))
+
+
 def error_type(result: dict) -> str:
     return result["structuredContent"]["error"]["type"]
 
@@ -70,8 +77,13 @@ def test_a_call_that_names_no_evaluation_means_its_own_and_the_others_is_only_re
         assert first.eval("(+ 1 2)") == ("=> 3", False)
         assert second.eval("(+ 10 20)") == ("=> 30", False)
         assert first.eval("*") == ("=> 3", False)
-        # The second's reset takes only its own evaluation and definition with it.
+        firsts_value = number_of(first, "(list :ts-kept)")
+        seconds_value = number_of(second, "(list :ts-gone)")
+        # The second's reset takes only its own evaluation, definition and kept values with it.
         assert not second.call("reset-session")["isError"]
+        assert first.eval(f"(cl-mcp-agent:value {firsts_value})") == ("=> (:TS-KEPT)", False)
+        assert second.eval(f"(handler-case (cl-mcp-agent:value {seconds_value}) (error (c) (princ-to-string c)))") \
+            == (f"=> \"Evaluation {seconds_value}'s value is no longer kept: reset-session forgot it.\"", False)
         assert first.eval("(list (and (fboundp 'ts-firsts) t) (find-symbol \"TS-SECONDS\"))") == ("=> (T NIL)", False)
         assert first.eval("*") == ("=> (T NIL)", False)
         assert first.call("backtrace")["content"][0]["text"].startswith(f"[Backtrace of evaluation {mine}]")
