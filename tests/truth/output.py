@@ -54,8 +54,14 @@ class Seen:
     results: list[dict[str, Any]] = field(default_factory=list)
 
     def eval(self, code: str) -> dict[str, Any]:
+        """CODE's result, and, when it went on in the background (a loaded
+        machine outlasts the answer window), its outcome, as a model awaits it."""
         result = self.process.call("evaluate-lisp", code=code, wait=120)
         self.results.append(result)
+        if result.get("structuredContent", {}).get("running"):
+            result = self.process.call("await-evaluation", evaluation=result["structuredContent"]["number"],
+                                       wait=120)
+            self.results.append(result)
         assert not result["isError"], result["content"][0]["text"][:2000]
         return result
 
