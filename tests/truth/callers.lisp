@@ -73,8 +73,10 @@ where their forms start."
         (tops '()))
     (with-open-file (in file :external-format :utf-8)
       (loop
+        ;; Gensyms a reader macro makes (iterate's #L) are named alike in
+        ;; both texts, so that a form reads the same before and after edits.
         (let* ((*starts* (make-hash-table :test #'eq))
-               (form (let ((*readtable* (noting-readtable))) (read in nil in))))
+               (form (let ((*readtable* (noting-readtable)) (*gensym-counter* 0)) (read in nil in))))
           (when (eq form in) (return))
           (when (truth-system-files:compile-time-p form)
             (eval form))
