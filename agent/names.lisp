@@ -543,24 +543,47 @@ over all their lines."
   (let ((size (+ (line-bag-size a) (line-bag-size b))))
     (if (zerop size) 0 (/ (* 2 (shared-lines a b)) size))))
 
+(defun definer-head (source index)
+  "The operator and the name, lowered, that top-level form INDEX of SOURCE
+opens with, when its operator's name begins with def and its name is a
+token; else nil."
+  (let* ((text (source-file-string source))
+         (start (form-opening text (aref (source-file-forms source) index))))
+    (flet ((token (from)
+             (let* ((begin (position-if-not (lambda (c) (member c '(#\Space #\Tab #\Newline #\Return)))
+                                            text :start (min from (length text))))
+                    (end (and begin (position-if (lambda (c) (member c '(#\Space #\Tab #\Newline #\Return #\( #\))))
+                                                 text :start begin))))
+               (and end (> end begin) (values (string-downcase (subseq text begin end)) end)))))
+      (when (and (< start (length text)) (char= (char text start) #\())
+        (multiple-value-bind (operator after) (token (1+ start))
+          (when (and operator (> (length operator) 3) (string= "def" operator :end2 3))
+            (let ((name (token after)))
+              (and name (list operator name)))))))))
+
 (defun same-form-p (then then-offset source offset)
   "True when the top-level form of SOURCE (a `source-file') holding byte
 OFFSET is the form of THEN (the text it was compiled from) holding byte
 THEN-OFFSET (see `top-level-form-index'), edited: it holds at least half
-of that form's code lines (lines added, taken or changed: its opening
-line renamed, say), and no other form of THEN is more like it.  Another
-form that makes a like call is not it, even one written much like it (a
-method beside its twin: cl-ppcre's greedy and non-greedy matchers).  True
-when either does not read."
+of that form's code lines (lines added, taken or changed), no other form
+of THEN is more like it, and a definer's form still defines the name it
+did (a `defun' renamed defines another function: the reference's caller
+is no longer in the file).  Another form that makes a like call is not
+it, even one written much like it (a method beside its twin: cl-ppcre's
+greedy and non-greedy matchers).  True when either does not read."
   (let ((then-index (top-level-form-index then then-offset))
         (index (top-level-form-index source offset)))
     (or (null then-index) (null index)
         (let* ((was (aref (form-line-bags then) then-index))
                (is (aref (form-line-bags source) index))
-               (likeness (likeness was is)))
+               (likeness (likeness was is))
+               (was-head (ignore-errors (definer-head then then-index)))
+               (is-head (ignore-errors (definer-head source index))))
           (and (>= (* 2 (shared-lines was is)) (line-bag-size was))
                (loop for other across (form-line-bags then)
-                     never (> (likeness other is) likeness)))))))
+                     never (> (likeness other is) likeness))
+               (not (and was-head is-head (string= (first was-head) (first is-head))
+                         (string/= (second was-head) (second is-head)))))))))
 
 (defun same-form-offset (now compiled here)
   "The byte offset in COMPILED (a `source-file') as far into the top-level

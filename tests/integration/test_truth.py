@@ -264,9 +264,11 @@ def test_an_xref_reference_whose_caller_was_deleted_is_not_found_at_a_like_call(
     assert compiled and [(r["place"], r["compiledLine"]) for r in found] == [("not-found", line) for line in compiled]
 
 
-def test_an_xref_reference_that_moved_in_a_function_beside_a_compiler_macro_of_its_name(lisp, tmp_path):
-    # cl-ppcre's SPLIT is a function and, below it, a compiler macro: the
-    # reference is in the function's form, renamed, whatever the compiler macro's name.
+def test_an_xref_reference_whose_caller_was_renamed_is_not_found_beside_a_compiler_macro_of_its_name(lisp,
+                                                                                                     tmp_path):
+    # cl-ppcre's SPLIT is a function and, below it, a compiler macro: renamed,
+    # its form defines another function, and SPLIT is no longer in the file
+    # (issue 43: the held-out oracles found the renamed caller still placed).
     pristine, edited = loaded(lisp, tmp_path, "cl-ppcre")
     api = edited / "api.lisp"
     found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
@@ -276,8 +278,8 @@ def test_an_xref_reference_that_moved_in_a_function_beside_a_compiler_macro_of_i
     lines[opening] = "(defun split-renamed (regex target-string\n"
     api.write_text("".join(lines[:opening + 1] + [";; inserted\n"] * 4 + lines[opening + 1:]))
     found, _ = callers_of(lisp, "cl-ppcre::create-scanner", "CL-PPCRE:SPLIT")
-    assert compiled and sorted((r["referenceLine"], r["place"], r["compiledLine"]) for r in found) == [
-        (line + 4, "found-after-edit", line) for line in compiled], found
+    assert compiled and sorted((r["place"], r["compiledLine"]) for r in found) == [
+        ("not-found", line) for line in compiled], found
 
 
 def test_an_xref_reference_whose_function_was_deleted_is_not_placed_at_its_compiler_macro(lisp, tmp_path):
