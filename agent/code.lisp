@@ -187,19 +187,29 @@ text opens them: the form is the one of that number the text opens."
                   return (+ start (gethash each starts))))
       (serious-condition () nil))))
 
+(defun latin-1-compiled-source (pathname files)
+  "The text the file at PATHNAME was compiled from (`compiled-source'),
+when Swank reads that file as Latin-1 (no coding cookie: its positions
+count bytes); else nil.  Found once per file and reply, in FILES."
+  (let ((key (list :latin-1 pathname)))
+    (multiple-value-bind (source known) (gethash key files)
+      (if known
+          source
+          (setf (gethash key files)
+                (let ((path (and (probe-file pathname) (namestring (truename pathname)))))
+                  (and path (eq (swank-file-format path) :latin-1) (compiled-source path files))))))))
+
 (defun numbered-reference-location (location source files)
   "LOCATION, Swank's of a reference whose SOURCE (an SB-INTROSPECT
 definition source) names the referring form by the compiler's number, put
 at that form when Swank could not read it and fell back to its top-level
 form's opening (see above); else nil."
   (let* ((pathname (sb-introspect:definition-source-pathname source))
-         (path (and pathname (probe-file pathname) (namestring (truename pathname))))
          (number (sb-introspect:definition-source-form-number source))
          (index (first (sb-introspect:definition-source-form-path source)))
          (position (second (assoc :position (rest location))))
-         (compiled (and path (integerp number) (plusp number) (integerp index) (integerp position)
-                        (eq (swank-file-format path) :latin-1)  ; Swank's position counts bytes
-                        (compiled-source path files)))
+         (compiled (and pathname (integerp number) (plusp number) (integerp index) (integerp position)
+                        (latin-1-compiled-source pathname files)))
          (starts (and compiled (source-file-forms compiled))))
     (when (and starts (< index (length starts)))
       (let* ((text (source-file-string compiled))

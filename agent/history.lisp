@@ -253,15 +253,13 @@ collection, which an allocation the heap cannot take starts anyway."
 
 (defun forget-history ()
   "Forget this session's REPL history and the values it kept (`soft-reset')."
-  (let ((record (session-record)))
-    (with-history-lock ()
-      (setf (session-record-repl-history record) (make-list 9))))
-  ;; Only this session's: another assistant's values stay (in an image
+  ;; Only this session's values: another assistant's stay (in an image
   ;; cl-mcp owns, the one session's are all of them).
   (let ((session (current-session))
         (record (session-record)))
     (with-history-lock ()
-      (setf *kept-entries* (map 'vector (lambda (entry)
+      (setf (session-record-repl-history record) (make-list 9)
+            *kept-entries* (map 'vector (lambda (entry)
                                           (and entry (not (eq (kept-entry-session entry) session)) entry))
                                 *kept-entries*)
             (session-record-reset-below record) (1+ *evaluation-counter*)))))

@@ -457,20 +457,19 @@ what the stop came too late to undo: an evaluation gone to the background
     (and (eq (first result) :ok) (consp value) (keywordp (first value))
          (or (eq (getf value :status) :running) (getf value :written-before-cancel)))))
 
-(defun answered-status (result)
-  "The :status of RESULT's report, or nil."
+(defun answered-report (result)
+  "The report plist RESULT, a `:return''s (:ok VALUE), answers, or nil."
   (let ((value (reply-value (second result))))
     (and (eq (first result) :ok) (consp value) (keywordp (first value)) (evenp (length value))
-         (getf value :status))))
+         value)))
 
-(defun answered-line (call result)
-  "The line RESULT, the answer to CALL, places its form at (compile-form's
+(defun answered-line (call report)
+  "The line REPORT, the answer to CALL, places its form at (compile-form's
 and edit-form's, where the form is now), or nil."
-  (let ((value (reply-value (second result))))
+  (let ((line (getf report :line)))
     (and (member (getf call :tool) '("compile-form" "edit-form") :test #'string=)
-         (eq (first result) :ok) (consp value) (keywordp (first value)) (evenp (length value))
-         (integerp (getf value :line))
-         (getf value :line))))
+         (integerp line)
+         line)))
 
 (defun watch-return (connection event)
   "EVENT, a `:return' to cl-mcp on CONNECTION, ends the call it answers:
@@ -490,17 +489,16 @@ replaced with."
           (setf result (list :ok (stopped-report (reply-value (second result))))
                 (third event) result))
         (multiple-value-bind (outcome number) (outcome-of result)
-          (watch-send (list :phase :end :call (getf call :call) :tool (getf call :tool)
-                            :who (getf call :who) :time (getf call :time)
-                            :outcome (if stopped "cancelled by the programmer" outcome)
-                            :evaluation number
-                            :line (answered-line call result)
-                            :background (eq (answered-status result) :running)
-                            :waiting (let ((value (reply-value (second result))))
-                                       (and (consp value) (keywordp (first value))
-                                            (getf value :evaluation) t))
-                            :ms (round (* 1000 (- (get-internal-real-time) (getf call :start)))
-                                       internal-time-units-per-second))))))))
+          (let ((report (answered-report result)))
+            (watch-send (list :phase :end :call (getf call :call) :tool (getf call :tool)
+                              :who (getf call :who) :time (getf call :time)
+                              :outcome (if stopped "cancelled by the programmer" outcome)
+                              :evaluation number
+                              :line (answered-line call report)
+                              :background (eq (getf report :status) :running)
+                              :waiting (and (getf report :evaluation) t)
+                              :ms (round (* 1000 (- (get-internal-real-time) (getf call :start)))
+                                         internal-time-units-per-second)))))))))
 
 (defun watch-event-hook (connection event)
   "Swank's event hook: watch the tool calls on cl-mcp's connections while an
