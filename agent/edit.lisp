@@ -688,10 +688,6 @@ it (a file the image may not write, say): nothing reaches the debugger."
   (destructuring-bind (outcome value) (call-guarded thunk *file-call-timeout*)
     (if (eq outcome :ok) value (list :status :error :error value))))
 
-(defvar *written-edit* nil
-  "Inside `edit-form-of', a cons whose car becomes the edit's reply in the
-step that writes it (`write-atomically').")
-
 (defun without-compile (plist)
   "PLIST, an edit's reply, without its pending :compile."
   (loop for (key value) on plist by #'cddr
@@ -699,28 +695,20 @@ step that writes it (`write-atomically').")
 
 (defun edit-form-of (path &rest arguments &key target line action text compile max-output tag)
   "`%edit-form-of' with every condition that ends it an error plist,
-cancellable under TAG (`call-cancellable'): its compile runs the user's
+cancellable under TAG (`with-cancellable'): its compile runs the user's
 macros.  A cancel that comes once the edit is written undoes nothing: the
-reply says the edit was written (:written-before-cancel), and that its
-compile, if it had one, was cut short."
+reply it answers says the edit was written (:written-before-cancel), and
+that its compile, if it had one, was cut short."
   (declare (ignore target line action text compile max-output))
-  (let* ((*written-edit* (list nil))
-         (outcome
-           (call-cancellable
-            tag
-            (lambda ()
-              (with-quiet-readtables ()
-                ;; The compile runs outside the guard, which muffles warnings:
-                ;; as compile-form-of runs it, so that both report the same notes.
-                (let* ((plist (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments))))
-                       (pending (getf plist :compile)))
-                  (if pending
-                      (append (without-compile plist) (list :compiled (apply #'%compile-form pending)))
-                      plist))))
-            :cancelled)))
-    (cond ((not (eq outcome :cancelled)) outcome)
-          ((car *written-edit*) (written-before-cancel (car *written-edit*)))
-          (t (command-error "CL-MCP:CANCELLED" "The call was cancelled.")))))
+  (with-cancellable (tag)
+    (with-quiet-readtables ()
+      ;; The compile runs outside the guard, which muffles warnings:
+      ;; as compile-form-of runs it, so that both report the same notes.
+      (let* ((plist (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments))))
+             (pending (getf plist :compile)))
+        (if pending
+            (append (without-compile plist) (list :compiled (apply #'%compile-form pending)))
+            plist)))))
 
 (defun written-before-cancel (reply)
   "REPLY, an edit written before its call was cancelled, marked so, its
@@ -808,8 +796,7 @@ read and :candidates for an ambiguous TARGET."
                                  (list :compile (list file edited start end (file-form-package form)
                                                       (file-form-readtable form) max-output)))))
              (refused (write-atomically file octets written
-                                        (lambda ()
-                                          (when *written-edit* (setf (car *written-edit*) reply))))))
+                                        (lambda () (keep-past-cancel (written-before-cancel reply))))))
         (unless refused
           (watch-file-written (truename file)))
         (or refused reply)))))

@@ -871,8 +871,9 @@ asking one) waits on under TAG, and wait
 (up to 5 s) until that caller has its answer.  One that went to the
 background from that call is stopped and forgotten too: its \"still
 running\" answer crossed the cancel, so its caller never learnt its
-number, and nobody else could stop it.  Return t if there was one, else
-nil."
+number, and nobody else could stop it.  Return the reply the call kept
+past the cancel (`keep-past-cancel': an edit it wrote), else t if there
+was one, else nil."
   (let ((running (find-running tag session))
         (cancelled nil))
     (when running
@@ -889,7 +890,7 @@ nil."
         (take-slot orphan #'evaluation-report nil 5)
         (forget-background orphan)
         (setf cancelled t)))
-    cancelled))
+    (or (reply-kept-past-cancel running) cancelled)))
 
 (defun output-tail (tag)
   "The last non-empty line of output, at most 200 characters, of the

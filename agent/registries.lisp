@@ -329,17 +329,33 @@ throws to (`interrupt-running').")
 (defun call-cancellable (tag thunk cancelled)
   "Call THUNK in this thread, findable under TAG for `cancel-evaluation',
 whose interrupt throws to a catch of this call's own: THUNK's value, or
-CANCELLED when it was cancelled.  The catch tag is made for the call, so
-that a cancel's interrupt that lands once the call is over finds no
-catch to end (not the next call's, in the same thread).  Every agent call
-that runs the user's code and is no evaluation runs it so."
+when it was cancelled the reply it kept past a cancel (`keep-past-cancel'),
+else CANCELLED.  The catch tag is made for the call, so that a cancel's
+interrupt that lands once the call is over finds no catch to end (not the
+next call's, in the same thread).  Every agent call that runs the user's
+code and is no evaluation runs it so."
+  ;; The catch tag's cdr holds the reply kept past a cancel.
   (let ((done nil) (value nil) (point (list :cancel-point)))
     ;; Findable only inside the catch, so a cancel's throw always lands in it.
     (catch point
       (let ((*cancel-point* point))
         (with-running (tag (cons sb-thread:*current-thread* point))
           (setf value (funcall thunk) done t))))
-    (if done value cancelled)))
+    (cond (done value)
+          ((cdr point))
+          (t cancelled))))
+
+(defun keep-past-cancel (reply)
+  "Inside `call-cancellable': from now on REPLY is what a cancel of this
+call answers, to its caller and to the canceller (`cancel-evaluation'),
+for work a cancel cannot undo, such as an edit written.  Set in the step
+no interrupt divides from that work."
+  (when *cancel-point*
+    (setf (cdr *cancel-point*) reply)))
+
+(defun reply-kept-past-cancel (running)
+  "The reply RUNNING, what `find-running' found, kept past a cancel, if any."
+  (and (consp running) (cdr (cdr running))))
 
 (defmacro with-cancellable ((tag) &body body)
   "BODY, cancellable under TAG (`call-cancellable'): its value, or once

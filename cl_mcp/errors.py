@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 PARSE_ERROR = -32700
@@ -51,3 +52,12 @@ class SessionError(ClMcpError):
         super().__init__(message)
         self.kind = kind
         self.message = message
+
+
+class CancelledWithAnswer(asyncio.CancelledError):
+    """A call was cancelled once it had done work a cancel cannot undo (an
+    edit written): ANSWER is the agent's reply that says what stands."""
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__()
+        self.answer = answer

@@ -100,13 +100,17 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
         pass
 
 
-async def abort_in_image(connection: SwankConnection, tag: int) -> None:
-    """Abort the call tagged TAG in the image (its caller gives up on it)."""
+async def abort_in_image(connection: SwankConnection, tag: int) -> SExp | None:
+    """Abort the call tagged TAG in the image (its caller gives up on it);
+    the reply it kept past the cancel, if it did work a cancel cannot undo
+    (an edit written), else None."""
     try:
-        await connection.rex([Symbol("cl-mcp-agent:cancel-evaluation"), tag],
-                             deadline=ABORT_TIMEOUT)
+        kept = await connection.rex([Symbol("cl-mcp-agent:cancel-evaluation"), tag],
+                                    deadline=ABORT_TIMEOUT)
     except (SwankError, TimeoutError) as error:
         log.warning("could not cancel call %s in the image: %s", tag, error)
+        return None
+    return kept if isinstance(kept, list) and kept else None
 
 
 async def answers(connection: SwankConnection) -> bool:

@@ -17,7 +17,7 @@ import logging
 import secrets
 from typing import Any
 
-from cl_mcp.errors import ProtocolError, SessionError, SwankError
+from cl_mcp.errors import CancelledWithAnswer, ProtocolError, SessionError, SwankError
 from cl_mcp.lisp.config import SessionConfig
 from cl_mcp.lisp.link import OPEN_TIMEOUT, AttachedLink, EmbeddedLink, Link, abort_in_image
 from cl_mcp.lisp.swank.connection import DEFAULT_PACKAGE, SwankConnection
@@ -140,7 +140,9 @@ class LispSession:
         value.  A lost image or connection, or one that misses DEADLINE,
         becomes a `SessionError` (the link says what it cost).  When the
         caller is cancelled, the work tagged TAG is aborted in the image
-        before the cancellation goes on, so the next call never overlaps it."""
+        before the cancellation goes on, so the next call never overlaps it;
+        when that work did what a cancel cannot undo, the cancellation is a
+        `CancelledWithAnswer` carrying the reply that says so."""
         connection, control = await self._link.connections()
         self._control = control
         self.running_tag = tag
@@ -148,7 +150,9 @@ class LispSession:
             return unfitted(await connection.rex(fitted(form), deadline=deadline))
         except asyncio.CancelledError:
             if tag is not None and not control.closed:
-                await asyncio.shield(abort_in_image(control, tag))
+                kept = await asyncio.shield(abort_in_image(control, tag))
+                if kept is not None:
+                    raise CancelledWithAnswer(unfitted(kept)) from None
             raise
         except TimeoutError:
             raise await self._link.unresponsive(control, tag, deadline) from None

@@ -6,13 +6,17 @@ agent's `edit-form-of` and `read-lisp-file-of`)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from cl_mcp.errors import CancelledWithAnswer
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, condition_structure, error_text
 from cl_mcp.tools.calls import ask_agent, result_dict
 from cl_mcp.tools.forms import render_compiled_form
 from cl_mcp.wire.sexp import Keyword, SExp, Symbol
+
+log = logging.getLogger("cl_mcp.edit")
 
 # The camelCase names of the agent's place keys, for structuredContent.
 CAMEL = {"end-line": "endLine", "old-line": "oldLine", "old-end-line": "oldEndLine",
@@ -64,7 +68,12 @@ async def edit_form(session: LispSession, arguments: dict[str, Any]) -> Rendered
             Keyword("action"), Keyword(arguments.get("action", "replace")),
             Keyword("text"), arguments.get("text", ""),
             Keyword("compile"), bool(arguments.get("compile", True))]
-    result = await ask_agent(session, form, session.config.load_timeout, runs_code=True)  # its compile runs macros
+    try:
+        result = await ask_agent(session, form, session.config.load_timeout, runs_code=True)  # its compile runs macros
+    except CancelledWithAnswer as cancelled:
+        # No answer goes to a cancelled call: the log says the edit stands.
+        log.warning("%s", render_edit(result_dict(cancelled.answer)).text.split("\n", 1)[0])
+        raise
     if result.get("status") != "ok":
         return agent_error(result, {"written": False})
     return render_edit(result)

@@ -6,6 +6,7 @@ side effect after its sleep never happens, and the image is the same one
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -93,3 +94,40 @@ def test_a_cancel_that_lands_once_its_call_is_over_ends_nothing(mode):
             "(cl-mcp-agent::interrupt-running first-call) "
             "(sb-thread:join-thread thread))")
         assert (text, is_error) == ("=> :SECOND", False)
+
+
+def until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cancel_once_an_edit_is_written_leaves_it_and_the_log_says_so(mode, tmp_path):
+    """A cancel undoes no edit.  One that lands in the edit's compile (a
+    macro that sleeps as it expands) gets no response, as the spec has it;
+    the image's reply for it said the edit was written, and the log
+    (notifications/message) now says so: before, that reply was dropped, and
+    nothing told the host that the file had changed."""
+    source = tmp_path / "cancel-edit.lisp"
+    source.write_text("(defun cancel-edited () 1)\n")
+    edited = "(defun cancel-edited () (cancel-slow-expanding))"
+    with cl_mcp_in(mode) as process:
+        assert not process.eval("(defmacro cl-user::cancel-slow-expanding () (sleep 30) 2)")[1]
+        request = process.start_request("tools/call", {"name": "edit-form", "arguments": {
+            "path": str(source), "line": 1, "text": edited}})
+        until(lambda: "slow-expanding" in source.read_text(), "the edit written")
+        time.sleep(0.3)  # into the compile
+        process.notify("notifications/cancelled", {"requestId": request})
+
+        def logged() -> list[str]:
+            return [m["params"]["data"] for m in map(json.loads, list(process.raw_lines))
+                    if m.get("method") == "notifications/message"]
+        until(lambda: any("cancelled once the edit was written" in line for line in logged()), "the log")
+        [said] = [line for line in logged() if "cancelled once the edit was written" in line]
+        assert said.startswith(f"Replaced the form at {source}:1"), said
+        assert "the edit is written, and stays written" in said, said
+        assert process.eval("(+ 1 2)") == ("=> 3", False)
+        assert answers_to(process, request) == []
+        assert source.read_text() == edited + "\n"
