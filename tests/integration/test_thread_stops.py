@@ -96,11 +96,14 @@ def test_a_threads_own_restart_from_eval_in_frame_leaves_no_deadline(lisp):
                                   # the deadline lock, which every evaluation with a deadline takes
                                   "(let ((e (cl-mcp-agent::make-evaluation :code :tp))) "
                                   "(cl-mcp-agent::schedule-deadline e (list nil :tp) 3600) "
-                                  "(cl-mcp-agent::stop-deadline e))"])
+                                  "(cl-mcp-agent::stop-deadline e))",
+                                  # the watch lock, which every call takes while an Emacs watches
+                                  "(cl-mcp-agent::watch-send (list :tp-locker 1))"])
 def test_a_thread_stopped_holding_a_lock_holds_up_no_call(lisp, work):
     """A thread that takes one of the agent's locks all the time, stopped
-    again and again: each time, the next evaluation (which takes both
-    locks: its number, the definition it records) is answered."""
+    again and again: each time it holds none of them (they defer
+    interrupts), and the next evaluation (which takes the registry and
+    deadline locks: its number, the definition it records) is answered."""
     # Many definitions kept: looking them up holds the lock most of the time.
     defined = lisp.call("evaluate-lisp", code=" ".join(f"(defvar *tp-{n}* {n})" for n in range(300)), timeout=60)
     assert not defined["isError"], defined
@@ -108,6 +111,11 @@ def test_a_thread_stopped_holding_a_lock_holds_up_no_call(lisp, work):
     for _ in range(10):
         stopped = lisp.call("threads", wait=20, action="interrupt", thread=thread)
         assert not stopped["isError"], stopped
+        assert lisp.eval(f'(let ((locker (find "tp-locker {work}" (sb-thread:list-all-threads) '
+                         ':key (function sb-thread:thread-name) :test (function equal)))) '
+                         '(loop for lock in (list cl-mcp-agent::*registry-lock* cl-mcp-agent::*deadline-lock* '
+                         'cl-mcp-agent::*watch-lock*) when (eq (sb-thread:mutex-owner lock) locker) '
+                         'collect (sb-thread:mutex-name lock)))') == ("=> NIL", False)
         text, is_error = lisp.eval("(defun tp-defined () 3) (tp-defined)")
         assert "=> 3" in text and not is_error, text  # its first a redefinition's warning
         continued = lisp.call("invoke-restart", wait=20, evaluation=stopped["structuredContent"]["evaluation"],
