@@ -229,12 +229,26 @@ the standard syntax, has to do; else :standard, by the scanner."
         ((and package (assoc (package-name package) swank:*readtable-alist* :test #'string=)) :reader)
         (t :standard)))
 
+(defvar *scanned-forms* 0
+  "How many forms `reader-form-end' delimited with the scanner, their
+readtable's reader macro failing under *READ-SUPPRESS*: bound by the
+entry points that say so.")
+
+(defun said-scanned (plist)
+  "PLIST, an answer, with :scanned N when it is no error and N forms of
+it were delimited by the scanner (`*scanned-forms*')."
+  (if (and (eq (getf plist :status) :ok) (plusp *scanned-forms*))
+      (append plist (list :scanned *scanned-forms*))
+      plist))
+
 (defun reader-form-end (package readtable)
   "A FORM-END for `form-extents' that finds where a top-level form ends as
 the reader does, in PACKAGE and READTABLE, with *READ-SUPPRESS* (nothing
 interned, no #. evaluated); a form a false #+ or #- skips ends where the
 skipped form does, as the scanner finds it.  A form that does not read
-signals `unbalanced-text'."
+signals `unbalanced-text'; one whose reader macro fails otherwise (it
+works on the nil that reads return under *READ-SUPPRESS*) is delimited
+by the scanner, and counted in `*scanned-forms*'."
   (lambda (text start)
     (with-input-from-string (in text)
       (file-position in start)
@@ -247,11 +261,14 @@ signals `unbalanced-text'."
             (error 'unbalanced-text :index (length text) :opened start
                                     :what "a form is not closed (read in its readtable)"
                                     :fix "close it where it ends (at the end of the text, at the latest)"))
-          (error (condition)
+          (reader-error (condition)
             (error 'unbalanced-text :index (min (length text) (file-position in)) :opened start
                                     :what (format nil "a form does not read in its readtable: ~A"
                                                   (reader-error-text (condition-message condition)))
-                                    :fix "change the text there so that the reader accepts it")))))))
+                                    :fix "change the text there so that the reader accepts it"))
+          (error ()
+            (incf *scanned-forms*)
+            (form-end text start)))))))
 
 (defun file-forms (text &optional on-problem)
   "The top-level forms of TEXT as `file-form's, each with the package of
@@ -700,15 +717,17 @@ macros.  A cancel that comes once the edit is written undoes nothing: the
 reply it answers says the edit was written (:written-before-cancel), and
 that its compile, if it had one, was cut short."
   (declare (ignore target line action text compile max-output))
-  (with-cancellable (tag)
-    (with-quiet-readtables ()
-      ;; The compile runs outside the guard, which muffles warnings:
-      ;; as compile-form-of runs it, so that both report the same notes.
-      (let* ((plist (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments))))
-             (pending (getf plist :compile)))
-        (if pending
-            (append (without-compile plist) (list :compiled (apply #'%compile-form pending)))
-            plist)))))
+  (let ((*scanned-forms* 0))
+    (said-scanned
+      (with-cancellable (tag)
+        (with-quiet-readtables ()
+          ;; The compile runs outside the guard, which muffles warnings:
+          ;; as compile-form-of runs it, so that both report the same notes.
+          (let* ((plist (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments))))
+                 (pending (getf plist :compile)))
+            (if pending
+                (append (without-compile plist) (list :compiled (apply #'%compile-form pending)))
+                plist)))))))
 
 (defun written-before-cancel (reply)
   "REPLY, an edit written before its call was cancelled, marked so, its
@@ -844,12 +863,12 @@ one too."
 
 (defun read-lisp-file-of (path &rest arguments &key mode target line)
   "`%read-lisp-file-of' with every condition that ends it an error plist,
-and :unevaluated, the number of `#.' forms it read without evaluating
-them, when there were any."
+:unevaluated, the number of `#.' forms it read without evaluating them,
+and :scanned (see `said-scanned'), when there were any."
   (declare (ignore mode target line))
-  (let ((*unevaluated-read-evals* 0))
-    (let ((plist (with-quiet-readtables ()
-                   (guarded-plist (lambda () (apply #'%read-lisp-file-of path arguments))))))
+  (let ((*unevaluated-read-evals* 0) (*scanned-forms* 0))
+    (let ((plist (said-scanned (with-quiet-readtables ()
+                                 (guarded-plist (lambda () (apply #'%read-lisp-file-of path arguments)))))))
       (if (and (eq (getf plist :status) :ok) (plusp *unevaluated-read-evals*))
           (append plist (list :unevaluated *unevaluated-read-evals*))
           plist))))

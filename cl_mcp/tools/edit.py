@@ -96,6 +96,9 @@ def render_edit(result: dict[str, Any]) -> Rendered:
     if isinstance(result.get("unknown-readtable"), str):
         head += (f" (the file's readtable {result['unknown-readtable']} is not in the image: the text"
                  " was delimited as standard syntax; load the system that defines it)")
+    if isinstance(result.get("scanned"), int):  # the file's forms and the new text's, read again after the edit
+        head += (" (delimited as standard syntax where a reader macro of the file's readtable fails when"
+                 " the reader only skips a form: it ignores *read-suppress*)")
     if result.get("written-before-cancel") is True:
         head += " (the call was cancelled once the edit was written: a cancel undoes no edit)"
     structure: dict[str, Any] = {"written": True, "file": result["file"], "action": action,
@@ -126,6 +129,11 @@ async def read_lisp_file(session: LispSession, arguments: dict[str, Any]) -> Ren
     if result.get("status") != "ok":
         return agent_error(result, {"mode": mode})
     rendered = {"outline": render_outline, "check": render_check, "form": render_form}[mode](result)
+    if isinstance(scanned := result.get("scanned"), int):
+        rendered = Rendered(rendered.text + f"\n[{scanned} form{'' if scanned == 1 else 's'} delimited as"
+                            " standard syntax: a reader macro of the file's readtable fails when the reader"
+                            " only skips a form (it ignores *read-suppress*)]", rendered.is_error,
+                            {**(rendered.structured or {}), "scanned": scanned})
     if unevaluated := result.get("unevaluated"):
         structure = {**(rendered.structured or {}), "unevaluated": unevaluated}
         rendered = Rendered(rendered.text + f"\n[{unevaluated} #. form{'' if unevaluated == 1 else 's'} read"

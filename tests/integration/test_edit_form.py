@@ -274,6 +274,47 @@ BRACES = """(defpackage :cl-mcp-braces (:use :cl :named-readtables))
 """
 
 
+INCREMENTS = """(defpackage :cl-mcp-increments (:use :cl :named-readtables))
+(in-package :cl-mcp-increments)
+
+(defreadtable increments
+  (:merge :standard)
+  (:macro-char #\\$ (lambda (stream char)
+                     (declare (ignore char))
+                     (1+ (read stream t nil t)))))
+
+(in-readtable increments)
+
+(defun answer () $41)
+
+(defun after () :after)
+"""
+
+
+def test_a_reader_macro_that_ignores_read_suppress_leaves_its_forms_to_the_scan_and_says_so(lisp, tmp_path):
+    """`$` adds 1 to what it reads, also to the nil a read returns under
+    *read-suppress*, where the reader only finds where a form ends: that
+    signalled a TYPE-ERROR, and the file was refused whole ("does not read
+    as it is") by edit-form and read-lisp-file alike.  Such a form is
+    delimited by the scan, and both say so."""
+    assert not lisp.call("load-system", system="named-readtables")["isError"]
+    path = tmp_path / "increments.lisp"
+    path.write_text(INCREMENTS)
+    loaded, is_error = lisp.eval(f'(load "{path}")')
+    assert not is_error, loaded
+    check_results_of(lisp, "read-lisp-file")
+    listed = checked_call(lisp, "read-lisp-file", path=str(path))
+    assert not listed["isError"], listed
+    assert [entry["name"] for entry in listed["structuredContent"]["forms"]][-2:] == ["answer", "after"]
+    assert listed["structuredContent"]["scanned"] == 1, listed  # the form with a $
+    assert "[1 form delimited as standard syntax: a reader macro of the file's readtable fails" in listed["content"][0]["text"]
+    result = edit(lisp, path, form="defun answer", text="(defun answer () $99)")
+    assert not result["isError"] and result["structuredContent"]["compiled"]["success"], result
+    assert "(delimited as standard syntax where a reader macro" in result["content"][0]["text"].split("\n")[0], result
+    assert lisp.eval("(cl-mcp-increments::answer)") == ("=> 100", False)
+    assert path.read_text() == INCREMENTS.replace("$41", "$99")
+
+
 def test_a_text_that_reads_only_in_the_files_readtable_is_written(lisp, tmp_path):
     """Its {...} swallows a ( and a ; that the byte scanner, which knows only
     the standard syntax, took for an unclosed list and a comment, and
