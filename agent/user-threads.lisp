@@ -50,15 +50,22 @@ name of the thread that wrote it."
 rest are counted (their errors are still written to the threads' output).")
 
 (defvar *news-lock* (sb-thread:make-mutex :name "cl-mcp thread news")
-  "Guards `*news*'; taken by `with-news-lock'.")
+  "Guards `*news-by-owner*' and `*thread-lines*'; taken by `with-news-lock'.")
 
 (defmacro with-news-lock (&body body)
   "BODY holding `*news-lock*' (`with-agent-lock'): every reply to cl-mcp
 takes the news first."
   `(with-agent-lock (*news-lock*) ,@body))
 
-(defvar *news* nil
-  "The `news' cl-mcp has not heard yet, or nil.")
+(defvar *news-by-owner* (make-hash-table :test 'eq)
+  "The `news' cl-mcp has not heard yet, by whose it is (`news-owner').")
+
+(defun news-owner ()
+  "Whose the news of this thread is: in a shared image, the live session
+whose evaluation started it (each attached cl-mcp hears of its own
+threads); else nil, nobody's, which every session hears (in an image
+cl-mcp owns there is one; a thread whose session ended is nobody's)."
+  (and *track-session* (live-session (current-session))))
 
 (defstruct (thread-lines (:constructor make-thread-lines ()))
   "A user thread's line on each stream: what it wrote of a line it has not
@@ -66,7 +73,8 @@ ended (a text buffer, or nil), and the streams whose next line continues
 one cut when cl-mcp took the news."
   (stdout nil)
   (stderr nil)
-  (continued '()))
+  (continued '())
+  (owner nil))  ; whose news its lines go to (`news-owner', at its first write)
 
 (defvar *thread-lines* (make-hash-table :test 'eq :weakness :key)
   "Each user thread's `thread-lines', guarded by `*news-lock*'.  A line
@@ -97,9 +105,9 @@ one cut before must say whose it is."
                   (format nil "~A (thread ~D)" name (thread-id thread))
                   (thread-label thread))))))
 
-(defun current-news ()
-  "The news being gathered (the caller holds `*news-lock*')."
-  (or *news* (setf *news* (make-news))))
+(defun owners-news (owner)
+  "The news being gathered for OWNER (the caller holds `*news-lock*')."
+  (or (gethash owner *news-by-owner*) (setf (gethash owner *news-by-owner*) (make-news))))
 
 (defun keep-news-text (text string start end)
   "Append STRING from START to END to TEXT, dropping its oldest characters
@@ -143,8 +151,8 @@ lines it began."
   "Keep what THREAD wrote to its KIND stream (:stdout or :stderr), STRING
 from START to END, in the news, and count it for THREAD (the caller holds
 `*news-lock*')."
-  (let* ((news (current-news))
-         (state (gethash thread *thread-lines*))
+  (let* ((state (gethash thread *thread-lines*))
+         (news (owners-news (thread-lines-owner state)))
          (lines (add-thread-text (if (eq kind :stdout) (news-stdout news) (news-stderr news))
                                  thread string start end
                                  :continued (and state (member kind (thread-lines-continued state)))))
@@ -182,7 +190,8 @@ caller holds `*news-lock*')."
       (when text
         (setf (unfinished-line state kind) nil)
         (add-lines kind thread text 0 (length text))
-        (keep-news-text (if (eq kind :stdout) (news-stdout *news*) (news-stderr *news*))
+        (keep-news-text (let ((news (owners-news (thread-lines-owner state))))
+                          (if (eq kind :stdout) (news-stdout news) (news-stderr news)))
                         (string #\Newline) 0 1)
         (push kind (thread-lines-continued state))))))
 
@@ -192,7 +201,9 @@ lines it ends in the news, the rest as its unfinished line."
   (when (< start end)
     (with-news-lock
       (let* ((state (or (gethash thread *thread-lines*)
-                        (setf (gethash thread *thread-lines*) (make-thread-lines))))
+                        (let ((state (make-thread-lines)))
+                          (setf (thread-lines-owner state) (news-owner)
+                                (gethash thread *thread-lines*) state))))
              (unfinished (unfinished-line state kind))
              (newline (position #\Newline string :start start :end end :from-end t)))
         (when newline
@@ -228,8 +239,8 @@ backtrace."
 its backtrace among THREAD's error output, and tell cl-mcp."
   (let ((text (stop-text entry)))
     (with-news-lock
-      (let ((news (current-news))
-            (state (gethash thread *thread-lines*)))
+      (let* ((state (gethash thread *thread-lines*))
+             (news (owners-news (if state (thread-lines-owner state) (news-owner)))))
         ;; What it wrote before comes first, its error on a line of its own.
         (when state
           (cut-unfinished-lines thread state)
@@ -247,43 +258,59 @@ its backtrace among THREAD's error output, and tell cl-mcp."
 (defun record-end (entry reason)
   "The stopped thread ENTRY describes was aborted for REASON: tell cl-mcp."
   (with-news-lock
-    (let ((news (current-news)))
+    (let ((news (owners-news (news-owner))))
       (if (< (length (news-ends news)) *news-entry-limit*)
           (setf (news-ends news)
                 (append (news-ends news) (list (list* :reason reason (without-backtrace entry)))))
           (incf (news-untold news))))))
 
+(defun takers-owners (owner)
+  "Whose news OWNER's session hears: its own, nobody's, and that of each
+session that has ended (its threads are nobody's now)."
+  (let ((owners (list owner nil)))
+    (loop for other being the hash-keys of *news-by-owner*
+          unless (live-session other) do (pushnew other owners))
+    owners))
+
 (defun take-news ()
-  "The news as a plist for cl-mcp, once, or nil when there is none:
-:number (under which the output is kept, when there is output), :stdout
-and :stderr (with :stdout-dropped, :stderr-dropped), :writers, :stops,
-:ends, :untold."
-  (let ((news (with-news-lock
-                (maphash (lambda (thread state)
-                           (cond ((or (thread-lines-stdout state) (thread-lines-stderr state))
-                                  (cut-unfinished-lines thread state))
-                                 ((null (thread-lines-continued state))
-                                  (remhash thread *thread-lines*))))
-                         *thread-lines*)
-                (shiftf *news* nil))))
-    (when news
-      (let ((stdout (news-stdout news))
-            (stderr (news-stderr news))
-            (report (list :writers (news-writers news)
-                          :stops (news-stops news)
-                          :ends (news-ends news)
-                          :untold (news-untold news))))
-        (flet ((add (key value) (setf report (list* key value report))))
-          (dolist (stream (list (list :stdout :stdout-dropped stdout)
-                                (list :stderr :stderr-dropped stderr)))
-            (destructuring-bind (key dropped-key text) stream
-              (when (plusp (fill-pointer (news-text-buffer text)))
-                (add key (coerce (news-text-buffer text) 'simple-string)))
-              (when (plusp (news-text-dropped text))
-                (add dropped-key (news-text-dropped text)))))
-          (when (or (getf report :stdout) (getf report :stderr))
-            (add :number (with-agent-lock (*registry-lock*) (incf *evaluation-counter*)))))
-        report))))
+  "The news this session hears (`takers-owners') as plists for cl-mcp,
+once, one for each owner that has some: :number (under which the output
+is kept, when there is output), :stdout and :stderr (with
+:stdout-dropped, :stderr-dropped), :writers, :stops, :ends, :untold."
+  (let ((taken (with-news-lock
+                 (let ((owners (takers-owners (news-owner))))
+                   (maphash (lambda (thread state)
+                              (when (member (thread-lines-owner state) owners)
+                                (cond ((or (thread-lines-stdout state) (thread-lines-stderr state))
+                                       (cut-unfinished-lines thread state))
+                                      ((null (thread-lines-continued state))
+                                       (remhash thread *thread-lines*)))))
+                            *thread-lines*)
+                   (loop for owner in owners
+                         for news = (gethash owner *news-by-owner*)
+                         when news collect news
+                           and do (remhash owner *news-by-owner*))))))
+    (mapcar #'news-report taken)))
+
+(defun news-report (news)
+  "NEWS as the plist `take-news' sends."
+  (let ((stdout (news-stdout news))
+        (stderr (news-stderr news))
+        (report (list :writers (news-writers news)
+                      :stops (news-stops news)
+                      :ends (news-ends news)
+                      :untold (news-untold news))))
+    (flet ((add (key value) (setf report (list* key value report))))
+      (dolist (stream (list (list :stdout :stdout-dropped stdout)
+                            (list :stderr :stderr-dropped stderr)))
+        (destructuring-bind (key dropped-key text) stream
+          (when (plusp (fill-pointer (news-text-buffer text)))
+            (add key (coerce (news-text-buffer text) 'simple-string)))
+          (when (plusp (news-text-dropped text))
+            (add dropped-key (news-text-dropped text)))))
+      (when (or (getf report :stdout) (getf report :stderr))
+        (add :number (with-agent-lock (*registry-lock*) (incf *evaluation-counter*)))))
+    report))
 
 (defparameter *news-channel* 0
   "The channel number the news goes on.")
@@ -296,15 +323,16 @@ connections (in an image cl-mcp owns, they all do)."
 (defun deliver-thread-news ()
   "Send cl-mcp the news, just before the reply to one of its requests (a
 Swank pre-reply hook; `answer-directly' calls it too)."
-  (when (and (or *news* (plusp (hash-table-count *thread-lines*))) (cl-mcp-connection-p))
+  ;; Both counts read unlocked: a hint, taken again under the lock.
+  (when (and (or (plusp (hash-table-count *news-by-owner*)) (plusp (hash-table-count *thread-lines*)))
+             (cl-mcp-connection-p))
     ;; Run before the reply is sent: an error here must not turn the
     ;; request it precedes into an abort.
     (handler-case
-        (let ((news (take-news)))
-          (when news
-            ;; Swank passes on only the events it knows: a message on a channel
-            ;; is one (cl-mcp opens no channel; the number is cl-mcp's own).
-            (swank::send-to-emacs (list :channel-send *news-channel* (list :cl-mcp-threads news)))))
+        (dolist (news (take-news))
+          ;; Swank passes on only the events it knows: a message on a channel
+          ;; is one (cl-mcp opens no channel; the number is cl-mcp's own).
+          (swank::send-to-emacs (list :channel-send *news-channel* (list :cl-mcp-threads news))))
       (error (condition)
         (log-note "thread news not sent: ~A" condition)))))
 
@@ -618,4 +646,4 @@ no news delivered, and the news nobody will read dropped."
   (sb-ext:without-package-locks
     (sb-int:unencapsulate 'sb-thread:make-thread 'watched))
   (setf swank::*pre-reply-hook* (remove 'deliver-thread-news swank::*pre-reply-hook*))
-  (with-news-lock (setf *news* nil) (clrhash *thread-lines*)))
+  (with-news-lock (clrhash *news-by-owner*) (clrhash *thread-lines*)))

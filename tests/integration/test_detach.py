@@ -53,7 +53,8 @@ CATCH_TICKS = """(cl:let ((old (sb-ext:symbol-global-value (cl:quote cl:*standar
                    (cl:setf seen (cl:concatenate (cl:quote cl:string) seen
                                                  (cl:get-output-stream-string caught))))
     (cl:setf (sb-ext:symbol-global-value (cl:quote cl:*standard-output*)) old))
-  (cl:list (cl:and (cl:search "tick" seen) cl:t) cl-mcp-agent::*news*))"""
+  (cl:list (cl:and (cl:search "tick" seen) cl:t)
+           (cl:plusp (cl:hash-table-count cl-mcp-agent::*news-by-owner*))))"""
 
 
 def marks_once_settled(emacs: Emacs, wanted: str) -> str:

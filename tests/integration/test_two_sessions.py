@@ -205,3 +205,28 @@ def test_a_thread_one_assistant_started_is_not_the_others_to_interrupt_or_kill()
         assert entry(first)["id"] == thread  # still alive
         killed = first.call("threads", action="kill", thread=thread)
         assert not killed["isError"], killed
+
+
+def test_the_news_of_a_thread_goes_to_the_assistant_whose_evaluation_started_it():
+    """A thread's output and its stop are news for the session that started
+    it; the other assistant's answers carry none of it (the news was one
+    pile, and whichever cl-mcp the image answered next took it all)."""
+    with two_assistants() as (server, first, second):
+        for each in (first, second):  # the agent loaded, its session made
+            assert each.eval("1") == ("=> 1", False)
+        started, is_error = first.eval('(sb-thread:make-thread (lambda () (sleep 0.5) (format t "ts-news line~%") '
+                                       '(finish-output) (sleep 1) (error "ts-news fails")) :name "ts-news")')
+        assert not is_error, started
+        seconds = []
+        deadline = time.monotonic() + 60
+        stopped = '(cl:length cl-mcp-agent::*suspended*)'
+        while server.client_eval(stopped) != "1":
+            assert time.monotonic() < deadline, "the thread never stopped"
+            seconds.append(second.eval("(+ 1 1)")[0])
+        seconds += [second.eval("(+ 1 1)")[0] for _ in range(3)]
+        assert len(seconds) > 3 and not [text for text in seconds if "ts-news" in text], seconds
+        text = first.eval("(+ 2 2)")[0]
+        # Its line may come with the answer that started it, if written by then.
+        assert "ts-news line" in started + text and "ts-news fails" in text, (started, text)
+        waits = int(re.search(r"It waits as evaluation (\d+)", text).group(1))
+        assert not first.call("invoke-restart", evaluation=waits, restart="ABORT")["isError"]
