@@ -19,6 +19,8 @@ from typing import Callable
 
 from tests.truth.corpus import CORPUS, Library
 from tests.truth.places import Tally
+from tests.truth.places_of_tests import check_test_places
+from tests.truth.tests_oracle import check_library_tests
 from tests.truth.threads import check_library_threads
 
 ROOT = Path(__file__).parents[2]
@@ -33,7 +35,10 @@ class Mutant:
     old: str
     new: str
     library: str = "cl-split-sequence"
-    threads: bool = False  # checked by the running-code answers (threads.py), not the places
+    # The check in its reach: "places" (places, xref and notes: run.py's
+    # check_library), "running" (backtraces and output: threads.py) or
+    # "tests" (run-tests' results and places).
+    check: str = "places"
 
 
 MUTANTS = [
@@ -64,14 +69,32 @@ MUTANTS = [
            'structure["compiledLine"] = place["compiled-line"] + 1'),
     Mutant("edit-form gives Swank's source cache the text it wrote (the trial's xref after an edit-form)",
            "agent/edit.lisp",
-           "(lambda ()\n                                          (when *written-edit*",
-           "(lambda ()\n                                          (let ((cache swank/source-file-cache::*source-file-cache*))"
+           "(lambda () (keep-past-cancel",
+           "(lambda () (let ((cache swank/source-file-cache::*source-file-cache*))"
            " (remhash (truename file) cache) (remhash (namestring (truename file)) cache)"
-           " (remember-source (truename file)))\n                                          (when *written-edit*"),
+           " (remember-source (truename file))) (keep-past-cancel"),
     Mutant("backtrace puts a made-up frame before each real one", "cl_mcp/results/render.py",
            '        frames.append({"index": index, "call": frame,',
            '        frames.append({"index": index, "call": "(TRUTH-MADE-UP-FRAME)", "locals": []})\n'
-           '        frames.append({"index": index, "call": frame,', threads=True),
+           '        frames.append({"index": index, "call": frame,', check="running"),
+    Mutant("a frame is placed 1000 lines down", "cl_mcp/results/render.py",
+           "    structure = place_structure(place)\n    for key in",
+           '    structure = place_structure(place)\n    if "line" in structure:\n'
+           '        structure["line"] += 1000\n    for key in', check="running"),
+    Mutant("an error's backtrace leaves out its first frame", "cl_mcp/results/render.py",
+           'for i, frame in enumerate(backtrace))', 'for i, frame in enumerate(backtrace[1:]))',
+           check="running"),
+    Mutant("read-output leaves out the last line", "cl_mcp/tools/output.py",
+           'last = len(lines) if "length" not in arguments', 'last = len(lines) - 1 if "length" not in arguments',
+           "lparallel", check="running"),
+    Mutant("run-tests places each problem a line down", "cl_mcp/tools/run_tests.py",
+           'structure["place"] = place_structure(problem["place"])',
+           'structure["place"] = place_structure(problem["place"])\n'
+           '    if "line" in structure["place"]:\n        structure["place"]["line"] += 1', check="tests"),
+    Mutant("run-tests counts one test fewer passed", "cl_mcp/tools/run_tests.py",
+           'structure.update({key: tests[key] for key in ("counts", "passed", "failed", "errored", "skipped")})',
+           'structure.update({key: tests[key] for key in ("counts", "passed", "failed", "errored", "skipped")},'
+           ' passed=tests["passed"] - 1)', check="tests"),
     Mutant("compile-file leaves out its first note", "cl_mcp/tools/code.py",
            '"notes": [note_structure(note) for note in notes]}',
            '"notes": [note_structure(note) for note in notes[1:]]}', "cl-ppcre"),
@@ -100,10 +123,14 @@ def check_of(mutant: Mutant, rounds: int, seed: int, check_library: Callable[...
     library: CHECK_LIBRARY's (tests/truth/run.py's; ROUNDS rounds of edits
     seeded with SEED), or the running-code answers', cl-mcp in ENV."""
     library: Library = next(lib for lib in CORPUS if lib.directory == mutant.library)
-    if not mutant.threads:
+    if mutant.check == "places":
         return check_library(library, rounds, seed, log=lambda text: None, env=env)
     tally = Tally()
-    check_library_threads(library, tally, 1, seed, log=lambda text: None, env=env)
+    if mutant.check == "running":
+        check_library_threads(library, tally, 1, seed, log=lambda text: None, env=env)
+    else:
+        check_library_tests(library, tally, env=env)
+        check_test_places(library, tally, log=lambda text: None, env=env)
     return tally
 
 

@@ -134,9 +134,10 @@ def defined(name: str, expected: dict[str, tuple[str, int]]) -> str | None:
     return name if name in expected else None
 
 
-def check_test_places(library: Library, tally: Tally, log=print) -> None:
-    """Every test of LIBRARY made to fail, in a fresh cl-mcp that loads a
-    fresh copy, and the place of each failure run-tests reports checked."""
+def check_test_places(library: Library, tally: Tally, log=print, env: dict[str, str] | None = None) -> None:
+    """Every test of LIBRARY made to fail, in a fresh cl-mcp (in ENV beside
+    ours) that loads a fresh copy, and the place of each failure run-tests
+    reports checked."""
     with tempfile.TemporaryDirectory(prefix="cl-mcp-truth-test-places-") as scratch:
         copy = copy_library(library, Path(scratch))
         expected: dict[str, tuple[str, int]] = {}
@@ -145,7 +146,7 @@ def check_test_places(library: Library, tally: Tally, log=print) -> None:
                 expected[name] = (str(path), line)
         if not expected:
             return
-        process = McpProcess("--max-result-chars", "1000000")
+        process = McpProcess("--max-result-chars", "1000000", env=env)
         try:
             process.initialize()
             load_copy(process, library, copy)

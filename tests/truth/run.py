@@ -135,10 +135,10 @@ MUTANT_ROUNDS = 3
 def planted_faults(seed: int, log=print) -> list[tuple[Mutant, int]]:
     """Each mutant's count of wrong answers that a run without it (the same
     library, rounds and seed) does not have."""
-    baselines: dict[tuple[str, bool], Tally] = {}
+    baselines: dict[tuple[str, str], Tally] = {}
     counts = []
     for mutant in MUTANTS:
-        which = (mutant.library, mutant.threads)
+        which = (mutant.library, mutant.check)
         if which not in baselines:
             baselines[which] = check_of(mutant, MUTANT_ROUNDS, seed, check_library)
         count = caused(run_mutant(mutant, MUTANT_ROUNDS, seed, check_library), baselines[which])

@@ -138,11 +138,12 @@ def check_tests(process: McpProcess, library: Library, copy: Path, tally: Tally)
     compare(tally, printed, answered(tests))
 
 
-def check_library_tests(library: Library, tally: Tally) -> None:
-    """The test results of LIBRARY, in a fresh cl-mcp (embedded) that loads
-    a fresh copy of it, counted in TALLY; none when its suite can hang."""
+def check_library_tests(library: Library, tally: Tally, env: dict[str, str] | None = None) -> None:
+    """The test results of LIBRARY, in a fresh cl-mcp (embedded, in ENV
+    beside ours) that loads a fresh copy of it, counted in TALLY; none when
+    its suite can hang."""
     if library.hanging_tests:
         print(f"  {library.system}: tests not checked: {library.hanging_tests}", file=sys.stderr)
         return
-    with loaded(library) as (process, copy):
+    with loaded(library, env=env) as (process, copy):
         check_tests(process, library, copy, tally)
