@@ -16,8 +16,8 @@ RT := /usr/share/common-lisp/source/rt/rt.asd
 FIASCO := /usr/share/common-lisp/source/fiasco/fiasco.asd
 SLIME_EL := /usr/share/emacs/site-lisp/elpa-src/slime-*/slime.el
 # The truth harness's corpus (tests/truth/corpus.py), beside the libraries above
-CORPUS_PACKAGES := cl-esrap cl-iterate cl-lparallel cl-bordeaux-threads cl-named-readtables cl-flexi-streams
-CORPUS_ASDS := esrap/esrap.asd iterate/iterate.asd lparallel/lparallel.asd bordeaux-threads/bordeaux-threads.asd named-readtables/named-readtables.asd cl-flexi-streams/flexi-streams.asd
+CORPUS_PACKAGES := cl-esrap cl-iterate cl-lparallel cl-bordeaux-threads cl-named-readtables cl-flexi-streams cl-babel cl-who cl-containers cl-unicode cl-cffi
+CORPUS_ASDS := esrap/esrap.asd iterate/iterate.asd lparallel/lparallel.asd bordeaux-threads/bordeaux-threads.asd named-readtables/named-readtables.asd cl-flexi-streams/flexi-streams.asd babel/babel.asd cl-who/cl-who.asd cl-containers/cl-containers.asd cl-unicode/cl-unicode.asd cl-cffi/cffi.asd
 
 .PHONY: run test bench profile setup lisp test-lisp bench-lisp venv clean interop truth soak
 

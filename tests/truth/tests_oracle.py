@@ -142,8 +142,8 @@ def check_library_tests(library: Library, tally: Tally, env: dict[str, str] | No
     """The test results of LIBRARY, in a fresh cl-mcp (embedded, in ENV
     beside ours) that loads a fresh copy of it, counted in TALLY; none when
     its suite can hang."""
-    if library.hanging_tests:
-        print(f"  {library.system}: tests not checked: {library.hanging_tests}", file=sys.stderr)
+    if library.untested:
+        print(f"  {library.system}: tests not checked: {library.untested}", file=sys.stderr)
         return
     with loaded(library, env=env) as (process, copy):
         check_tests(process, library, copy, tally)
