@@ -22,6 +22,8 @@ FIVEAM_TOTALS = re.compile(r"Did (\d+) checks?\.\s+Pass: (\d+) .*?\s+Skip: (\d+)
 FIVEAM_FAILED = re.compile(r"^ -{32}\n (\S+) .*: *$", re.M)
 RT_FAILED = re.compile(r"(\d+) out of (\d+) total tests failed: (.*?)\.\n", re.S)
 RT_TOTAL = re.compile(r"Doing (\d+) pending tests? of (\d+) tests? total\.")
+# After a run's failures, when it has an *expected-failures* list.
+RT_UNEXPECTED = re.compile(r"(\d+) unexpected failures: (.*?)\.(?=[\s;]|$)", re.S)
 
 
 @dataclass
@@ -58,12 +60,21 @@ def parse(text: str) -> Printed:
     if not runs:
         return Printed(None)
     ran = sum(int(total) for _, total in runs)
-    names = [bare(name) for _, _, listed in RT_FAILED.findall(text) for name in re.split(r",\s*", listed)]
-    printed = Printed("RT", {"tests": ran, "passed": ran - len(names), "failed": len(names)}, Counter(names))
-    # SB-RT with an *expected-failures* list says when none was unexpected.
-    if "No unexpected failures." in text:
-        printed.expected = Counter(names)
-        printed.totals["expected to fail"] = len(names)
+    names: list[str] = []
+    expected: Counter[str] = Counter()
+    for failures in RT_FAILED.finditer(text):
+        failed = [bare(name) for name in re.split(r",\s*", failures.group(3))]
+        names += failed
+        # With an *expected-failures* list, RT says which were unexpected
+        # (or that none was); without one, none was expected.
+        after = text[failures.end():]
+        if after.startswith("No unexpected failures."):
+            expected.update(failed)
+        elif unexpected := RT_UNEXPECTED.match(after):
+            new = {bare(name) for name in re.split(r",\s*", unexpected.group(2))}
+            expected.update(name for name in failed if name not in new)
+    printed = Printed("RT", {"tests": ran, "passed": ran - len(names), "failed": len(names),
+                             "expected to fail": sum(expected.values())}, Counter(names), expected)
     return printed
 
 

@@ -82,3 +82,30 @@ def test_rts_totals_failed_tests_and_expected_failures():
 
 def test_a_runner_of_its_own_is_no_framework():
     assert parse("Test: Simple tests from file \"simple\"\n.......\nAll tests passed.\n").framework is None
+
+
+# cffi's two runs (interpreted, then compiled): some failures expected, one not.
+RT_UNEXPECTED = """Doing 332 pending tests of 332 tests total.
+4 out of 332 total tests failed: FSBV.WFO, FSBV.MAKEPAIR.1, FSBV.MAKEPAIR.2, 
+   TEST-STATIC-PROGRAM.
+1 unexpected failures: TEST-STATIC-PROGRAM.
+;;; running tests (compiled)
+Doing 332 pending tests of 332 tests total.
+3 out of 332 total tests failed: FSBV.WFO, FSBV.MAKEPAIR.1, TEST-STATIC-PROGRAM.
+1 unexpected failures: TEST-STATIC-PROGRAM.; 
+; compilation unit finished
+"""
+
+
+def test_rts_failures_not_named_unexpected_are_expected_ones():
+    """An oracle that read only "No unexpected failures." took cffi's expected
+    failures for unexpected ones, and run-tests' right answer for wrong."""
+    printed = parse(RT_UNEXPECTED)
+    assert printed.totals == {"tests": 664, "passed": 657, "failed": 7, "expected to fail": 5}
+    assert printed.expected == Counter({"FSBV.WFO": 2, "FSBV.MAKEPAIR.1": 2, "FSBV.MAKEPAIR.2": 1})
+    assert printed.failed["TEST-STATIC-PROGRAM"] == 2
+
+
+def test_rt_without_an_expected_failures_list_expects_none():
+    printed = parse("Doing 2 pending tests of 2 tests total.\n1 out of 2 total tests failed: FOO.1.\n")
+    assert printed.totals["expected to fail"] == 0 and not printed.expected
