@@ -137,5 +137,7 @@ def assistant_edit(rng: random.Random, process: McpProcess,
     done = f"edit-form {kind} {d.name} ({Path(d.file).name}:{d.line}){' compiled' if compile_it else ''}"
     if not compile_it:
         return done, None
-    # The new text: the form one line longer, or the form inserted after it.
-    return done, (d.line, d.end + 1) if kind == "replace" else (d.end + 1, d.end + 1)
+    # The new text's lines, as edit-form says: a form that a #+ opens
+    # (cl-who's #+:sbcl (defmacro defconstant ...)) begins above D's line.
+    written = result["structuredContent"]
+    return done, (written["line"], written["endLine"])
