@@ -13,6 +13,7 @@ import random
 import sys
 import tempfile
 import time
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from pathlib import Path
 
 from tests.integration.conftest import McpProcess
@@ -132,19 +133,35 @@ def check_library(library: Library, rounds: int, seed: int, log=print,
 MUTANT_ROUNDS = 3
 
 
-def planted_faults(seed: int, log=print) -> list[tuple[Mutant, int]]:
+def planted_faults(seed: int, pool: Executor, log=print) -> list[tuple[Mutant, int]]:
     """Each mutant's count of wrong answers that a run without it (the same
-    library, rounds and seed) does not have."""
-    baselines: dict[tuple[str, str], Tally] = {}
-    counts = []
+    library, rounds and seed) does not have; the runs in POOL."""
+    baselines: dict[tuple[str, str], Future[Tally]] = {}
     for mutant in MUTANTS:
-        which = (mutant.library, mutant.check)
-        if which not in baselines:
-            baselines[which] = check_of(mutant, MUTANT_ROUNDS, seed, check_library)
-        count = caused(run_mutant(mutant, MUTANT_ROUNDS, seed, check_library), baselines[which])
+        if (mutant.library, mutant.check) not in baselines:
+            baselines[mutant.library, mutant.check] = pool.submit(check_of, mutant, MUTANT_ROUNDS, seed, check_library)
+    planted = [pool.submit(run_mutant, mutant, MUTANT_ROUNDS, seed, check_library) for mutant in MUTANTS]
+    counts = []
+    for mutant, tally in zip(MUTANTS, planted):
+        count = caused(tally.result(), baselines[mutant.library, mutant.check].result())
         log(f"  mutant: {mutant.name}: {count} wrong answers")
         counts.append((mutant, count))
     return counts
+
+
+def every_check(library: Library, rounds: int, seed: int, output_rounds: int) -> Tally:
+    """LIBRARY's places, xref and notes (ROUNDS rounds of edits seeded with
+    SEED), test results and places, backtraces and OUTPUT_ROUNDS rounds of
+    output, in one tally; its log on stderr, each line marked with it."""
+    def log(text: str) -> None:
+        print(f"{library.directory}: {text.strip()}", file=sys.stderr, flush=True)
+    tally = check_library(library, rounds, seed, log=log)
+    check_library_tests(library, tally)
+    if not library.untested:
+        check_test_places(library, tally, log=log)
+    check_library_threads(library, tally, output_rounds, seed, log=log)
+    log(f"{sum(tally.right.values())} right, {sum(tally.wrong.values())} wrong")
+    return tally
 
 
 def mutant_table(counts: list[tuple[Mutant, int]]) -> list[str]:
@@ -161,7 +178,7 @@ def mutant_table(counts: list[tuple[Mutant, int]]) -> list[str]:
 
 
 def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, output_rounds: int,
-          counts: list[tuple[Mutant, int]]) -> str:
+          counts: list[tuple[Mutant, int]], jobs: int) -> str:
     """docs/truth.md: per library and per answer, then per definition type."""
     answers = sorted({a for t in results.values() for a, _ in [*t.right, *t.wrong]})
     out = ["# Truth on real code",
@@ -169,7 +186,7 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, out
            "Written by `make truth` (tests/truth/run.py; issue 37): every definition of each",
            "library read by a plain SBCL (tests/truth/places.lisp), its place asked of cl-mcp",
            f"(embedded) and compared, before and after {rounds} rounds of seeded edits",
-           f"(seed {seed}). {seconds:.0f} s.",
+           f"(seed {seed}). {seconds:.0f} s, {jobs} libraries or mutants checked at a time (`--jobs`).",
            "",
            "The harness lives in tests/truth/, beside the integration tests whose cl-mcp",
            "driver (McpProcess) it uses; pytest collects none of it, but its subsets, in",
@@ -309,26 +326,19 @@ def main() -> None:
     parser.add_argument("--output-rounds", type=int, default=6, help="rounds of the output scenarios")
     parser.add_argument("--output", type=Path, default=TABLE)
     parser.add_argument("--no-mutants", action="store_true", help="leave out the planted faults")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="libraries and mutants checked at once, each in a cl-mcp and images of its own")
     options = parser.parse_args()
     chosen = [lib for lib in CORPUS if not options.libraries or lib.directory in options.libraries]
     started = time.monotonic()
-    results = {}
-    for library in chosen:
-        print(library.directory, file=sys.stderr)
-        results[library.directory] = check_library(library, options.rounds, options.seed,
-                                                   log=lambda text: print(text, file=sys.stderr))
-        check_library_tests(library, results[library.directory])
-        if not library.untested:
-            check_test_places(library, results[library.directory], log=lambda text: print(text, file=sys.stderr))
-        check_library_threads(library, results[library.directory], options.output_rounds, options.seed,
-                              log=lambda text: print(text, file=sys.stderr))
-        wrong = sum(results[library.directory].wrong.values())
-        right = sum(results[library.directory].right.values())
-        print(f"  {right} right, {wrong} wrong", file=sys.stderr)
-    counts = [] if options.no_mutants else planted_faults(options.seed,
-                                                         log=lambda text: print(text, file=sys.stderr))
+    with ProcessPoolExecutor(options.jobs) as pool:
+        checks = {library.directory: pool.submit(every_check, library, options.rounds, options.seed,
+                                                 options.output_rounds) for library in chosen}
+        counts = [] if options.no_mutants else planted_faults(options.seed, pool,
+                                                             log=lambda text: print(text, file=sys.stderr))
+        results = {name: check.result() for name, check in checks.items()}
     options.output.write_text(table(results, time.monotonic() - started, options.rounds, options.seed,
-                                    options.output_rounds, counts))
+                                    options.output_rounds, counts, options.jobs))
     unseen = [mutant.name for mutant, count in counts if count == 0]
     if unseen:
         sys.exit(f"planted faults no comparison saw: {', '.join(unseen)}")
