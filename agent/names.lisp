@@ -52,15 +52,24 @@ names no existing symbol or an unknown package.  Nothing is interned."
         (values nil (name-error "PACKAGE-ERROR"
                                 (format nil "The package ~S does not exist." package-name)))))
     (multiple-value-bind (symbol found name home) (swank::parse-symbol (string-trim " " text) package)
-      (declare (ignore name))
       (cond (found (values symbol nil))
             ((and (null home) (find #\: text))
              (values nil (name-error "PACKAGE-ERROR"
                                      (format nil "The package of ~A does not exist." text))))
-            (t
+            ((not (find #\: text))
              (values nil (name-error "CL-MCP:UNKNOWN-SYMBOL"
                                      (format nil "No symbol ~A is accessible in ~A (nothing was interned)."
-                                             text (package-name package)))))))))
+                                             text (package-name package)))))
+            ;; Qualified: the package asked is the one to name.
+            ((eq (nth-value 1 (find-symbol name home)) :internal)
+             (values nil (name-error "CL-MCP:UNKNOWN-SYMBOL"
+                                     (format nil "~A is not external in ~A: it is an internal symbol there, ~
+                                                  written ~A::~A."
+                                             text (package-name home) (package-name home) name))))
+            (t
+             (values nil (name-error "CL-MCP:UNKNOWN-SYMBOL"
+                                     (format nil "No symbol named ~A exists in ~A (nothing was interned)."
+                                             name (package-name home)))))))))
 
 (defun with-resolved-symbol (text package-name function)
   "Call FUNCTION with the symbol TEXT names (see `resolve-symbol'), or

@@ -159,3 +159,19 @@ def test_unknown_symbol_or_package_is_an_error_and_interns_nothing(lisp):
     assert lisp.eval('(find-symbol "NO-SUCH-DESCRIPTION-XYZ" "CL-USER")') == ("=> NIL\n=> NIL", False)
     result = describe(lisp, symbol="greet", package="no-such-package-xyz")
     assert result["isError"] and result["content"][0]["text"].startswith("[ERROR] PACKAGE-ERROR\n")
+
+
+def test_a_qualified_name_that_names_nothing_is_said_to_be_missing_from_its_own_package(lisp):
+    """Issue 49, item 4: `pkg::no-such` was reported as "not accessible in
+    COMMON-LISP-USER", where it is missing from PKG; `pkg:internal` is
+    there, only not external, and the answer says how to write it."""
+    missing = describe(lisp, symbol="cl-mcp-fixture::no-such-thing-zz")
+    assert missing["isError"], missing
+    assert missing["content"][0]["text"] == ("[ERROR] CL-MCP:UNKNOWN-SYMBOL\nNo symbol named NO-SUCH-THING-ZZ"
+                                             " exists in CL-MCP-FIXTURE (nothing was interned).")
+    internal = describe(lisp, symbol="cl-mcp-fixture:name")
+    assert internal["isError"], internal
+    assert internal["content"][0]["text"] == ("[ERROR] CL-MCP:UNKNOWN-SYMBOL\ncl-mcp-fixture:name is not external"
+                                              " in CL-MCP-FIXTURE: it is an internal symbol there, written"
+                                              " CL-MCP-FIXTURE::NAME.")
+    assert lisp.eval('(find-symbol "NO-SUCH-THING-ZZ" "CL-MCP-FIXTURE")') == ("=> NIL\n=> NIL", False)
