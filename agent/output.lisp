@@ -297,6 +297,46 @@ run SBCL's own pass, which nothing stops."
        (= (length *circularity-variables*) 2)
        (not (typep object '(or number character symbol string bit-vector)))))
 
+(defparameter *cycle-walk-limit* 100000
+  "Objects `cycle-free-p' walks at most before it takes an object for one
+that may hold a cycle.")
+
+(defun cycle-free-p (object)
+  "True when OBJECT holds no cycle the printer could follow (through
+conses, arrays of T and structures' slots), as a walk of at most
+`*cycle-walk-limit*' objects finds; false when it holds one or is too
+large to tell.  Shared parts that form no cycle are no reason for labels:
+a list of one string twice prints (\"a\" \"a\"), not (#1=\"a\" #1#)."
+  (let ((state (make-hash-table :test 'eq)) (count 0))
+    (labels ((enter (x)
+               (when (> (incf count) *cycle-walk-limit*)
+                 (return-from cycle-free-p nil))
+               (case (gethash x state)
+                 (:open (return-from cycle-free-p nil))  ; met again on its own path
+                 (:done nil)
+                 (t (setf (gethash x state) :open) t)))
+             (walk (x)
+               (typecase x
+                 (cons
+                  ;; A list's spine iteratively, its elements recursively.
+                  (let ((spine '()))
+                    (loop while (and (consp x) (enter x))
+                          do (push x spine) (walk (car x)) (setf x (cdr x)))
+                    (unless (consp x) (walk x))
+                    (dolist (cell spine) (setf (gethash cell state) :done))))
+                 ((or string bit-vector))
+                 (array
+                  (when (and (eq (array-element-type x) t) (enter x))
+                    (dotimes (i (array-total-size x)) (walk (row-major-aref x i)))
+                    (setf (gethash x state) :done)))
+                 (structure-object
+                  (when (enter x)
+                    (dolist (slot (sb-mop:class-slots (class-of x)))
+                      (walk (slot-value x (sb-mop:slot-definition-name slot))))
+                    (setf (gethash x state) :done))))))
+      (walk object)
+      t)))
+
 (defun print-bounded (object printer out)
   "Print OBJECT with PRINTER (`prin1' or `princ', called with OBJECT and a
 stream) into OUT, a `bounded-output-stream', under the printer variables
@@ -304,7 +344,7 @@ in effect, *print-circle*'s first pass included; true when the printer
 ran to its end, false when OUT stopped it."
   (flet ((print-into (stream)
            (catch stream (funcall printer object stream) t)))
-    (if (circularity-pass-p object)
+    (if (and (circularity-pass-p object) (not (cycle-free-p object)))
         (destructuring-bind (table-variable counter-variable) *circularity-variables*
           ;; The first pass prints the second's text without its labels,
           ;; and each object the second pass meets costs it a character at
@@ -316,9 +356,16 @@ ran to its end, false when OUT stopped it."
               (print-into (make-instance 'first-pass-stream
                                          :limit 0 :seen table
                                          :stop (+ stop (ceiling stop 4) 1000)))
+              ;; What can hold no cycle is never labelled, shared or not.
+              (maphash (lambda (seen mark)
+                         (declare (ignore mark))
+                         (when (typep seen '(or string bit-vector symbol number character))
+                           (remhash seen table)))
+                       table)
               (progv (list counter-variable) (list 0)
                 (print-into out)))))
-        (print-into out))))
+        (let ((*print-circle* nil))
+          (print-into out)))))
 
 (defun print-within (object printer keep past)
   "Print OBJECT with PRINTER (`prin1' or `princ', called with OBJECT and a

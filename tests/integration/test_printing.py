@@ -223,3 +223,17 @@ def test_printing_a_huge_value_conses_little(shared_server, code):
 def test_printing_a_huge_string_to_the_full_limit_conses_little(shared_server):
     # Printing it whole conses 463 MB; a million characters kept, about 20.
     assert consed_while_printing(shared_server, '(make-string 50000000 :initial-element #\\a)', VALUE_LIMIT) < 100 * MB
+
+
+@pytest.mark.parametrize("code, printed", [
+    ('(let ((s "banana")) (list s s))', '=> ("banana" "banana")'),
+    ("(let ((x (list 1 2))) (list x x))", "=> ((1 2) (1 2))"),
+    ('(let* ((s "b") (x (list s s 1))) (setf (cdr (last x)) x) x)', '=> #1=("b" "b" 1 . #1#)'),
+    ("(let ((v (vector 1 2))) (setf (aref v 0) v) v)", "=> #1=#(#1# 2)"),
+])
+def test_labels_mark_only_a_real_cycle_and_never_a_string(shared_server, code, printed):
+    """Issue 49, item 1: a list of one string twice printed (#1="banana"
+    #1#), and a cxml DOM showed #1# for every element's tag name after the
+    first; shared parts that make no cycle print as they are, and inside a
+    cycle a string is never labelled."""
+    assert shared_server.eval(code) == (printed, False)
