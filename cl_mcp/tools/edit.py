@@ -76,12 +76,12 @@ async def edit_form(session: LispSession, arguments: dict[str, Any]) -> Rendered
         raise
     if result.get("status") != "ok":
         return agent_error(result, {"written": False})
-    return render_edit(result)
+    return render_edit(result, arguments.get("notes", "warnings"))
 
 
-def render_edit(result: dict[str, Any]) -> Rendered:
+def render_edit(result: dict[str, Any], notes_mode: str = "warnings") -> Rendered:
     """``Replaced the form at FILE:OLD (now LINES)``, then compile-form's
-    result for what was written."""
+    result for what was written (its notes as NOTES_MODE says)."""
     action = result["action"]
     verb = {"replace": "Replaced", "insert-before": "Inserted before", "insert-after": "Inserted after",
             "delete": "Deleted"}[action]
@@ -107,7 +107,7 @@ def render_edit(result: dict[str, Any]) -> Rendered:
         structure |= {"line": result["line"], "endLine": result["end-line"]}
     if not isinstance(result.get("compiled"), list):
         return Rendered(head + ("" if action == "delete" else "\nnot compiled"), False, structure)
-    compiled = render_compiled_form(result_dict(result["compiled"]))
+    compiled = render_compiled_form(result_dict(result["compiled"]), notes_mode)
     structure["compiled"] = compiled.structured
     written = "the edit is written" + ("" if not compiled.is_error else ", and stays written")
     return Rendered(f"{head} ({written})\n\n{compiled.text}", compiled.is_error, structure)

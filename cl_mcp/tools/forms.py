@@ -10,15 +10,19 @@ from typing import Any
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results.render import Rendered, condition_structure, error_text
 from cl_mcp.tools.calls import ask_agent, result_dict, strings
-from cl_mcp.tools.code import note_structure, note_text
+from cl_mcp.tools.code import counts_text, note_structure, note_text
 from cl_mcp.wire.sexp import Symbol
 
 
 
-def render_compiled_form(result: dict[str, Any]) -> Rendered:
+def render_compiled_form(result: dict[str, Any], notes_mode: str = "warnings") -> Rendered:
     """``Compiled the form at FILE:LINE-END (package P): N notes``, what it
-    defined, then one block per note."""
+    defined, then one block per note listed: with NOTES_MODE "warnings",
+    as compile-file's, the plain compiler notes are counted, not listed."""
     notes = [result_dict(note) for note in result.get("notes") or []]
+    plain = [note for note in notes if note["severity"] == "note"] if notes_mode == "warnings" else []
+    notes = [note for note in notes if note not in plain]
+    counts = [{"file": result["file"], "count": len(plain)}] if plain else []
     dropped = result.get("dropped") or 0
     success = result.get("success") is True
     defined = strings(result.get("defined"))
@@ -28,6 +32,8 @@ def render_compiled_form(result: dict[str, Any]) -> Rendered:
     place = f"{result['file']}:{result['line']}" + (
         f"-{result['end-line']}" if result["end-line"] != result["line"] else "")
     head = f"{'Compiled' if success else 'Compiling'} the form at {place} (package {result['package']})"
+    if plain:
+        count += f" listed, {len(plain)} compiler note{'' if len(plain) == 1 else 's'} counted"
     head += f": {count}" if success else f" failed: {count}"
     sections = [error_text("CL-MCP:COMPILATION-FAILED", head) if not success else head]
     if error:
@@ -36,6 +42,8 @@ def render_compiled_form(result: dict[str, Any]) -> Rendered:
     sections += [note_text(note) for note in notes]
     if dropped:
         sections.append(f"… and {dropped} more notes, not listed")
+    if counts:
+        sections.append(counts_text(counts))
     structure: dict[str, Any] = {
         "success": success, "file": result["file"], "line": result["line"],
         "endLine": result["end-line"], "package": result["package"], "defined": defined,
@@ -44,6 +52,8 @@ def render_compiled_form(result: dict[str, Any]) -> Rendered:
         structure["error"] = condition_structure(error["type"], error["message"])
     if dropped:
         structure["truncated"] = dropped
+    if counts:
+        structure["noteCounts"] = counts
     return Rendered("\n\n".join(sections), not success, structure)
 
 
@@ -60,4 +70,4 @@ async def compile_form(session: LispSession, arguments: dict[str, Any]) -> Rende
     result = await ask_agent(session, form, session.config.load_timeout, runs_code=True)
     if "success" not in result:  # no form there, it does not read, or the session failed
         return compile_form_error(result["error"]["type"], result["error"]["message"])
-    return render_compiled_form(result)
+    return render_compiled_form(result, arguments.get("notes", "warnings"))

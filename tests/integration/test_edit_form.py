@@ -756,3 +756,33 @@ def test_compile_form_says_what_a_librarys_own_definer_defines(lisp, tmp_path):
     assert lisp.eval("(cf-served)") == ("=> :ROUTED", False)
     plain = lisp.call("compile-form", path=str(path), line=11)
     assert plain["structuredContent"]["defined"] == [] and "defined: nothing named" in plain["content"][0]["text"]
+
+
+NOTED = "(defun noted-sum (x y)\n  (declare (optimize speed))\n  (let ((unused-z 1))\n    (+ x y)))\n"
+
+
+def test_compile_form_and_edit_form_count_plain_notes_as_compile_file_does(lisp, tmp_path):
+    """Issue 49, item 2: a one-token edit listed every optimisation note in
+    full (about 45 lines in ironclad), where compile-file counts them unless
+    asked. Warnings and style-warnings are still listed; notes "all" lists
+    every note."""
+    path = tmp_path / "noted.lisp"
+    path.write_text(NOTED)
+    check_results_of(lisp, "compile-form")
+    every = checked_call(lisp, "compile-form", path=str(path), line=1, notes="all")
+    plain = [n for n in every["structuredContent"]["notes"] if n["severity"] == "note"]
+    styles = [n for n in every["structuredContent"]["notes"] if n["severity"] == "style-warning"]
+    assert plain and styles, every
+    counted = checked_call(lisp, "compile-form", path=str(path), line=1)
+    assert counted["structuredContent"]["notes"] == styles, counted
+    assert counted["structuredContent"]["noteCounts"] == [{"file": str(path), "count": len(plain)}]
+    head = counted["content"][0]["text"].split("\n", 1)[0]
+    assert head.endswith(f"{len(styles)} note{'' if len(styles) == 1 else 's'} listed,"
+                         f" {len(plain)} compiler note{'' if len(plain) == 1 else 's'} counted"), head
+    assert f"[compiler notes: {len(plain)}, counted per file, not listed" in counted["content"][0]["text"]
+    edited = edit(lisp, path, line=1, text=NOTED.replace("(+ x y)", "(+ y x)"))
+    compiled = edited["structuredContent"]["compiled"]
+    assert compiled["notes"] and all(note["severity"] != "note" for note in compiled["notes"]), compiled
+    assert edited["structuredContent"]["compiled"]["noteCounts"] == [{"file": str(path), "count": len(plain)}]
+    all_of_them = edit(lisp, path, line=1, text=NOTED, notes="all")
+    assert len(all_of_them["structuredContent"]["compiled"]["notes"]) == len(every["structuredContent"]["notes"])
