@@ -30,7 +30,8 @@ def part_line(part: dict[str, Any]) -> str:
 
 def render_inspect(result: dict[str, Any]) -> Rendered:
     """``CLASS: printed``, the description, one line per part, and which
-    parts these are when there are more."""
+    parts these are when there are more; a later page has a one-line title
+    instead of the first two."""
     parts = []
     for item in result.get("parts") or []:
         plist = dict(sexp.plist(item))
@@ -40,9 +41,12 @@ def render_inspect(result: dict[str, Any]) -> Rendered:
         parts.append(part)
     start, total = result["start"], result["total"]
     cut = result.get("cut") is True
-    lines = [f"{result['class']}: {result['printed']}  [{result['handle']}]"]
-    if result.get("description"):
-        lines.append(result["description"])
+    if start == 0:
+        lines = [f"{result['class']}: {result['printed']}  [{result['handle']}]"]
+        if result.get("description"):
+            lines.append(result["description"])
+    else:  # a later page: the printed form (up to 1,000 characters) was on the first
+        lines = [f"{result['class']}  [{result['handle']}], continued (its printed form: start 0)"]
     lines += [part_line(part) for part in parts]
     if not parts and total == 0:
         lines.append("(no parts)")

@@ -68,6 +68,9 @@ def test_long_part_lists_are_paged(lisp):
     assert page["handle"] == s["handle"] and page["start"] == 100
     assert [(p["label"], p["value"]) for p in page["parts"]] == [(str(i), str(i * i)) for i in range(100, 120)]
     assert last["content"][0]["text"].splitlines()[-1] == "parts 100–119 of 120"
+    # Issue 49, item 5: a later page does not print the object again.
+    assert last["content"][0]["text"].splitlines()[0] == f"CONS  [{s['handle']}], continued (its printed form: start 0)"
+    assert "A proper list:" not in last["content"][0]["text"] and "(0 1 4" not in last["content"][0]["text"]
 
 
 def test_hash_table_entries(lisp):
