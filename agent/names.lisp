@@ -1204,27 +1204,48 @@ were cut."
               collect (list kind (multiple-value-call #'marked-text
                                    (cap-string text *documentation-limit*)))))))
 
-(defun slot-readers (class name)
-  "The readers CLASS's own definition of slot NAME has, printed (none for a
-structure's slots, whose accessors are not the MOP's)."
+(defun direct-slot-functions (class name reader)
+  "The functions READER (`sb-mop:slot-definition-readers' or -writers) gives
+for CLASS's own definition of slot NAME (none for a structure's slots,
+whose accessors are not the MOP's)."
   (handler-case
       (let ((direct (find name (sb-mop:class-direct-slots class)
                           :key #'sb-mop:slot-definition-name)))
-        (and direct (mapcar #'printed-name (sb-mop:slot-definition-readers direct))))
+        (and direct (funcall reader direct)))
     (serious-condition () '())))
 
+(defun slot-plist (class slot)
+  "(:name N :initargs I :readers R :writers W :accessors A [:type T]
+[:initform F] [:allocation L]) of CLASS's effective SLOT: its readers and
+writers gathered from the direct slots of every class in CLASS's
+precedence list, a reader whose (setf reader) is a writer an accessor;
+its type, initform and allocation only when they are not the defaults."
+  (let* ((name (sb-mop:slot-definition-name slot))
+         (readers (loop for super in (sb-mop:class-precedence-list class)
+                        append (direct-slot-functions super name #'sb-mop:slot-definition-readers)))
+         (writers (loop for super in (sb-mop:class-precedence-list class)
+                        append (direct-slot-functions super name #'sb-mop:slot-definition-writers)))
+         (accessors (remove-if-not (lambda (reader) (member `(setf ,reader) writers :test #'equal)) readers)))
+    (append (list :name (printed-name name)
+                  :initargs (mapcar #'printed-name (sb-mop:slot-definition-initargs slot))
+                  :readers (mapcar #'printed-name (remove-if (lambda (reader) (member reader accessors)) readers))
+                  :writers (mapcar #'printed-name
+                                   (remove-if (lambda (writer) (and (consp writer) (member (second writer) accessors)))
+                                              writers))
+                  :accessors (mapcar #'printed-name accessors))
+            (let ((type (sb-mop:slot-definition-type slot)))
+              (unless (eq type t) (list :type (printed-name type))))
+            (when (sb-mop:slot-definition-initfunction slot)
+              (list :initform (printed-name (sb-mop:slot-definition-initform slot))))
+            (let ((allocation (sb-mop:slot-definition-allocation slot)))
+              (unless (eq allocation :instance) (list :allocation (printed-name allocation)))))))
+
 (defun class-slot-plists (class)
-  "The slots of CLASS as (:name N :initargs I :readers R) plists, readers
-gathered from the direct slots of every class in its precedence list."
+  "The slots of CLASS as `slot-plist's."
   (handler-case
       (progn
         (unless (sb-mop:class-finalized-p class) (sb-mop:finalize-inheritance class))
-        (loop for slot in (sb-mop:class-slots class)
-              for name = (sb-mop:slot-definition-name slot)
-              collect (list :name (printed-name name)
-                            :initargs (mapcar #'printed-name (sb-mop:slot-definition-initargs slot))
-                            :readers (loop for super in (sb-mop:class-precedence-list class)
-                                           append (slot-readers super name)))))
+        (mapcar (lambda (slot) (slot-plist class slot)) (sb-mop:class-slots class)))
     (serious-condition () '())))
 
 (defun specializer-name (specializer)

@@ -15,6 +15,18 @@ from cl_mcp.wire.sexp import Keyword, Symbol
 
 
 
+
+# A slot's lists and, when not the defaults, its options, in the order shown.
+SLOT_LISTS = ("initargs", "accessors", "readers", "writers")
+SLOT_OPTIONS = ("type", "initform", "allocation")
+
+
+def slot_structure(slot: dict[str, Any]) -> dict[str, Any]:
+    """One slot of a class for structuredContent: its name, lists, and the
+    options the agent gave (type, initform, allocation)."""
+    structure: dict[str, Any] = {"name": slot["name"], **{key: strings(slot.get(key)) for key in SLOT_LISTS}}
+    return structure | {key: slot[key] for key in SLOT_OPTIONS if isinstance(slot.get(key), str)}
+
 def _about_symbol(session: LispSession, function: str, arguments: dict[str, Any]) -> list[Any]:
     """The agent's FUNCTION called on the symbol, read in the given package
     or the session's."""
@@ -140,9 +152,7 @@ def describe_structure(result: dict[str, Any]) -> dict[str, Any]:
         described = result_dict(result["class"])
         structure["class"] = {
             "superclasses": strings(described.get("superclasses")),
-            "slots": [{"name": slot["name"], "initargs": strings(slot.get("initargs")),
-                       "readers": strings(slot.get("readers"))}
-                      for slot in map(result_dict, described.get("slots") or [])]}
+            "slots": [slot_structure(slot) for slot in map(result_dict, described.get("slots") or [])]}
     if "method-count" in result:
         structure["methods"] = [{"qualifiers": strings(method.get("qualifiers")),
                                  "specializers": strings(method.get("specializers"))}
@@ -184,9 +194,9 @@ def describe_text(structure: dict[str, Any]) -> str:
             described = structure["class"]
             lines.append(f"superclasses: {' '.join(described['superclasses']) or 'none'}")
             for slot in described["slots"]:
-                details = [f"initargs {' '.join(slot['initargs'])}" if slot["initargs"] else "",
-                           f"readers {' '.join(slot['readers'])}" if slot["readers"] else ""]
-                lines.append(f"slot {slot['name']}" + "".join(f"; {d}" for d in details if d))
+                details = [f"{key} {' '.join(slot[key])}" for key in SLOT_LISTS if slot[key]]
+                details += [f"{key} {slot[key]}" for key in SLOT_OPTIONS if key in slot]
+                lines.append(f"slot {slot['name']}" + "".join(f"; {d}" for d in details))
         for kind in SECTION_DOCUMENTATION[title]:
             if kind in documentation:
                 lines.append(f"documentation ({kind}): {documentation[kind]}")

@@ -82,19 +82,41 @@ def test_a_long_value_is_capped_on_one_line(lisp):
     assert "\n" not in value
 
 
+NONE = {"accessors": [], "writers": []}
+
+
 @pytest.mark.parametrize("symbol, superclasses, slots, kind, line", [
-    ("circle", ["SHAPE"], [{"name": "NAME", "initargs": [":NAME"], "readers": ["SHAPE-NAME"]},
-                           {"name": "RADIUS", "initargs": [":RADIUS"], "readers": ["RADIUS"]}], "class", 19),
-    ("fixture-error", ["ERROR"], [{"name": "DETAIL", "initargs": [":DETAIL"], "readers": ["DETAIL"]}],
+    ("circle", ["SHAPE"], [{"name": "NAME", "initargs": [":NAME"], "readers": ["SHAPE-NAME"], **NONE},
+                           {"name": "RADIUS", "initargs": [":RADIUS"], "readers": ["RADIUS"], **NONE}], "class", 19),
+    ("fixture-error", ["ERROR"], [{"name": "DETAIL", "initargs": [":DETAIL"], "readers": ["DETAIL"], **NONE}],
      "condition", 34),
-    ("point", ["STRUCTURE-OBJECT"], [{"name": "X", "initargs": [], "readers": []},
-                                     {"name": "Y", "initargs": [], "readers": []}], "structure", 51),
+    # A structure's accessors are not the MOP's: none listed (its initforms are).
+    ("point", ["STRUCTURE-OBJECT"], [{"name": "X", "initargs": [], "readers": [], "initform": "0", **NONE},
+                                     {"name": "Y", "initargs": [], "readers": [], "initform": "0", **NONE}],
+     "structure", 51),
 ])
 def test_a_class_its_superclasses_and_slots(lisp, symbol, superclasses, slots, kind, line):
     structured = describe(lisp, symbol=symbol, package="cl-mcp-fixture")["structuredContent"]
     assert structured["kinds"] == [kind]
     assert structured["class"] == {"superclasses": superclasses, "slots": slots}
     assert place(structured) == (kind, SHAPES, line, 1)
+
+
+def test_a_class_shows_each_slots_accessors_writers_type_initform_and_allocation(lisp):
+    """Issue 49, item 3: only initargs and readers were shown, where SLIME's
+    inspector of a class shows the rest; options at their defaults stay out."""
+    assert not lisp.eval("(defclass ds-account () ((balance :initarg :balance :accessor balance :type integer"
+                         " :initform (+ 1 2)) (owner :reader owner :writer set-owner)"
+                         " (opened :allocation :class)))")[1]
+    result = describe(lisp, symbol="ds-account")
+    assert result["structuredContent"]["class"]["slots"] == [
+        {"name": "BALANCE", "initargs": [":BALANCE"], "accessors": ["BALANCE"], "readers": [], "writers": [],
+         "type": "INTEGER", "initform": "(+ 1 2)"},
+        {"name": "OWNER", "initargs": [], "accessors": [], "readers": ["OWNER"], "writers": ["SET-OWNER"]},
+        {"name": "OPENED", "initargs": [], "accessors": [], "readers": [], "writers": [], "allocation": ":CLASS"}]
+    assert ("slot BALANCE; initargs :BALANCE; accessors BALANCE; type INTEGER; initform (+ 1 2)\n"
+            "slot OWNER; readers OWNER; writers SET-OWNER\n"
+            "slot OPENED; allocation :CLASS\n") in result["content"][0]["text"]
 
 
 def test_a_class_in_text(lisp):
