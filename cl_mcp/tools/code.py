@@ -4,6 +4,7 @@ cross-references and its C-c C-k compilation (the agent's `xref-of` and
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from cl_mcp.errors import SessionError
@@ -52,16 +53,25 @@ def referrer_title(reference: dict[str, Any]) -> str:
     return f"{reference['name']}{qualifiers} ({' '.join(strings(reference['specializers']))})"
 
 
-def reference_line(reference: dict[str, Any]) -> str:
-    """``NAME  FILE:LINE:COLUMN (reference at line L)``, or the reason it has
-    no place."""
+def reference_line(reference: dict[str, Any], twinned: bool = False) -> str:
+    """``NAME  FILE:LINE:COLUMN (reference at line L)`` (a method that
+    specializes is its own reference: no such part), with the reference's
+    column too when TWINNED (another reference of the same referrer is on
+    that line), or the reason it has no place."""
     title = referrer_title(reference)
     if "file" not in reference:
         return f"{title}  ({reference.get('error') or 'no source file'})"
-    at = (f" (reference at line {reference['reference-line']})"
-          if reference["reference-line"] != reference["line"] else "")
+    column = f", column {reference['reference-column']}" if twinned else ""
+    at = (f" (reference at line {reference['reference-line']}{column})"
+          if "specializers" not in reference else "")
     return (f"{title}  {reference['file']}:{reference['line']}:{reference['column']}{at}"
             f"{reference_change(reference)}")
+
+
+def reference_key(reference: dict[str, Any]) -> tuple[Any, ...]:
+    """A referrer and the line of its reference: two references alike in it
+    are twins, told apart by their columns."""
+    return referrer_title(reference), reference.get("file"), reference.get("line"), reference.get("reference-line")
 
 
 def reference_change(reference: dict[str, Any]) -> str:
@@ -91,7 +101,8 @@ def render_xref(result: dict[str, Any]) -> Rendered:
         text = f"No definitions that {verb} {symbol} were found."
     else:
         lines = [f"Definitions that {verb} {symbol}: {referrers_count(references, result.get('dropped') or 0)}"]
-        lines += [reference_line(reference) for reference in references]
+        on_line = Counter(map(reference_key, references))
+        lines += [reference_line(r, on_line[reference_key(r)] > 1) for r in references]
         if result.get("dropped"):
             lines.append(f"… and {result['dropped']} more, not listed")
         text = "\n".join(lines)

@@ -172,3 +172,16 @@ def test_the_fast_search_finds_what_sb_introspect_finds(lisp):
     assert not is_error, text
     assert " NIL)" not in text, text
     assert "(:CALLS CL-MCP-FIXTURE:GREET 3 T)" in text, text
+
+
+def test_each_reference_says_its_line_and_twins_on_one_line_their_columns(lisp, tmp_path):
+    """Issue 49, item 7: a reference on its referrer's first line said no
+    reference line, and two references of one caller on one line printed
+    as the same line twice."""
+    source = tmp_path / "xr-twins.lisp"
+    source.write_text("(defun xr-target (x) x)\n(defun xr-twice (a) (list (xr-target a) (xr-target a)))\n")
+    loaded, is_error = lisp.eval(f'(load (compile-file "{source}"))')
+    assert not is_error, loaded
+    text = xref(lisp, symbol="xr-target")["content"][0]["text"]
+    assert sorted(text.splitlines()[1:]) == [f"XR-TWICE  {source}:2:1 (reference at line 2, column 27)",
+                                             f"XR-TWICE  {source}:2:1 (reference at line 2, column 41)"], text
