@@ -289,12 +289,8 @@ METHOD) lists (see `specializing-methods')."
   (cond ((eq relation :specializes) (specializing-methods symbol))
         ((and (member relation *packed-relations*) (referrers-readable-p))
          (let ((files (make-hash-table :test 'equal)))
-           ;; One snapshot of the packages for all the references' reads
-           ;; (agent/reading.lisp, loaded later: its function, not its macro).
-           (call-keeping-read-symbols
-            (lambda ()
-              (swank/sbcl::sanitize-xrefs
-               (mapcar (lambda (entry) (xref-location entry files)) (referrers relation symbol)))))))
+           (swank/sbcl::sanitize-xrefs
+            (mapcar (lambda (entry) (xref-location entry files)) (referrers relation symbol)))))
         (t (swank::xref-doit relation symbol))))
 
 (defun xref-of (text relation &key package)

@@ -250,7 +250,6 @@ signals `unbalanced-text'; one whose reader macro fails otherwise (it
 works on the nil that reads return under *READ-SUPPRESS*) is delimited
 by the scanner, and counted in `*scanned-forms*'."
   (lambda (text start)
-    (note-read-text text)  ; its reader macros may intern, *read-suppress* or not
     (with-input-from-string (in text)
       (file-position in start)
       (let ((*package* package) (*readtable* (quiet-readtable readtable)) (*read-eval* nil))
@@ -724,8 +723,7 @@ that its compile, if it had one, was cut short."
         (with-quiet-readtables ()
           ;; The compile runs outside the guard, which muffles warnings:
           ;; as compile-form-of runs it, so that both report the same notes.
-          (let* ((plist (keeping-read-symbols ()  ; its reads' symbols gone before the compile reads again
-                          (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments)))))
+          (let* ((plist (guarded-plist (lambda () (apply #'%edit-form-of path :allow-other-keys t arguments))))
                  (pending (getf plist :compile)))
             (if pending
                 (append (without-compile plist) (list :compiled (apply #'%compile-form pending)))
@@ -870,8 +868,7 @@ and :scanned (see `said-scanned'), when there were any."
   (declare (ignore mode target line))
   (let ((*unevaluated-read-evals* 0) (*scanned-forms* 0))
     (let ((plist (said-scanned (with-quiet-readtables ()
-                                 (keeping-read-symbols ()
-                                   (guarded-plist (lambda () (apply #'%read-lisp-file-of path arguments))))))))
+                                 (guarded-plist (lambda () (apply #'%read-lisp-file-of path arguments)))))))
       (if (and (eq (getf plist :status) :ok) (plusp *unevaluated-read-evals*))
           (append plist (list :unevaluated *unevaluated-read-evals*))
           plist))))

@@ -11,13 +11,9 @@
 ;;;;    names a text could intern are known before it is read (each token
 ;;;;    in the package it names, and in KEYWORD, where #+ and #- read
 ;;;;    features): those missing before the read and present after it,
-;;;;    with nothing defined on them, were the reader's.  A reader macro of
-;;;;    the file's readtable may intern names no token spells (from a
-;;;;    string, or made up): the symbols new in any package since the
-;;;;    outermost read began, whose names the texts read hold, with nothing
-;;;;    defined on them, were the reads' too (`new-symbols').  A
-;;;;    programmer's thread that interns such a name in that window is the
-;;;;    one case this cannot tell apart.
+;;;;    with nothing defined on them, were the reader's.  The window is one
+;;;;    form's read, so a programmer's thread that interns the same new
+;;;;    name in that instant is the one case this cannot tell apart.
 ;;;;
 ;;;; One of the agent's parts, loaded in the order `*agent-parts*' gives
 ;;;; in swank-bootstrap.lisp; it uses only what the parts before it
@@ -193,53 +189,14 @@ made: present now, at home there, and unused."
   "The `missing-symbols' of the reads of the `keeping-read-symbols' running,
 to be uninterned when it ends; :outside when none runs.")
 
-(defvar *read-texts* '()
-  "The texts the reads of the `keeping-read-symbols' running read (`note-read-text').")
-
-(defun note-read-text (text)
-  "TEXT is read inside the `keeping-read-symbols' running, if one is."
-  (when (and (listp *read-missing*) (not (member text *read-texts* :test #'eq)))
-    (push text *read-texts*)))
-
-(defun package-cells (package)
-  "The cell vectors of PACKAGE's internal and external symbol tables, as
-SBCL keeps them."
-  (list (sb-impl::package-hashtable-cells (sb-impl::package-internal-symbols package))
-        (sb-impl::package-hashtable-cells (sb-impl::package-external-symbols package))))
-
-(defun symbols-snapshot ()
-  "Each package with copies of its `package-cells', for `new-symbols': a
-copy of vectors, about a millisecond in a large image."
-  (mapcar (lambda (package) (cons package (mapcar #'copy-seq (package-cells package))))
-          (list-all-packages)))
-
-(defun new-symbols (snapshot texts)
-  "(PACKAGE . NAME) of each symbol in a package of SNAPSHOT now that was not
-then, whose name one of TEXTS holds (in any case)."
-  (let ((new '()))
-    (loop for (package . before) in snapshot
-          do (loop for old in before
-                   for now in (package-cells package)
-                   unless (and (= (length old) (length now)) (every #'eq old now))
-                     do (let ((seen (make-hash-table :test 'eq)))
-                          (loop for cell across old when (symbolp cell) do (setf (gethash cell seen) t))
-                          (loop for cell across now
-                                when (and (symbolp cell) (not (gethash cell seen))
-                                          (some (lambda (text) (search (symbol-name cell) text :test #'char-equal))
-                                                texts))
-                                  do (push (cons package (symbol-name cell)) new)))))
-    new))
-
 (defun call-keeping-read-symbols (thunk)
-  "THUNK's values; the symbols its reads interned (`missing-symbols', and
-`new-symbols' of the texts noted) are uninterned when it ends (or when the
-outermost of these calls does: an entry point that reads many forms makes
-one snapshot, not one per form)."
+  "THUNK's values; the symbols its quiet reads interned are uninterned when
+it ends (or when the outermost of these calls does)."
   (if (listp *read-missing*)
       (funcall thunk)
-      (let ((*read-missing* '()) (*read-texts* '()) (snapshot (symbols-snapshot)))
+      (let ((*read-missing* '()))
         (unwind-protect (funcall thunk)
-          (unintern-read-symbols (append *read-missing* (new-symbols snapshot *read-texts*)))))))
+          (unintern-read-symbols *read-missing*)))))
 
 (defmacro keeping-read-symbols (() &body body)
   "BODY, during which what `reading-quietly' reads in it stays interned: a
@@ -253,7 +210,6 @@ prints it or compares it with a name read by another."
 nothing (see `quiet-readtable'), and every symbol it interned uninterned
 again when the `keeping-read-symbols' around it ends, or at once."
   (keeping-read-symbols ()
-    (note-read-text text)
     (setf *read-missing* (append (missing-symbols text start end) *read-missing*))
     (let ((*read-eval* nil)
           (*readtable* (quiet-readtable *readtable*)))

@@ -633,53 +633,6 @@ def test_reading_a_file_runs_nothing_and_interns_nothing(lisp, tmp_path):
     assert used == ("=> :USED", False)
 
 
-INTERNING = """(defpackage :cl-mcp-interning (:use :cl :named-readtables))
-(in-package :cl-mcp-interning)
-
-(defreadtable interning
-  (:merge :standard)
-  ;; ${name}: the symbol NAME, interned from the string (as cl-interpol's
-  ;; ${...} reads), also when the reader only skips the form.
-  (:macro-char #\\$ (lambda (stream char)
-                     (declare (ignore char))
-                     (read-char stream)
-                     (intern (string-upcase (coerce (loop for c = (read-char stream t nil t)
-                                                          until (char= c #\\}) collect c)
-                                                    'string))))))
-"""
-
-INTERNED = {"CL-MCP-INTERNING": ["QUIET-MADE-Q20", "QUIET-MADE-Q21", "QUIET-MADE-Q22", "QUIET-MADE-Q23"]}
-
-
-def test_a_reader_macro_that_interns_from_a_string_leaves_no_symbol_either(lisp, tmp_path):
-    """Issue 44, item 3, past the names the text's tokens spell: a reader
-    macro that interns from what it reads (cl-interpol's ${...} does) left
-    its symbols in the programmer's package after an outline (the reader
-    skips each form with *read-suppress*, which this macro ignores), a
-    check, a form's text, and an edit-form that refused its text."""
-    assert not lisp.call("load-system", system="named-readtables")["isError"]
-    definitions = tmp_path / "interning.lisp"
-    definitions.write_text(INTERNING)
-    loaded, is_error = lisp.eval(f'(load "{definitions}")')
-    assert not is_error, loaded
-    path = tmp_path / "interned.lisp"
-    path.write_text("(in-package :cl-mcp-interning)\n(in-readtable interning)\n\n"
-                    "(defun quiet-user-q24 () (list ${quiet-made-q20} ${quiet-made-q21}))\n\n"
-                    "(defun quiet-other-q25 () ${quiet-made-q22})\n")
-    assert found_symbols(lisp, INTERNED) == "=> NIL"
-    check_results_of(lisp, "read-lisp-file")
-    assert [f["name"] for f in outline(lisp, path)][-2:] == ["quiet-user-q24", "quiet-other-q25"]
-    assert found_symbols(lisp, INTERNED) == "=> NIL"
-    checked = checked_call(lisp, "read-lisp-file", path=str(path), mode="check")
-    assert not checked["isError"] and not checked["structuredContent"].get("problems"), checked
-    one = checked_call(lisp, "read-lisp-file", path=str(path), mode="form", form="defun quiet-other-q25")
-    assert one["structuredContent"]["forms"][0]["line"] == 6, one
-    assert found_symbols(lisp, INTERNED) == "=> NIL"
-    refused = edit(lisp, path, form="defun quiet-other-q25", text="(defun quiet-other-q25 () ${quiet-made-q23} (")
-    assert refused["isError"] and refused["structuredContent"]["written"] is False, refused
-    assert found_symbols(lisp, INTERNED) == "=> NIL"
-
-
 def test_an_outline_needs_no_package_nor_named_readtables(tmp_path):
     """Issue 44: an outline of a file that begins (in-package #:x)
     (in-readtable :interpol-syntax) answered PACKAGE-DOES-NOT-EXIST
