@@ -873,8 +873,14 @@ background from that call is stopped and forgotten too: its \"still
 running\" answer crossed the cancel, so its caller never learnt its
 number, and nobody else could stop it.  Return the reply the call kept
 past the cancel (`keep-past-cancel': an edit it wrote), else t if there
-was one, else nil."
-  (let ((running (find-running tag session))
+was one, else nil.  The cancel comes on another connection than its
+call, and can overtake it: a call not yet begun is waited for (up to 1 s)."
+  (let ((running (or (find-running tag session)
+                     (loop repeat 100
+                           until (find-background-tagged tag session)
+                           do (sleep 0.01)
+                              (let ((begun (find-running tag session)))
+                                (when begun (return begun))))))
         (cancelled nil))
     (when running
       (let ((interrupted nil))

@@ -96,6 +96,23 @@ def test_a_cancel_that_lands_once_its_call_is_over_ends_nothing(mode):
         assert (text, is_error) == ("=> :SECOND", False)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cancel_that_overtakes_its_call_still_stops_it(mode):
+    """The cancel comes on cl-mcp's first connection and the call on its
+    lane, so on a loaded machine the cancel can reach the image first: it
+    found nothing under the tag, and the call then ran to its end (a
+    cancelled evaluation's (setf ... :ran) took effect). Driven from Lisp:
+    the cancel is sent 0.2 s before its call begins."""
+    with cl_mcp_in(mode) as process:
+        text, is_error = process.eval(
+            "(let* ((session (cl-mcp-agent::current-session)) "
+            "(canceller (sb-thread:make-thread (lambda () (cl-mcp-agent:cancel-evaluation \"tc-late\" session))))) "
+            "(sleep 0.2) "
+            "(list (cl-mcp-agent::call-cancellable \"tc-late\" (lambda () (sleep 3) :ran) :late-cancelled) "
+            "(sb-thread:join-thread canceller)))")
+        assert (text, is_error) == ("=> (:LATE-CANCELLED T)", False)
+
+
 def until(condition: Callable[[], bool], what: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
