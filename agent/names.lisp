@@ -1214,6 +1214,11 @@ whose accessors are not the MOP's)."
         (and direct (funcall reader direct)))
     (serious-condition () '())))
 
+(defun inherited-slot-functions (class name reader)
+  "`direct-slot-functions' of slot NAME in every class of CLASS's precedence list."
+  (loop for super in (sb-mop:class-precedence-list class)
+        append (direct-slot-functions super name reader)))
+
 (defun slot-plist (class slot)
   "(:name N :initargs I :readers R :writers W :accessors A [:type T]
 [:initform F] [:allocation L]) of CLASS's effective SLOT: its readers and
@@ -1221,10 +1226,8 @@ writers gathered from the direct slots of every class in CLASS's
 precedence list, a reader whose (setf reader) is a writer an accessor;
 its type, initform and allocation only when they are not the defaults."
   (let* ((name (sb-mop:slot-definition-name slot))
-         (readers (loop for super in (sb-mop:class-precedence-list class)
-                        append (direct-slot-functions super name #'sb-mop:slot-definition-readers)))
-         (writers (loop for super in (sb-mop:class-precedence-list class)
-                        append (direct-slot-functions super name #'sb-mop:slot-definition-writers)))
+         (readers (inherited-slot-functions class name #'sb-mop:slot-definition-readers))
+         (writers (inherited-slot-functions class name #'sb-mop:slot-definition-writers))
          (accessors (remove-if-not (lambda (reader) (member `(setf ,reader) writers :test #'equal)) readers)))
     (append (list :name (printed-name name)
                   :initargs (mapcar #'printed-name (sb-mop:slot-definition-initargs slot))

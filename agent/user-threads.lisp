@@ -267,7 +267,7 @@ its backtrace among THREAD's error output, and tell cl-mcp."
 (defun takers-owners (owner)
   "Whose news OWNER's session hears: its own, nobody's, and that of each
 session that has ended (its threads are nobody's now)."
-  (let ((owners (list owner nil)))
+  (let ((owners (adjoin nil (list owner))))
     (loop for other being the hash-keys of *news-by-owner*
           unless (live-session other) do (pushnew other owners))
     owners))

@@ -152,7 +152,7 @@ class LispSession:
             if tag is not None and not control.closed:
                 kept = await asyncio.shield(abort_in_image(control, tag))
                 if kept is not None:
-                    raise CancelledWithAnswer(unfitted(kept)) from None
+                    raise CancelledWithAnswer(kept) from None
             raise
         except TimeoutError:
             raise await self._link.unresponsive(control, tag, deadline) from None

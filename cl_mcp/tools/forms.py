@@ -19,10 +19,10 @@ def render_compiled_form(result: dict[str, Any], notes_mode: str = "warnings") -
     """``Compiled the form at FILE:LINE-END (package P): N notes``, what it
     defined, then one block per note listed: with NOTES_MODE "warnings",
     as compile-file's, the plain compiler notes are counted, not listed."""
-    notes = [result_dict(note) for note in result.get("notes") or []]
-    plain = [note for note in notes if note["severity"] == "note"] if notes_mode == "warnings" else []
-    notes = [note for note in notes if note not in plain]
-    counts = [{"file": result["file"], "count": len(plain)}] if plain else []
+    every = [result_dict(note) for note in result.get("notes") or []]
+    notes = every if notes_mode == "all" else [note for note in every if note["severity"] != "note"]
+    plain = len(every) - len(notes)
+    counts = [{"file": result["file"], "count": plain}] if plain else []
     dropped = result.get("dropped") or 0
     success = result.get("success") is True
     defined = strings(result.get("defined"))
@@ -33,7 +33,7 @@ def render_compiled_form(result: dict[str, Any], notes_mode: str = "warnings") -
         f"-{result['end-line']}" if result["end-line"] != result["line"] else "")
     head = f"{'Compiled' if success else 'Compiling'} the form at {place} (package {result['package']})"
     if plain:
-        count += f" listed, {len(plain)} compiler note{'' if len(plain) == 1 else 's'} counted"
+        count += f" listed, {plain} compiler note{'' if plain == 1 else 's'} counted"
     head += f": {count}" if success else f" failed: {count}"
     sections = [error_text("CL-MCP:COMPILATION-FAILED", head) if not success else head]
     if error:

@@ -169,7 +169,7 @@ def mutant_table(counts: list[tuple[Mutant, int]]) -> list[str]:
     out = ["## Planted faults", "",
            "Each comparison above is proved by a fault planted in a scratch copy of cl-mcp",
            "(tests/truth/mutants.py), one at a time: the library's check (its places, xref and",
-           f"notes, {MUTANT_ROUNDS} rounds of edits; or its backtraces and output) must count wrong answers that the same run without",
+           f"notes, {MUTANT_ROUNDS} rounds of edits; or its backtraces and output; or its test results and places) must count wrong answers that the same run without",
            "the fault does not. A fault that causes none fails `make truth`; three of them run in",
            "`make test` (tests/integration/test_truth.py).", "",
            "| planted fault | where | library | wrong answers it caused |", "|---|---|---|---|"]

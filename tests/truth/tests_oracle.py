@@ -73,9 +73,8 @@ def parse(text: str) -> Printed:
         elif unexpected := RT_UNEXPECTED.match(after):
             new = {bare(name) for name in re.split(r",\s*", unexpected.group(2))}
             expected.update(name for name in failed if name not in new)
-    printed = Printed("RT", {"tests": ran, "passed": ran - len(names), "failed": len(names),
-                             "expected to fail": sum(expected.values())}, Counter(names), expected)
-    return printed
+    return Printed("RT", {"tests": ran, "passed": ran - len(names), "failed": len(names),
+                          "expected to fail": sum(expected.values())}, Counter(names), expected)
 
 
 def framework_run(library: Library, copy: Path, timeout: float = 600) -> str | None:
