@@ -90,7 +90,18 @@ answers; ended, the programmer's work is lost)."
 
 (defun kernel-state (thread)
   "What the kernel says THREAD does: :running, :sleeping, :waiting-on-io,
-:waiting, or nil when it cannot tell."
+:waiting, or nil when it cannot tell.  Running is said only when three
+looks 2 ms apart all see it run: every signal (a stop for the collector,
+another thread's interrupt) wakes a waiting thread for a moment, and on a
+loaded machine that moment can last milliseconds."
+  (loop repeat 3
+        for state = (kernel-state-now thread)
+        while (eq state :running)
+        do (sleep 0.002)
+        finally (return state)))
+
+(defun kernel-state-now (thread)
+  "What the kernel says THREAD does at this instant (`kernel-state')."
   (let ((stat (ignore-errors (task-file-line thread "stat"))))
     (when stat
       ;; pid (comm) STATE ...: the state follows the last parenthesis.
