@@ -229,11 +229,19 @@ form's opening (see above); else nil."
 
 (defun xref-location (entry files)
   "Swank's (NAME LOCATION) of ENTRY, a `referrers' (NAME . SOURCE), its
-location mended when Swank could not read the referring form."
+location mended when Swank could not read the referring form, and its
+hints holding the referring subform's number (:form-number: see
+`named-location')."
   (let ((swank (swank/sbcl::source-location-for-xref-data entry)))
-    (let ((mended (and (consp (second swank)) (eq (first (second swank)) :location)
-                       (ignore-errors (numbered-reference-location (second swank) (cdr entry) files)))))
-      (if mended (list (first swank) mended) swank))))
+    (if (and (consp (second swank)) (eq (first (second swank)) :location))
+        (destructuring-bind (buffer position &optional hints)
+            (rest (or (ignore-errors (numbered-reference-location (second swank) (cdr entry) files))
+                      (second swank)))
+          (let ((number (sb-introspect:definition-source-form-number (cdr entry))))
+            (list (first swank)
+                  (list :location buffer position
+                        (if (integerp number) (list* :form-number number hints) hints)))))
+        swank)))
 
 (defun referrer-name (referrer fun)
   "The name SB-INTROSPECT gives REFERRER, whose code is FUN: an SBCL built

@@ -749,6 +749,11 @@ skips), it is at the next form's opening, then and now."
                      (source (file-source (namestring (truename file)) files))
                      (recorded (if characters (character-to-octet-offset source offset) offset))
                      (name (location-name name)))
+                (when (and characters (eq (first buffer) :file)
+                           (null (compiled-source file files)) (edited-since-its-fasl-p source files))
+                  (return-from resolved-location
+                    (named-location source recorded name
+                                    (and reference (second (member :form-number hints))))))
                 (multiple-value-bind (compiled compiled-snippet compiled-offset)
                     (cond ((not characters) nil)
                           ((eq (first buffer) :buffer-and-file)
@@ -775,6 +780,65 @@ skips), it is at the next form's opening, then and now."
                         (values source found status
                                 (unless (string= status "unchanged")
                                   (or compiled (place-at (source-file-octets source) recorded))))))))))))))
+
+(defun edited-since-its-fasl-p (source files)
+  "True when SOURCE's file was written after the newest fasl compiled from
+it (where ASDF's output translations put it, or beside it); kept in
+FILES.  Code loaded from such a fasl without cl-mcp (an evaluation's
+asdf:load-system, a programmer's image) leaves Swank no text of the file
+as compiled: its positions and snippets are then the file's as it is now."
+  (let ((key (list :edited (source-file-path source))))
+    (multiple-value-bind (edited known) (gethash key files)
+      (if known
+          edited
+          (setf (gethash key files)
+                (let* ((path (source-file-path source))
+                       (written (ignore-errors (file-write-date path)))
+                       (compiled (loop for fasl in (list (ignore-errors (uiop:compile-file-pathname* path))
+                                                         (ignore-errors (compile-file-pathname path)))
+                                       for date = (and fasl (ignore-errors (file-write-date fasl)))
+                                       when date collect date)))
+                  (and written compiled (> written (reduce #'max compiled)))))))))
+
+(defun named-location (source recorded name &optional form-number)
+  "`resolved-location' of a definition whose file was edited since it was
+compiled, where its text as compiled is unknown (`edited-since-its-fasl-p'):
+found by NAME, a `sought' or nil, nearest byte RECORDED, \"found-after-edit\"
+with no compiled line; else \"not-found\" at RECORDED.  Never \"unchanged\":
+Swank's snippet, read from the edited file, matches it wherever it points.
+A reference's FORM-NUMBER, the compiler's number of the referring subform,
+puts it at that subform of the definition's top-level form as read now."
+  (let* ((lowered (source-file-lowered source))
+         (within (lambda (candidate) (read-by-sbcl-p source candidate)))
+         (at (skip-blanks-and-comments (source-file-octets source) recorded))
+         (found (and name
+                     (or (definition-offset name lowered recorded within)
+                         ;; Written with a definer of its own (a macro of the library's)
+                         (definition-offset (make-sought (sought-name name) nil (sought-setf name)
+                                                         (sought-specializers name))
+                                            lowered recorded within)
+                         (and (< at (length lowered)) (opening-line-names-p lowered at name) at)))))
+    (if found
+        (values source
+                (or (and form-number
+                         ;; `top-level-form-start' is agent/code.lisp's, loaded later.
+                         (numbered-subform-offset source (top-level-form-start source found) form-number))
+                    found)
+                "found-after-edit" nil)
+        (values source recorded "not-found" nil))))
+
+(defun numbered-subform-offset (source form-start number)
+  "The byte offset in SOURCE of the subform the compiler numbers NUMBER of
+the top-level form at byte FORM-START, read as the file is now; nil when it
+does not read so (`numbered-form-start', agent/code.lisp's)."
+  (let* ((text (source-file-string source))
+         (start (count-if-not (lambda (octet) (= (logand octet #xC0) #x80)) (source-file-octets source)
+                              :end form-start))
+         (forms (ignore-errors (top-level-form-bounds text start)))
+         (at (and forms (multiple-value-bind (package missing readtable) (form-package text forms)
+                          (declare (ignore missing))
+                          (and package (numbered-form-start text start number package readtable))))))
+    (and at (> at start) (utf-8-offset source at))))
 
 (defun place-plist (source offset status compiled-line)
   "(:file F :line L :column C :snippet S :status STATUS [:compiled-line N])

@@ -259,11 +259,16 @@ def place_change(place: dict[str, Any], this: str = "this", gone: str = "not fou
     """What became of a place since it was compiled, for the text: nothing
     when it is where it was, else `(the file was edited since THIS was
     compiled at line N)` or `(GONE in the file as it is now; line N when
-    compiled)`."""
+    compiled)`, N "not known" when the text compiled is (code loaded from
+    fasls that cl-mcp did not load, its file edited since)."""
     status, compiled = place.get("status"), place.get("compiled-line")
     if status == "found-after-edit":
+        if compiled is None:
+            return f" (the file was edited since {this} was compiled; its line then is not known)"
         return f" (the file was edited since {this} was compiled at line {compiled})"
     if status == "not-found":
+        if compiled is None:
+            return f" ({gone} in the file as it is now; its line when compiled is not known)"
         return f" ({gone} in the file as it is now; line {compiled} when compiled)"
     return ""
 

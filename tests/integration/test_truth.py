@@ -28,6 +28,19 @@ def test_every_place_of_a_library_before_and_after_edits(name):
     assert tally.failures == []
 
 
+@pytest.mark.parametrize("name", ["cl-split-sequence", "alexandria"])
+def test_every_place_after_edits_to_files_loaded_from_fasls(name):
+    """Issue 43, item 3 (the trial's path): code loaded from fasls without
+    cl-mcp leaves Swank no text of the files as compiled, so its snippet,
+    read from the edited file, matched wherever it pointed: deleted
+    definitions were "unchanged", moved ones a form off (145 wrong places
+    in split-sequence)."""
+    tally = check_library(LIBRARIES[name], rounds=8, seed=37, log=lambda text: None, from_fasls=True)
+    assert tally.right[("find-definition after edits", "function")] > 20
+    assert tally.right[("xref after edits", "caller")] > 10
+    assert tally.failures == []
+
+
 @pytest.fixture(scope="module")
 def unplanted() -> Tally:
     """cl-split-sequence's check, two rounds of edits, without a planted fault."""

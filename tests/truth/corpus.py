@@ -4,7 +4,9 @@ there."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,11 +65,36 @@ def copy_library(library: Library, under: Path) -> Path:
     return copy
 
 
-def load_copy(process: McpProcess, library: Library, copy: Path) -> None:
+def compile_in_plain_sbcl(library: Library, copy: Path) -> dict[Path, float]:
+    """Compile COPY's system in a plain SBCL, into ASDF's cache, as an
+    earlier session leaves it; the fasls made, with their times."""
+    run = subprocess.run(["sbcl", "--non-interactive", "--no-userinit", "--eval", "(require :asdf)",
+                          "--eval", f'(push #p"{copy}/" asdf:*central-registry*)',
+                          "--eval", f'(asdf:load-system "{library.system}")'],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    fasls = {path: path.stat().st_mtime
+             for path in (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "common-lisp").glob(f"*/{str(copy).lstrip('/')}/**/*.fasl")}
+    assert fasls, f"no fasls of {copy} in ASDF's cache"
+    return fasls
+
+
+def load_copy(process: McpProcess, library: Library, copy: Path, from_fasls: bool = False) -> None:
     """Register COPY with ASDF in PROCESS's image (the central registry is
-    searched before Debian's source registry) and load its system there."""
+    searched before Debian's source registry) and load its system there:
+    with load-system; or, FROM_FASLS, as code the session did not load
+    through cl-mcp (an evaluation's asdf:load-system, a programmer's
+    image): from fasls a plain SBCL compiled, so that the image holds no
+    text of the files as they were compiled."""
+    fasls = compile_in_plain_sbcl(library, copy) if from_fasls else {}
     text, is_error = process.eval(f'(push #p"{copy}/" asdf:*central-registry*)')
     assert not is_error, text
+    if from_fasls:
+        text, is_error = process.eval(f'(asdf:load-system "{library.system}")', wait=600, timeout=500,
+                                      **{"answer-within": 500})
+        assert not is_error, text[:2000]
+        assert {path: path.stat().st_mtime for path in fasls} == fasls, "the fasls were compiled again"
+        return
     loaded = process.call("load-system", system=library.system, wait=600, **{"answer-within": 500})
     assert not loaded["isError"], loaded["content"][0]["text"][:2000]
 

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from tests.integration.conftest import McpProcess
@@ -62,10 +63,11 @@ def compiled_now(fresh: dict[tuple[str, ...], Definition], file: str, start: int
 
 
 def check_library(library: Library, rounds: int, seed: int, log=print,
-                  env: dict[str, str] | None = None) -> Tally:
+                  env: dict[str, str] | None = None, from_fasls: bool = False) -> Tally:
     """The places of LIBRARY, before and after ROUNDS rounds of edits
     seeded with SEED; ENV, the environment cl-mcp runs in beside ours (a
-    planted fault's copy of it: tests/truth/mutants.py)."""
+    planted fault's copy of it: tests/truth/mutants.py); FROM_FASLS, with
+    LIBRARY loaded from fasls a plain SBCL compiled (`load_copy`)."""
     tally = Tally()
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="cl-mcp-truth-") as scratch:
@@ -75,7 +77,7 @@ def check_library(library: Library, rounds: int, seed: int, log=print,
         process = McpProcess("--max-result-chars", "1000000", env=env)
         try:
             process.initialize()
-            load_copy(process, library, edited)
+            load_copy(process, library, edited, from_fasls)
             definitions, forms = read_oracle(pristine, library.system, edited)
             compiled = unique(definitions)
             known = {d.key for d in definitions}
@@ -83,13 +85,17 @@ def check_library(library: Library, rounds: int, seed: int, log=print,
             layout.update(definitions, forms)
             lines = {key: Compiled(d.line, d.digest) for key, d in compiled.items()}
             now = dict(compiled)
-            check_places(process, tally, "before edits", compiled, lines, now, edited, known, layout)
             callees = [d for d in compiled.values() if d.type in CALLEES and not d.name.startswith("(")]
             recompiled: set[tuple[str, ...]] = set()  # the definitions compiled again
-            check_xref(process, tally, "before edits", callees, edited, pristine, library.system,
-                       Recompiled.of(recompiled, compiled, forms, now, forms))
             sources = sorted({form.file for form in forms})
-            check_notes(process, tally, "before edits", read_notes(pristine, library.system, edited), forms, sources)
+            # Loaded from fasls, the files are first asked about once edited,
+            # as in the trial: an answer before edits would keep their text.
+            if not from_fasls:
+                check_places(process, tally, "before edits", compiled, lines, now, edited, known, layout)
+                check_xref(process, tally, "before edits", callees, edited, pristine, library.system,
+                           Recompiled.of(recompiled, compiled, forms, now, forms))
+                check_notes(process, tally, "before edits", read_notes(pristine, library.system, edited), forms,
+                            sources)
             for _ in range(rounds):
                 files = sorted({d.file for d in now.values()})
                 touched = rng.sample(files, min(len(files), rng.randint(1, 3)))
@@ -98,6 +104,10 @@ def check_library(library: Library, rounds: int, seed: int, log=print,
                     done = edits.random_edit(rng, rng.choice(choices))
                     if done:
                         log(f"  {done}")
+                if from_fasls:  # each file is first asked about once edited
+                    for key, d in compiled.items():
+                        if d.file in touched and key not in recompiled:
+                            lines[key] = replace(lines[key], text_known=False)
                 fresh, fresh_forms = read_oracle(pristine, library.system, edited, touched)
                 file = rng.choice(touched)
                 in_file = [d for d in fresh if d.file == file]
@@ -122,7 +132,8 @@ def check_library(library: Library, rounds: int, seed: int, log=print,
                 check_places(process, tally, "after edits", compiled, lines, now, edited, known, layout)
                 forms_now = read_oracle(pristine, library.system, edited)[1]
                 check_xref(process, tally, "after edits", callees, edited, pristine, library.system,
-                           Recompiled.of(recompiled, compiled, forms, now, forms_now))
+                           Recompiled.of(recompiled, compiled, forms, now, forms_now),
+                           {d.file for key, d in compiled.items() if not lines[key].text_known})
                 check_notes(process, tally, "after edits", read_notes(pristine, library.system, edited), forms_now,
                             sources)
         finally:

@@ -130,11 +130,31 @@ class Recompiled:
         return (reference["file"], reference.get("line")) in self.now
 
 
+def matched_now(expected: dict[tuple[str, str, int], list[Call]], callee: str,
+                reference: dict[str, Any]) -> tuple[str, str, int] | None:
+    """The key of a call of CALLEE that REFERENCE, without a compiledLine
+    (its file's text as compiled unknown), names by where it is now: its
+    form's line and its own, or its file for a call that is gone; that
+    call moved last in its list, where the match takes it from."""
+    gone = reference.get("place") == "not-found"
+    for key, calls in expected.items():
+        if key[:2] != (callee, reference["file"]):
+            continue
+        for index, call in enumerate(calls):
+            if (call.line is None) if gone else \
+                    (call.form_line, call.line) == (reference.get("line"), reference.get("referenceLine")):
+                calls.append(calls.pop(index))
+                return key
+    return None
+
+
 def check_xref(process: McpProcess, tally: Tally, phase: str, callees: list[Definition], copy: Path,
-               pristine: Path, system: str, recompiled: Recompiled) -> None:
+               pristine: Path, system: str, recompiled: Recompiled, text_unknown: set[str] = frozenset()) -> None:
     """Ask xref for the callers of each of CALLEES (in COPY, loaded from
     the text in PRISTINE) and count its answers against the oracle's
-    recorded calls, both ways; the RECOMPILED callers left out."""
+    recorded calls, both ways; the RECOMPILED callers left out.  In the
+    files of TEXT_UNKNOWN (`Compiled.text_known`), an answer without a
+    compiledLine is matched by where its call is now."""
     answer = f"xref {phase}"
     expected: dict[tuple[str, str, int], list[Call]] = defaultdict(list)
     for call in recorded_calls(pristine, system, copy, callees):
@@ -146,12 +166,17 @@ def check_xref(process: McpProcess, tally: Tally, phase: str, callees: list[Defi
                       if str(r.get("file", "")).startswith(f"{copy}/") and not recompiled.answered_by(r)]
         for reference in references:
             key = (d.query, reference["file"], answered_line(reference))
+            unknown = (reference["file"] in text_unknown and reference.get("place") != "unchanged"
+                       and reference.get("compiledLine") is None)
+            if unknown:
+                key = matched_now(expected, d.query, reference) or key
             where = (f"caller {reference['name']} of {d.query} {short(reference['file'])}:{reference.get('line')}"
                      f" (reference line {reference.get('referenceLine')})")
             calls = expected.get(key)
             if calls:
                 call = calls.pop()
-                failure = field_failure(call, reference)
+                failure = field_failure(call, {**reference, "compiledLine": call.compiled_line} if unknown
+                                        else reference)
                 tally.count(answer, "caller" if not failure else "caller, wrong field",
                             failure and f"{where}: wrong field: {failure}")
             elif key in expected:  # matched already, its calls all taken
