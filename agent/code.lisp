@@ -165,14 +165,22 @@ STARTS, an EQ table, where the form they read starts."
           (set-dispatch-macro-character #\# #\' (noting function 2) copy))))
     copy))
 
+(defvar *unevaluated-read-eval-marks* :none
+  "While a form is read for the compiler's numbering of its subforms
+(`numbered-form-start'), a list of the fresh conses its unevaluated `#.'
+forms read as (agent/reading.lisp's `quiet-sharp-dot'); :none otherwise,
+when they read as nil.")
+
 (defun numbered-form-start (text start number package readtable)
   "Where the subform the compiler numbers NUMBER (`sb-c::find-source-paths')
 of the top-level form at START of TEXT starts, read in PACKAGE and
 READTABLE with nothing evaluated or left interned; nil when it does not
-read or has no such subform.  A list's tails share its numbers, and no
-text opens them: the form is the one of that number the text opens."
+read or has no such subform, or when a `#.' before it read as no value
+(see `quiet-sharp-dot').  A list's tails share its numbers, and no text
+opens them: the form is the one of that number the text opens."
   (let ((starts (make-hash-table :test #'eq))
-        (sb-c::*source-paths* (make-hash-table :test #'eq)))
+        (sb-c::*source-paths* (make-hash-table :test #'eq))
+        (*unevaluated-read-eval-marks* '()))
     (handler-case
         (let ((form (let ((*package* package) (*readtable* readtable))
                       ;; agent/reading.lisp, loaded later: its function, not its macro.
@@ -181,10 +189,13 @@ text opens them: the form is the one of that number the text opens."
                                               (let ((*readtable* (noting-readtable *readtable* starts)))
                                                 (read-from-string text t nil :start start)))))))
           (sb-c::find-source-paths form 0)
-          ;; A string stream read from START counts its positions from there.
-          (loop for each being the hash-keys of sb-c::*source-paths* using (hash-value path)
-                when (and (eql (second path) number) (gethash each starts))
-                  return (+ start (gethash each starts))))
+          (unless (loop for mark in *unevaluated-read-eval-marks*
+                        thereis (let ((path (gethash mark sb-c::*source-paths*)))
+                                  (or (null path) (<= (second path) number))))
+            ;; A string stream read from START counts its positions from there.
+            (loop for each being the hash-keys of sb-c::*source-paths* using (hash-value path)
+                  when (and (eql (second path) number) (gethash each starts))
+                    return (+ start (gethash each starts)))))
       (serious-condition () nil))))
 
 (defun latin-1-compiled-source (pathname files)

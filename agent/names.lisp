@@ -271,8 +271,8 @@ symbol without its package."
   "The qualifiers and specializers of the DEFMETHOD whose name ends at INDEX
 of TEXT (in lower case), as written: (QUALIFIERS . SPECIALIZERS), each
 qualifier a `qualifier-word', each specializer a class's name without its
-package, \"t\" for an unspecialized parameter, \"(eql\" for an (EQL ...)
-one; nil when its lambda list does not parse so simply."
+package, \"t\" for an unspecialized parameter, an `eql-word' for an (EQL
+...) one; nil when its lambda list does not parse so simply."
   (let ((i (skip-blank-text text index)) (n (length text)) (specializers '()) (qualifiers '()))
     (when (and (< i n) (char= (char text i) #\))) ; the end of (SETF NAME)
       (setf i (skip-blank-text text (1+ i))))
@@ -290,8 +290,11 @@ one; nil when its lambda list does not parse so simply."
                (let ((at (skip-blank-text text (skip-token text (skip-blank-text text (1+ i))))))
                  (cond ((>= at n) (return nil))
                        ((char= (char text at) #\()
-                        (push "(eql" specializers)
-                        (setf at (skip-blank-text text (1+ (or (position #\) text :start at) (1- n))))))
+                        (let ((close (position #\) text :start at)))
+                          (push (eql-word (written-eql-object
+                                           (and close (< (+ at 4) close) (subseq text (+ at 4) close))))
+                                specializers)
+                          (setf at (skip-blank-text text (1+ (or close (1- n)))))))
                        (t (let ((end (skip-token text at)))
                             (push (bare-name (subseq text at end)) specializers)
                             (setf at (skip-blank-text text end)))))
@@ -299,6 +302,35 @@ one; nil when its lambda list does not parse so simply."
                  (setf i (1+ at))))
               (t (push "t" specializers)
                  (setf i (skip-token text i))))))))
+
+(defun eql-word (object)
+  "An (EQL X) specializer as `written-specializers' names it: \"(eql X)\",
+OBJECT (X's text in lower case, a symbol's without its package), or
+\"(eql\" for any when OBJECT is nil: X's value is not in the text."
+  (if object (format nil "(eql ~A)" object) "(eql"))
+
+(defun written-eql-object (written)
+  "The object of an (EQL X) specializer WRITTEN so (X's text, in lower
+case) for `eql-word': a quoted symbol's name, a keyword, a number or a
+string as written; nil for a form or a variable, whose value the text
+does not show."
+  (let ((text (and written (string-trim '(#\Space #\Tab #\Newline) written))))
+    (cond ((or (null text) (zerop (length text)) (find-if (lambda (char) (find char "(#`,|")) text)) nil)
+          ((char= (char text 0) #\') (bare-name (subseq text 1)))
+          ((or (char= (char text 0) #\:) (char= (char text 0) #\") (digit-char-p (char text 0))) text))))
+
+(defun specializer-words-match-p (sought written)
+  "True when SOUGHT and WRITTEN, (QUALIFIERS . SPECIALIZERS) as
+`written-specializers' gives them, name the same method: \"(eql\" matches
+any (EQL X) specializer."
+  (and (consp written)
+       (equal (car sought) (car written))
+       (= (length (cdr sought)) (length (cdr written)))
+       (every (lambda (one other)
+                (or (string= one other)
+                    (and (or (string= one "(eql") (string= other "(eql"))
+                         (eql 0 (search "(eql" one)) (eql 0 (search "(eql" other)))))
+              (cdr sought) (cdr written))))
 
 (defparameter *dspec-operators*
   '((defun "defun") (defmacro "defmacro") (defgeneric "defgeneric") (defmethod "defmethod")
@@ -314,17 +346,19 @@ one; nil when its lambda list does not parse so simply."
   "True when the line of LOWERED (a file's bytes in lower case) holding
 NAME-START opens a definition there of what SOUGHT describes: `(OPERATOR
 ', then only blanks, open parentheses and, for a (SETF NAME) definition,
-`setf'; OPERATOR one of SOUGHT's, or any `def...' (SLIME's :function-name
-search) when it has none."
+`setf'; OPERATOR one of SOUGHT's, or any `def...' but
+`define-compiler-macro' (SLIME's :function-name search) when it has none."
   (let* ((open (skip-blanks-and-comments lowered (line-start lowered name-start)))
          (word-end (position-if-not #'symbol-octet-p lowered :start (min (1+ open) name-start)
                                                             :end name-start)))
     (and (< (+ open 4) name-start)
          (not (mismatch +def-octets+ lowered :start2 open :end2 (+ open 4)))
          word-end
-         (or (null (sought-operators sought))
-             (member (map 'string #'code-char (subseq lowered (1+ open) word-end))
-                     (sought-operators sought) :test #'string=))
+         (let ((operator (map 'string #'code-char (subseq lowered (1+ open) word-end))))
+           (if (sought-operators sought)
+               (member operator (sought-operators sought) :test #'string=)
+               ;; A compiler macro is the place of its own dspec only, never of a function's name.
+               (string/= operator "define-compiler-macro")))
          (let* ((between (map 'string #'code-char (subseq lowered word-end name-start)))
                 (rest (remove-setf between)))
            (and (eq (sought-setf sought) (string/= rest between))
@@ -351,12 +385,54 @@ is none.  WITHIN, a predicate or nil, says which offsets may be it."
                                       (= (aref lowered (1- start)) #.(char-code #\:)))
                                   (defining-opening-p lowered start sought)
                                   (or (null (sought-specializers sought))
-                                      (equal (sought-specializers sought)
+                                      (specializer-words-match-p (sought-specializers sought)
                                              (written-specializers
                                               (map 'string #'code-char
                                                    (subseq lowered end (min (length lowered) (+ end 2000))))
                                               0))))
                           collect (skip-blanks-and-comments lowered (line-start lowered start)) into found
+                        finally (return (remove-if-not (or within (constantly t)) found)))
+                  origin))))
+
+(defparameter +method-option-octets+ (coerce (map 'list #'char-code "(:method") 'octets)
+  "How a DEFGENERIC's method option opens, in lower case.")
+
+(defun method-option-offset (sought lowered origin &optional within)
+  "Where the DEFGENERIC opens, nearest ORIGIN in LOWERED (a file's bytes in
+lower case), whose `(:method' option is the method SOUGHT describes: SBCL
+places such a method at its DEFGENERIC; nil when there is none."
+  (let ((generic (make-sought (sought-name sought) '("defgeneric") (sought-setf sought))))
+    (nearest (loop for start in (occurrences +method-option-octets+ lowered)
+                   for opening = (definition-offset generic lowered start within)
+                   when (and opening (< opening start)
+                             ;; The option is inside that DEFGENERIC: no top-level form opens between.
+                             (null (search #.(coerce (list 10 (char-code #\()) 'octets) lowered
+                                           :start2 opening :end2 start))
+                             (specializer-words-match-p
+                              (sought-specializers sought)
+                              (written-specializers
+                               (map 'string #'code-char
+                                    (subseq lowered (+ start 8) (min (length lowered) (+ start 2000))))
+                               0)))
+                     collect opening)
+             origin)))
+
+(defparameter +constructor-option-octets+ (coerce (map 'list #'char-code "(:constructor ") 'octets)
+  "How a DEFSTRUCT's constructor option opens, in lower case.")
+
+(defun constructor-option-offset (source sought origin &optional within)
+  "Where the top-level form (a DEFSTRUCT) opens, nearest byte ORIGIN of
+SOURCE, whose `(:constructor NAME' option names the function SOUGHT
+describes; nil when there is none."
+  (let* ((lowered (source-file-lowered source))
+         (needle (concatenate 'octets +constructor-option-octets+
+                              (lowered-octets (sb-ext:string-to-octets (sought-name sought) :external-format :utf-8)))))
+    (and (null (sought-specializers sought)) (not (sought-setf sought))
+         (nearest (loop for start in (occurrences needle lowered)
+                        for end = (+ start (length needle))
+                        when (or (= end (length lowered)) (not (symbol-octet-p (aref lowered end))))
+                          ;; `top-level-form-start' is agent/code.lisp's, loaded later.
+                          collect (top-level-form-start source start) into found
                         finally (return (remove-if-not (or within (constantly t)) found)))
                   origin))))
 
@@ -697,7 +773,13 @@ primary method is no place of its :after one."
                           (t (string-downcase (princ-to-string qualifier)))))
                   qualifiers)
           (mapcar (lambda (specializer)
-                    (if (consp specializer) "(eql" (string-downcase (symbol-name specializer))))
+                    (if (consp specializer)
+                        (let ((object (second specializer)))
+                          (eql-word (typecase object
+                                      (keyword (format nil ":~(~A~)" (symbol-name object)))
+                                      (symbol (string-downcase (symbol-name object)))
+                                      ((or number string) (string-downcase (prin1-to-string object))))))
+                        (string-downcase (symbol-name specializer))))
                   specializers))))
 
 (defun buffer-place-message (buffer snippet)
@@ -817,7 +899,12 @@ puts it at that subform of the definition's top-level form as read now."
                          (definition-offset (make-sought (sought-name name) nil (sought-setf name)
                                                          (sought-specializers name))
                                             lowered recorded within)
-                         (and (< at (length lowered)) (opening-line-names-p lowered at name) at)))))
+                         (and (sought-specializers name)
+                              (method-option-offset name lowered recorded within))
+                         (constructor-option-offset source name recorded within)
+                         ;; A method's line names its generic function, and so its twins
+                         (and (null (sought-specializers name)) (< at (length lowered))
+                              (opening-line-names-p lowered at name) at)))))
     (if found
         (values source
                 (or (and form-number
@@ -1105,7 +1192,11 @@ made (see `definition-witness')."
 (defun dspec-method-signature (name rest)
   "The qualifiers and specializers in REST of a method's dspec (DEFMETHOD
 NAME . REST): the specializers are as many as the generic function NAME
-has required parameters."
+has required parameters.  A cross-reference's dspec, a method function's
+name, holds them in one list, last: (DEFMETHOD NAME :AFTER (CLASS))."
+  (let ((last (car (last rest))))
+    (when (and (consp last) (not (eq (first last) 'eql)))
+      (return-from dspec-method-signature (values (butlast rest) last))))
   (let* ((function (and (fboundp name) (fdefinition name)))
          (required (if (typep function 'generic-function)
                        (loop for parameter in (sb-mop:generic-function-lambda-list function)

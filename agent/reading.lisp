@@ -30,14 +30,41 @@ unbound outside the calls that count them.")
   "An alist (READTABLE . COPY) of this call's readtables whose `#.'
 evaluates nothing: a copy is made once per readtable and call, not per form.")
 
+(defparameter *constant-operators*
+  '(+ - * / 1+ 1- floor ceiling truncate round mod rem min max abs logior logand logxor
+    lognot char-code code-char length list cons vector)
+  "Standard functions a `#.' form read for numbering may call: they change
+nothing and end quickly on the little numbers such forms hold.")
+
+(defun constant-computation-p (form &optional (depth 0))
+  "True when FORM, a `#.' form, only reads bound variables and calls
+`*constant-operators*' on such forms: evaluating it runs none of the
+image's code (`#.(truncate char-code-limit 3)')."
+  (cond ((> depth 8) nil)
+        ((symbolp form) (and form (boundp form)))
+        ((atom form) t)
+        ((eq (first form) 'quote) (and (consp (rest form)) (null (cddr form))))
+        (t (and (member (first form) *constant-operators*)
+                (listp (rest form)) (null (cdr (last form)))
+                (every (lambda (argument) (constant-computation-p argument (1+ depth))) (rest form))))))
+
 (defun quiet-sharp-dot (stream subchar argument)
-  "`#.' that reads the form after it and evaluates nothing."
+  "`#.' that reads the form after it and evaluates nothing.  Read for
+numbering, a `#.' of bound variables and arithmetic reads as its value,
+which the compiler numbered too (`#.*standard-optimize-settings*', an
+idiom of many libraries; see `constant-computation-p'), and any other as
+a fresh mark: the numbers after it are not known."
   (declare (ignore subchar argument))
   (let ((form (read stream t nil t)))
-    (declare (ignore form))
-    (when (and (not *read-suppress*) (boundp '*unevaluated-read-evals*))
-      (incf *unevaluated-read-evals*))
-    nil))
+    (cond (*read-suppress* nil)
+          ((eq *unevaluated-read-eval-marks* :none)
+           (when (boundp '*unevaluated-read-evals*)
+             (incf *unevaluated-read-evals*))
+           nil)
+          ((constant-computation-p form) (eval form))
+          (t (let ((mark (list 'unevaluated)))
+               (push mark *unevaluated-read-eval-marks*)
+               mark)))))
 
 (defun quiet-readtable (readtable)
   "READTABLE, or when its `#.' is the standard one, a copy of it whose `#.'

@@ -387,3 +387,38 @@ def test_an_xref_reference_in_a_form_holding_a_utf_8_character_literal_is_at_its
     found = references_from(lisp, "esrap::cell-function", "TRACE-RULE")
     assert found and all(r["referenceLine"] > r["line"] for r in found), found
     assert all("(cell-function " in lines[r["referenceLine"] - 1] for r in found), found
+
+
+def test_xref_references_in_files_loaded_from_fasls_are_at_their_calls(lisp, tmp_path):
+    # cl-ppcre loaded from fasls, each file two lines longer above: a
+    # method's cross-reference names its specializers in one list, a
+    # `#.*standard-optimize-settings*' and a `#.(truncate char-code-limit 3)'
+    # count in the compiler's numbers, a method may be a DEFGENERIC's
+    # (:method ...) option, and SCAN-TO-STRINGS has a compiler macro below
+    # its DEFUN.  They were placed at the caller's opening, at a twin, or at
+    # the compiler macro.
+    library = LIBRARIES["cl-ppcre"]
+    edited = copy_library(library, tmp_path)
+    load_copy(lisp, library, edited, from_fasls=True)
+    for name in ["convert.lisp", "regex-class-util.lisp", "charset.lisp", "api.lisp"]:
+        path = edited / name
+        path.write_text(path.read_text().replace("(in-package :cl-ppcre)\n", "(in-package :cl-ppcre)\n;;; one\n;;; two\n", 1))
+    # (symbol, file, the call's text, the callers asked about: None for all in the file)
+    calls = [
+        ("cl-ppcre::digit-char-p", "convert.lisp", "#'digit-char-p", None),
+        ("cl-ppcre::remove-registers", "regex-class-util.lisp", "remove-registers", None),
+        ("cl-ppcre::make-char-vector", "charset.lisp", "make-char-vector", None),
+        ("cl-ppcre::nsubseq", "api.lisp", "#'nsubseq", {"CL-PPCRE:SCAN-TO-STRINGS"}),
+    ]
+    for symbol, name, call, callers in calls:
+        result = lisp.call("xref", symbol=symbol, relation="calls")
+        assert not result["isError"], result
+        lines = (edited / name).read_text().splitlines()
+        references = [r for r in result["structuredContent"]["references"]
+                      if r.get("file") == str(edited / name) and (callers is None or r["name"] in callers)]
+        assert len(references) >= (1 if callers else 2), result
+        for reference in references:
+            assert reference["place"] == "found-after-edit", reference
+            assert call in lines[reference["referenceLine"] - 1], reference
+            assert lines[reference["line"] - 1].startswith("(def") and reference["line"] <= reference["referenceLine"]
+            assert not lines[reference["line"] - 1].startswith("(define-compiler-macro"), reference
