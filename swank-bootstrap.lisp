@@ -129,6 +129,9 @@
 ;;;   debug-var-symbol, debug-var-validity, debug-var-value
 ;;;                                   a frame's local variables
 ;;;   sb-di:eval-in-frame             `eval-in-frame-of'
+;;;   sb-di:debug-fun-lambda-list     a restarted frame's parameters, which
+;;;                                   SBCL rebuilds its call from
+;;;                                   (`rebuilt-call-warning')
 ;;;   sb-c::map-simple-funs, sb-c::map-packed-xref-data,
 ;;;   sb-kernel::%simple-fun-xrefs, sb-c::**most-common-xref-names-by-name**,
 ;;;   sb-c::transform-p, transform-type, vop-info-p, vop-info-name,

@@ -393,8 +393,34 @@ debug catch tag (debug 1 or more, SBCL's default)."
                        ;; returns is why it could not.
                        (let ((swank/sbcl::*sldb-stack-top* frame))
                          (if (string= command "RESTART-FRAME")
-                             (swank/backend:restart-frame 0)
+                             (let ((warning (rebuilt-call-warning frame)))
+                               (when warning
+                                 (push warning (evaluation-warnings evaluation)))
+                               (swank/backend:restart-frame 0))
                              (swank/backend:return-from-frame 0 `(values-list ',values))))))))))
+
+(defun rebuilt-call-warning (frame)
+  "A warning that RESTART-FRAME calls FRAME's function with arguments SBCL
+rebuilds from the frame's variables (`sb-debug::frame-call'), when its
+lambda list has optional, keyword or rest parameters: each is passed as
+it is now, supplied in the original call or not; nil when it has none."
+  (let ((parameters (ignore-errors (sb-di:debug-fun-lambda-list (sb-di:frame-debug-fun frame)))))
+    (when (some (lambda (parameter)
+                  (or (eq parameter :deleted)
+                      (and (consp parameter) (member (first parameter) '(:optional :keyword :rest :more)))))
+                parameters)
+      (multiple-value-bind (name arguments) (ignore-errors (sb-debug::frame-call frame))
+        (make-condition 'simple-warning
+                        :format-control "RESTART-FRAME calls ~A again as ~A, the call SBCL rebuilds ~
+                                         from the frame's variables as they are now: each optional ~
+                                         and keyword parameter is passed, with its default when the ~
+                                         original call left it out, and a &rest parameter's list as ~
+                                         it is now. The original call may have differed."
+                        :format-arguments
+                        (let ((*print-length* 10) (*print-level* 3) (*print-readably* nil))
+                          (list (prin1-to-string name)
+                                (let ((call (prin1-to-string (cons name arguments))))
+                                  (if (> (length call) 500) (concatenate 'string (subseq call 0 500) "...") call)))))))))
 
 (defun frames-report (evaluation &optional (count *backtrace-frame-limit*))
   "Frames of the waiting evaluation with their local variables and places

@@ -43,6 +43,9 @@ class Rendered:
     # Both already within the session's result budget (--max-result-chars):
     # the evaluation tools fit their own, with read-output markers.
     fitted: bool = False
+    # The list of STRUCTURED whose items left out its `truncated` counts:
+    # those the result budget cuts from it count too (`within_budget`).
+    counted: str | None = None
 
 
 def condition_structure(kind: str, message: str, backtrace: Sequence[str] = ()) -> dict[str, Any]:

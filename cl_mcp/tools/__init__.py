@@ -55,6 +55,10 @@ def within_budget(handler: Handler) -> Handler:
         structured = rendered.structured
         if structured is not None:
             structured = budget.fit_structure(structured, limit)
+            if rendered.counted and structured is not rendered.structured:
+                cut = len(rendered.structured[rendered.counted]) - len(structured[rendered.counted])
+                if cut:
+                    structured["truncated"] = structured.get("truncated", 0) + cut
         return Rendered(budget.fit_text(rendered.text, limit), rendered.is_error, structured)
     return run
 

@@ -110,7 +110,7 @@ def render_xref(result: dict[str, Any]) -> Rendered:
                                  "references": [reference_structure(r) for r in references]}
     if result.get("dropped"):
         structure["truncated"] = result["dropped"]
-    return Rendered(text, False, structure)
+    return Rendered(text, False, structure, counted="references")
 
 
 def xref_error(arguments: dict[str, Any], kind: str, message: str) -> Rendered:
@@ -184,12 +184,17 @@ def counts_text(counts: list[dict[str, Any]]) -> str:
 
 
 def notes_head(notes: list[Any], dropped: int, counts: list[dict[str, Any]]) -> str:
-    """``N notes`` listed, and ``M compiler notes counted`` when some were."""
+    """``N notes``, ``K listed`` when only K of them are, and ``M compiler
+    notes counted`` when some were."""
     total = len(notes) + dropped
     # Distinct: SBCL prints a note once per expansion where cl-mcp lists it once.
     head = {0: "0 notes", 1: "1 note"}.get(total, f"{total} distinct notes")
+    if dropped:
+        head += f", {len(notes)} listed"
     counted = sum(entry["count"] for entry in counts)
-    return head + (f" listed, {counted} compiler note{'' if counted == 1 else 's'} counted" if counted else "")
+    if counted:
+        head += f"{'' if dropped else ' listed'}, {counted} compiler note{'' if counted == 1 else 's'} counted"
+    return head
 
 
 def notes_sections(notes: list[dict[str, Any]], dropped: int, counts: list[dict[str, Any]]) -> list[str]:
@@ -233,7 +238,7 @@ def render_compile(path: str, result: dict[str, Any]) -> Rendered:
         structure["error"] = condition_structure(error["type"], error["message"])
     if dropped:
         structure["truncated"] = dropped
-    return Rendered("\n\n".join(sections), not success or error is not None, structure)
+    return Rendered("\n\n".join(sections), not success or error is not None, structure, counted="notes")
 
 
 def compile_error(kind: str, message: str) -> Rendered:

@@ -54,7 +54,7 @@ def render_compiled_form(result: dict[str, Any], notes_mode: str = "warnings") -
         structure["truncated"] = dropped
     if counts:
         structure["noteCounts"] = counts
-    return Rendered("\n\n".join(sections), not success, structure)
+    return Rendered("\n\n".join(sections), not success, structure, counted="notes")
 
 
 def compile_form_error(kind: str, message: str) -> Rendered:

@@ -95,7 +95,7 @@ def render_definitions(result: dict[str, Any]) -> Rendered:
                                  "definitions": [definition_structure(d) for d in definitions]}
     if dropped:
         structure["truncated"] = dropped
-    return Rendered(text, False, structure)
+    return Rendered(text, False, structure, counted="definitions")
 
 
 def find_definition_error(arguments: dict[str, Any], kind: str, message: str) -> Rendered:

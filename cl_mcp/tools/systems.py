@@ -106,7 +106,7 @@ def render_load(result: dict[str, Any]) -> Rendered:
         if len(others) > MAX_WARNINGS:
             lines.append(f"… and {len(others) - MAX_WARNINGS} more")
         text += "\n\n[warnings]\n" + "\n".join(lines)
-    return Rendered(text, is_error, structure)
+    return Rendered(text, is_error, structure, counted="notes")
 
 
 async def load_system(session: LispSession, arguments: dict[str, Any]) -> Rendered:

@@ -259,6 +259,31 @@ def test_restart_frame_calls_the_function_again_as_now_defined(either_mode):
         "=> (:RESULT 5)", False)
 
 
+def test_restart_frame_warns_that_sbcl_rebuilds_a_call_with_keyword_arguments(either_mode):
+    """SBCL rebuilds the call from the frame's variables: a keyword argument
+    the call left out is passed with its default (issue 49, item 6)."""
+    either_mode.eval("(defvar *fr-calls* '())"
+                     "(defun fr-order (&key item qty) (push (list item qty) *fr-calls*)"
+                     " (if (= (length *fr-calls*) 1) (error \"first\") :done))")
+    either_mode.eval("(setf *fr-calls* '())")
+    text, is_error = either_mode.eval("(fr-order)")
+    assert is_error and "first" in text
+    result = either_mode.call("invoke-restart", restart="RESTART-FRAME", frame=frame_of(text, "FR-ORDER"))
+    text = result["content"][0]["text"]
+    assert not result["isError"] and "\n=> :DONE" in text, text
+    assert text.startswith("[warnings]\nSIMPLE-WARNING: RESTART-FRAME calls FR-ORDER again as "
+                           "(FR-ORDER :ITEM NIL :QTY NIL),"), text
+    assert "The original call may have differed." in text
+
+
+def test_restart_frame_of_required_parameters_only_has_no_warning(either_mode):
+    either_mode.eval(FRAMES_CODE)
+    text, _ = either_mode.eval("(fr-outer 'seven)")
+    either_mode.eval("(defun fr-inner (x) (if (symbolp x) (length (symbol-name x)) (* 10 (fr-half x))))")
+    result = either_mode.call("invoke-restart", restart="RESTART-FRAME", frame=frame_of(text, "FR-INNER"))
+    assert "WARNING" not in result["content"][0]["text"], result
+
+
 def test_return_from_frame_returns_values_computed_in_the_frame(either_mode):
     either_mode.eval(FRAMES_CODE)
     text, _ = either_mode.eval('(fr-outer "eleven")')

@@ -77,6 +77,22 @@ def test_every_result_fits(lisp):
         checked(lisp, tool, **arguments)
 
 
+def test_truncated_counts_the_notes_the_budget_left_out_too(lisp, tmp_path):
+    """compile-file lists at most 200 notes; the budget cuts the structured
+    list further, and `truncated` counts every note not in it (issue 49,
+    item 8: 250 warnings answered `truncated` 50 beside 25 notes)."""
+    source = tmp_path / "warnings.lisp"
+    source.write_text("".join(f"(defun budget-w{i} (x) (declare (ignorable x)) (+ (quote a{i}) 1))\n"
+                              for i in range(250)))
+    result = checked(lisp, "compile-file", path=str(source), load=False)
+    structured = result["structuredContent"]
+    assert result["content"][0]["text"].startswith(f"Compiled {source}: 250 distinct notes, 200 listed")
+    assert len(structured["notes"]) < 200
+    assert len(structured["notes"]) + structured["truncated"] == 250
+    assert [note["message"] for note in structured["notes"]] == [
+        f"Constant A{i} conflicts with its asserted type NUMBER." for i in range(len(structured["notes"]))]
+
+
 def test_what_read_output_cannot_give_is_an_error_that_says_why(lisp):
     unknown = lisp.call("read-output", evaluation=999_999)
     assert unknown["isError"]
