@@ -864,8 +864,8 @@ skips), it is at the next form's opening, then and now."
                                   (or compiled (place-at (source-file-octets source) recorded))))))))))))))
 
 (defun edited-since-its-fasl-p (source files)
-  "True when SOURCE's file was written after the newest fasl compiled from
-it (where ASDF's output translations put it, or beside it); kept in
+  "True when SOURCE's file was written after (or in the second of) the
+newest fasl compiled from it (where ASDF's output translations put it, or beside it); kept in
 FILES.  Code loaded from such a fasl without cl-mcp (an evaluation's
 asdf:load-system, a programmer's image) leaves Swank no text of the file
 as compiled: its positions and snippets are then the file's as it is now."
@@ -880,7 +880,9 @@ as compiled: its positions and snippets are then the file's as it is now."
                                                          (ignore-errors (compile-file-pathname path)))
                                        for date = (and fasl (ignore-errors (file-write-date fasl)))
                                        when date collect date)))
-                  (and written compiled (> written (reduce #'max compiled)))))))))
+                  ;; Dates are whole seconds: an edit in the second the fasl was
+                  ;; written may follow it, and a file found so is only asked by name.
+                  (and written compiled (>= written (reduce #'max compiled)))))))))
 
 (defun named-location (source recorded name &optional form-number)
   "`resolved-location' of a definition whose file was edited since it was

@@ -74,16 +74,18 @@ def load_fixture(process: McpProcess) -> None:
     assert not loaded["isError"], loaded
 
 
-def check_results_of(process: McpProcess, tool: str) -> None:
-    """Have `checked_call` validate TOOL's structured content."""
-    tools = {each["name"]: each for each in process.request("tools/list")["result"]["tools"]}
-    process.output_schema = Draft202012Validator(tools[tool]["outputSchema"])
+def output_schema(process: McpProcess, tool: str) -> Draft202012Validator:
+    """TOOL's outputSchema, as PROCESS's tools/list gives it (asked once)."""
+    if not hasattr(process, "output_schemas"):
+        process.output_schemas = {each["name"]: Draft202012Validator(each["outputSchema"])
+                                  for each in process.request("tools/list")["result"]["tools"]}
+    return process.output_schemas[tool]
 
 
 def checked_call(process: McpProcess, tool: str, **arguments) -> dict:
-    """The result of TOOL, its structured content checked against the outputSchema."""
+    """The result of TOOL, its structured content checked against TOOL's outputSchema."""
     result = process.call(tool, **arguments)
-    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
+    errors = list(output_schema(process, tool).iter_errors(result["structuredContent"]))
     assert errors == [], (result["structuredContent"], errors)
     return result
 

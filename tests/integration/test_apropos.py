@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, load_fixture
+from tests.integration.devtools import MODES, checked_call, cl_mcp_in, load_fixture
 
 
 
@@ -20,7 +20,6 @@ def lisp(request):
         load_fixture(process)
         text, is_error = process.eval("(defun greet-from-the-repl (who) who)")
         assert text.startswith("=> GREET-FROM-THE-REPL") and not is_error
-        check_results_of(process, "apropos")
         yield process
 
 def apropos(process, **arguments):

@@ -9,13 +9,12 @@ import pytest
 
 from tests.integration.attach_fixtures import Emacs, SwankServer, temporary_home
 from tests.integration.conftest import McpProcess
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import MODES, checked_call, cl_mcp_in, output_schema
 
 
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
     with cl_mcp_in(request.param) as process:
-        check_results_of(process, "evaluate-lisp")
         yield process
 
 
@@ -35,7 +34,7 @@ def awaited(process, number, **arguments):
     response = process.request("tools/call", {"name": "await-evaluation",
                                               "arguments": {"evaluation": number, **arguments}})
     result = response["result"]
-    errors = list(process.output_schema.iter_errors(result["structuredContent"]))
+    errors = list(output_schema(process, "await-evaluation").iter_errors(result["structuredContent"]))
     assert errors == [], (result["structuredContent"], errors)
     return result
 
@@ -173,7 +172,6 @@ def test_a_continuation_of_background_work_keeps_its_whole_output(pause):
     process = McpProcess("--answer-within", "1")  # invoke-restart's window too
     try:
         process.initialize()
-        check_results_of(process, "evaluate-lisp")
         number = start(process, f'(progn (write-line "before") (sleep 1.5) (restart-case (error "stop") '
                                 f"(continue () {LONG_OUTPUT} (sleep {pause}) :resumed)))")
         assert outcome_of(process, process.call("await-evaluation", evaluation=number), number)["isError"]
@@ -206,7 +204,6 @@ def test_quick_work_never_goes_to_the_background(lisp):
 @pytest.mark.parametrize("mode", MODES)
 def test_reset_stops_background_evaluations(mode):
     with cl_mcp_in(mode) as process:
-        check_results_of(process, "evaluate-lisp")
         start(process, "(progn (sleep 3) (setf (get :cl-mcp-background :after-reset) t))")
         assert not process.call("reset-session")["isError"]
         time.sleep(4)
@@ -219,7 +216,6 @@ def test_a_long_continuation_goes_to_the_background_too():
     process = McpProcess("--answer-within", "1")
     try:
         process.initialize()
-        check_results_of(process, "evaluate-lisp")
         failed = process.call("evaluate-lisp", code='(restart-case (error "stop here") '
                                                     '(continue () (sleep 3) :resumed))')
         number = failed["structuredContent"]["evaluation"]
@@ -244,12 +240,10 @@ def test_load_system_and_compile_file_go_to_the_background_too(tmp_path):
         for tool, arguments, shown in [
                 ("load-system", {"system": "slow-system"}, "Loading system: slow-system\nLoaded: slow-system"),
                 ("compile-file", {"path": str(tmp_path / "slow-file.lisp")}, f"Compiled {tmp_path}/slow-file.lisp")]:
-            check_results_of(process, tool)
             result = checked_call(process, tool, **{**arguments, "answer-within": 1})
             structure = result["structuredContent"]
             assert not result["isError"] and structure["running"], result
             assert process.eval("(+ 1 2)") == ("=> 3", False)
-            check_results_of(process, "await-evaluation")
             outcome = wait_for(process, structure["number"])
             assert not outcome["isError"] and outcome["content"][0]["text"].startswith(shown), outcome
         assert process.eval("(list (slow-done) (slow-file-done))") == ("=> (:SLOW :SLOW)", False)
@@ -263,7 +257,6 @@ def test_leaving_a_shared_image_stops_its_background_work():
     try:
         first = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
         first.initialize()
-        check_results_of(first, "evaluate-lisp")
         start(first, "(progn (sleep 3) (setf (get :cl-mcp-background :after-leaving) t))")
         first.close()
         time.sleep(4)
@@ -289,7 +282,6 @@ def test_in_the_programmers_emacs_it_is_a_named_thread():
         emacs.connect(swank.port)
         process = McpProcess("--connect", str(swank.port), env={"HOME": str(home)})
         process.initialize()
-        check_results_of(process, "evaluate-lisp")
         number = start(process, "(sleep 20)")
         threads = emacs.slime_eval("(swank:list-threads)")
         assert f"cl-mcp evaluation {number} (background)" in threads, threads

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import FIXTURES, MODES, check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import FIXTURES, MODES, checked_call, cl_mcp_in
 
 FILES = FIXTURES / "files"
 
@@ -24,7 +24,6 @@ def lisp(request, tmp_path_factory):
         for source in FILES.glob("*.lisp"):
             shutil.copy(source, directory / source.name)
         process.files = directory.resolve()
-        check_results_of(process, "compile-file")
         yield process
 
 

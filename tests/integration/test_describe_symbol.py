@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.devtools import FIXTURE, MODES, check_results_of, checked_call, cl_mcp_in, load_fixture
+from tests.integration.devtools import FIXTURE, MODES, checked_call, cl_mcp_in, load_fixture
 
 SHAPES = str(FIXTURE / "shapes.lisp")
 PACKAGE = str(FIXTURE / "package.lisp")
@@ -21,7 +21,6 @@ def lisp(request):
         load_fixture(process)
         text, is_error = process.eval('(intern "CL-MCP-FIXTURE" "CL-USER")')
         assert not is_error, text
-        check_results_of(process, "describe-symbol")
         yield process
 
 def describe(process, **arguments):

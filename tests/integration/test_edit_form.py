@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import (MODES, check_results_of, checked_call, cl_mcp_in, loaded_copy,
+from tests.integration.devtools import (MODES, checked_call, cl_mcp_in, loaded_copy,
                                         shared_with_emacs)
 
 DEBIAN = Path("/usr/share/common-lisp/source")
@@ -28,14 +28,12 @@ def lisp(request):
 
 
 def outline(process, path: Path) -> list[dict]:
-    check_results_of(process, "read-lisp-file")
     result = checked_call(process, "read-lisp-file", path=str(path))
     assert not result["isError"], result
     return result["structuredContent"]["forms"]
 
 
 def edit(process, path: Path, **arguments) -> dict:
-    check_results_of(process, "edit-form")
     return checked_call(process, "edit-form", path=str(path), **arguments)
 
 
@@ -48,7 +46,6 @@ def form_bytes(path: Path, form: dict) -> tuple[int, int]:
 
 
 def form_text(process, path: Path, line: int) -> dict:
-    check_results_of(process, "read-lisp-file")
     result = checked_call(process, "read-lisp-file", path=str(path), mode="form", line=line)
     assert not result["isError"], result
     return result["structuredContent"]["forms"][0]
@@ -78,7 +75,6 @@ def qualified(name: str, package: str) -> str:
 
 
 def definition_line(process, symbol: str) -> dict:
-    check_results_of(process, "find-definition")
     result = checked_call(process, "find-definition", symbol=symbol)
     found = [d for d in result["structuredContent"]["definitions"] if d["type"] == "function"]
     assert len(found) == 1, result
@@ -216,7 +212,6 @@ def test_methods_are_told_apart_and_an_ambiguous_name_lists_them(lisp, tmp_path)
     for arguments in ({}, {"form": "defgeneric area", "line": 3}):
         result = edit(lisp, path, action="delete", **arguments)
         assert result["structuredContent"]["error"]["type"] == "CL-MCP:INVALID-ARGUMENTS", result
-        check_results_of(lisp, "read-lisp-file")
         result = checked_call(lisp, "read-lisp-file", path=str(path), mode="form", **arguments)
         assert result["structuredContent"]["error"]["type"] == "CL-MCP:INVALID-ARGUMENTS", result
 
@@ -302,7 +297,6 @@ def test_a_reader_macro_that_ignores_read_suppress_leaves_its_forms_to_the_scan_
     path.write_text(INCREMENTS)
     loaded, is_error = lisp.eval(f'(load "{path}")')
     assert not is_error, loaded
-    check_results_of(lisp, "read-lisp-file")
     listed = checked_call(lisp, "read-lisp-file", path=str(path))
     assert not listed["isError"], listed
     assert [entry["name"] for entry in listed["structuredContent"]["forms"]][-2:] == ["answer", "after"]
@@ -368,7 +362,6 @@ def test_compile_form_reads_in_the_files_named_readtable(lisp, tmp_path):
     assert not is_error, defined
     path = tmp_path / "lambdas.lisp"
     path.write_text(LAMBDAS)
-    check_results_of(lisp, "compile-form")
     compiled = checked_call(lisp, "compile-form", path=str(path), line=5)
     assert not compiled["isError"] and compiled["structuredContent"]["notes"] == [], compiled
     assert lisp.eval("(cl-mcp-lambdas::doubled '(1 2 3))") == ("=> (2 4 6)", False)
@@ -387,7 +380,6 @@ def test_outline_check_and_one_form_of_a_large_file(lisp, tmp_path):
     contexts = checked_call(lisp, "read-lisp-file", path=str(path))["structuredContent"]["contexts"]
     assert [c["package"] for c in contexts] == ["COMMON-LISP-USER", "ITERATE"]
     walk = next(entry for entry in forms if entry.get("name") == "walk-arglist")
-    check_results_of(lisp, "read-lisp-file")
     one = checked_call(lisp, "read-lisp-file", path=str(path), mode="form", form="defun walk-arglist")
     text = one["structuredContent"]["forms"][0]["text"]
     assert text == "\n".join(lines[walk["line"] - 1:walk["endLine"]])
@@ -612,7 +604,6 @@ def test_reading_a_file_runs_nothing_and_interns_nothing(lisp, tmp_path):
     path = tmp_path / "quiet.lisp"
     path.write_text(QUIET_SOURCE)
     assert found_symbols(lisp, QUIET_NAMES) == "=> NIL"
-    check_results_of(lisp, "read-lisp-file")
     forms = outline(lisp, path)
     assert [(f["kind"], f.get("name")) for f in forms] == [
         ("in-package", ":cl-user"), ("defun", "quiet-fn-q1"), ("defvar", "quiet-pkg-q3::*quiet-var-q4*"),
@@ -643,7 +634,6 @@ def test_an_outline_needs_no_package_nor_named_readtables(tmp_path):
     for mode in MODES:
         with cl_mcp_in(mode) as fresh:
             assert fresh.eval('(find-package "NAMED-READTABLES")') == ("=> NIL", False)
-            check_results_of(fresh, "read-lisp-file")
             result = checked_call(fresh, "read-lisp-file", path=str(path))
             assert not result["isError"], result
             assert [(f["line"], f["kind"], f.get("name")) for f in result["structuredContent"]["forms"]] == [
@@ -661,7 +651,6 @@ def test_what_a_reply_holds_fits_a_swank_frame_and_says_how_to_read_the_rest(lis
     too, each saying how much was left out."""
     path = tmp_path / "many.lisp"
     path.write_text("(a)\n" * 250_000)
-    check_results_of(lisp, "read-lisp-file")
     first = checked_call(lisp, "read-lisp-file", path=str(path))
     structure = first["structuredContent"]
     assert (structure["count"], structure["next"]) == (250_000, 5_001)
@@ -721,7 +710,6 @@ def test_compile_form_and_edit_form_count_plain_notes_as_compile_file_does(lisp,
     every note."""
     path = tmp_path / "noted.lisp"
     path.write_text(NOTED)
-    check_results_of(lisp, "compile-form")
     every = checked_call(lisp, "compile-form", path=str(path), line=1, notes="all")
     plain = [n for n in every["structuredContent"]["notes"] if n["severity"] == "note"]
     styles = [n for n in every["structuredContent"]["notes"] if n["severity"] == "style-warning"]

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tests.integration.attach_fixtures import Emacs
-from tests.integration.devtools import check_results_of, checked_call, shared_with_emacs
+from tests.integration.devtools import checked_call, shared_with_emacs
 
 SOURCE = """\
 (in-package #:cl-user)
@@ -51,7 +51,6 @@ def test_a_function_compiled_with_c_c_c_is_found_in_its_file(shared):
     line = SOURCE.splitlines().index("(defun emacs-compiled-defun (x)") + 1
     compile_defun(emacs, path, line + 1)
     assert emacs.slime_eval("(cl:if (cl:fboundp (cl:quote cl-user::emacs-compiled-defun)) 1 0)") == "1"
-    check_results_of(process, "find-definition")
     result = checked_call(process, "find-definition", symbol="cl-user::emacs-compiled-defun")
     [definition] = [d for d in result["structuredContent"]["definitions"] if d["type"] == "function"]
     assert definition["file"] == str(path)

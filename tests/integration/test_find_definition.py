@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.devtools import FIXTURE, MODES, check_results_of, checked_call, cl_mcp_in, load_fixture
+from tests.integration.devtools import FIXTURE, MODES, checked_call, cl_mcp_in, load_fixture
 
 SHAPES = str(FIXTURE / "shapes.lisp")
 PACKAGE = str(FIXTURE / "package.lisp")
@@ -42,7 +42,6 @@ def lisp(request):
             text, is_error = process.eval(code)
             assert not is_error, text
             process.numbers[name] = evaluation_counter(process)
-        check_results_of(process, "find-definition")
         yield process
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, registered_copy
+from tests.integration.devtools import MODES, checked_call, cl_mcp_in, registered_copy
 
 _packages = itertools.count(1)
 
@@ -34,7 +34,6 @@ SOURCE = """\
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
     with cl_mcp_in(request.param) as process:
-        check_results_of(process, "backtrace")
         yield process
 
 

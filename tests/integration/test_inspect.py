@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, load_fixture
+from tests.integration.devtools import MODES, checked_call, cl_mcp_in, load_fixture
 
 CIRCLE = "(make-instance 'cl-mcp-fixture:circle :radius 2 :name \"disc\")"
 
@@ -19,7 +19,6 @@ def lisp(request):
     """cl-mcp with the fixture system loaded, embedded or attached."""
     with cl_mcp_in(request.param) as process:
         load_fixture(process)
-        check_results_of(process, "inspect")
         yield process
 
 def inspect(process, **arguments):

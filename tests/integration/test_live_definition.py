@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import check_results_of, checked_call
+from tests.integration.devtools import checked_call
 from tests.integration.test_places_after_edits import library, line_of, lisp  # noqa: F401 (fixtures)
 
 SYMBOL = "split-sequence:split-sequence-if"
@@ -33,13 +33,11 @@ def evaluate(process, code: str) -> None:
 
 
 def definitions(process) -> tuple[list[dict], str]:
-    check_results_of(process, "find-definition")
     result = checked_call(process, "find-definition", symbol=SYMBOL)
     return result["structuredContent"]["definitions"], result["content"][0]["text"]
 
 
 def location(process) -> dict:
-    check_results_of(process, "describe-symbol")
     return checked_call(process, "describe-symbol", symbol=SYMBOL)["structuredContent"]["location"]
 
 
@@ -47,7 +45,6 @@ def test_a_repl_definition_compiled_again_with_compile_form_is_replaced(library)
     process, directory = library
     api = directory / "api.lisp"
     evaluate(process, defun_text(api))
-    check_results_of(process, "compile-form")
     compiled = checked_call(process, "compile-form", path=str(api), line=line_of(api, OPENING))
     assert compiled["structuredContent"]["success"] is True, compiled
     found, text = definitions(process)
@@ -63,7 +60,6 @@ def test_a_repl_definition_compiled_again_with_compile_file_is_replaced(library)
     process, directory = library
     api = directory / "api.lisp"
     evaluate(process, defun_text(api))
-    check_results_of(process, "compile-file")
     compiled = checked_call(process, "compile-file", path=str(api))
     assert not compiled["isError"], compiled
     functions = [d for d in definitions(process)[0] if d["type"] == "function"]
@@ -91,7 +87,6 @@ def test_the_location_is_the_primary_definition_not_a_compiler_macro(library, tm
     macro_file.write_text("(in-package :split-sequence)\n\n"
                           "(define-compiler-macro split-sequence-if (&whole form &rest arguments)\n"
                           "  (declare (ignore arguments))\n  form)\n")
-    check_results_of(process, "compile-file")
     assert not checked_call(process, "compile-file", path=str(macro_file))["isError"]
     evaluate(process, defun_text(process_api(library)))
     found, _ = definitions(process)
@@ -119,9 +114,7 @@ def test_a_variable_or_class_from_the_repl_replaced_by_a_file(lisp, tmp_path, ki
     assert not is_error, text
     source = tmp_path / f"live-probe-{kind}.lisp"
     source.write_text(f"(in-package :cl-user)\n\n{redefinition}\n")
-    check_results_of(lisp, "compile-file")
     assert not checked_call(lisp, "compile-file", path=str(source))["isError"]
-    check_results_of(lisp, "find-definition")
     found = checked_call(lisp, "find-definition", symbol=name)["structuredContent"]["definitions"]
     mine = [d for d in found if d["type"] == kind]
     assert [(d.get("file"), d.get("replaced")) for d in mine] == [(str(source), None), (None, True)]

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.integration.devtools import FIXTURES, MODES, check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import FIXTURES, MODES, checked_call, cl_mcp_in
 
 SYSTEMS = ("noisy-system", "noisy-dependency", "broken-system")
 
@@ -24,7 +24,6 @@ def lisp(request, tmp_path_factory):
             text, is_error = process.eval(f'(asdf:load-asd "{directory / system / system}.asd")')
             assert not is_error, text
         process.systems = directory
-        check_results_of(process, "load-system")
         yield process
 
 

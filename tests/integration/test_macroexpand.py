@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, load_fixture
+from tests.integration.devtools import MODES, checked_call, cl_mcp_in, load_fixture
 
 
 
@@ -16,7 +16,6 @@ def lisp(request):
     """cl-mcp with the fixture system loaded, embedded or attached."""
     with cl_mcp_in(request.param) as process:
         load_fixture(process)
-        check_results_of(process, "macroexpand")
         yield process
 
 def expand(process, **arguments):

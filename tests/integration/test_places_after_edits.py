@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in, loaded_copy
+from tests.integration.devtools import MODES, checked_call, cl_mcp_in, loaded_copy
 
 SPLIT_SEQUENCE = Path("/usr/share/common-lisp/source/cl-split-sequence")
 
@@ -43,7 +43,6 @@ def line_of(path: Path, opening: str) -> int:
 
 
 def definition(process, symbol: str, kind: str = "function") -> dict:
-    check_results_of(process, "find-definition")
     result = checked_call(process, "find-definition", symbol=symbol)
     found = [d for d in result["structuredContent"]["definitions"] if d["type"] == kind]
     assert len(found) == 1, result
@@ -111,7 +110,6 @@ def test_xref_callers_after_edits(library):
     process, directory = library
     api = directory / "api.lisp"
     edit(api, "(in-package :split-sequence)\n", "(in-package :split-sequence)\n\n;;; one\n;;; two\n")
-    check_results_of(process, "xref")
     result = checked_call(process, "xref", symbol="split-sequence::check-bounds", relation="calls")
     callers = {r["name"]: r for r in result["structuredContent"]["references"]}
     assert sorted(callers) == ["SPLIT-SEQUENCE:SPLIT-SEQUENCE", "SPLIT-SEQUENCE:SPLIT-SEQUENCE-IF",
@@ -129,7 +127,6 @@ def test_describe_symbol_after_edits(library):
     process, directory = library
     api = directory / "api.lisp"
     edit(api, "(declaim (ftype", ";;; one line\n(declaim (ftype")
-    check_results_of(process, "describe-symbol")
     result = checked_call(process, "describe-symbol", symbol="split-sequence:split-sequence")
     location = result["structuredContent"]["location"]
     assert location["line"] == line_of(api, "(defun split-sequence ")
@@ -139,7 +136,6 @@ def test_describe_symbol_after_edits(library):
 # ---------------------------------------------------------------- compile-form
 
 def compile_form(process, path: Path, line: int) -> dict:
-    check_results_of(process, "compile-form")
     return checked_call(process, "compile-form", path=str(path), line=line)
 
 
@@ -165,10 +161,8 @@ def test_compile_form_places_its_definitions_in_the_file(library):
     edit(api, ";;; moved down\n", ";;; moved down\n;;; and again\n")
     place = definition(process, "split-sequence:split-sequence-if")
     assert (place["file"], place["line"]) == (str(api), line + 1)
-    check_results_of(process, "describe-symbol")
     described = checked_call(process, "describe-symbol", symbol="split-sequence:split-sequence-if")
     assert described["structuredContent"]["location"]["line"] == line + 1
-    check_results_of(process, "xref")
     callers = checked_call(process, "xref", symbol="split-sequence::check-bounds", relation="calls")
     caller = next(r for r in callers["structuredContent"]["references"]
                   if r["name"] == "SPLIT-SEQUENCE:SPLIT-SEQUENCE-IF")

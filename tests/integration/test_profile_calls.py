@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import MODES, checked_call, cl_mcp_in
 
 WORK = """
 (defpackage #:pc-lib (:use #:cl))
@@ -33,7 +33,6 @@ TIMEOUT = 3  # --eval-timeout: the looping code below ends there
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
     with cl_mcp_in(request.param, "--eval-timeout", str(TIMEOUT), defining=WORK) as process:
-        check_results_of(process, "profile")
         yield process
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.integration.attach_fixtures import SwankServer, temporary_home
 from tests.integration.conftest import McpProcess
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import MODES, checked_call, cl_mcp_in
 
 SPIN = """
 (defun pi-spin (seconds)
@@ -38,7 +38,6 @@ def shared() -> Iterator[tuple[SwankServer, McpProcess]]:
                          env={"HOME": str(home)})
     try:
         process.initialize()
-        check_results_of(process, "profile")
         assert server.client_eval(f"(progn {SPIN} (require :sb-sprof) t)") == "T"
         yield server, process
     finally:
@@ -111,7 +110,6 @@ def two_sessions() -> Iterator[tuple[McpProcess, McpProcess]]:
     try:
         for process in processes:
             process.initialize()
-            check_results_of(process, "profile")
         text, is_error = processes[0].eval(SPIN)
         assert not is_error, text
         yield processes[0], processes[1]
@@ -156,7 +154,6 @@ def test_two_deterministic_profiles_at_once_each_count_their_own_calls(two_sessi
 @pytest.fixture(scope="module", params=MODES)
 def lisp(request):
     with cl_mcp_in(request.param, "--eval-timeout", str(TIMEOUT), defining=SPIN) as process:
-        check_results_of(process, "profile")
         yield process
 
 

@@ -10,7 +10,7 @@ import re
 import time
 
 from tests.integration.conftest import McpProcess
-from tests.integration.devtools import check_results_of, checked_call, shared_with_emacs
+from tests.integration.devtools import checked_call, shared_with_emacs
 
 
 def listed(process: McpProcess, name: str) -> dict:
@@ -27,7 +27,6 @@ def listed(process: McpProcess, name: str) -> dict:
 
 def test_the_programmers_threads_are_listed_read_only_and_never_touched():
     with shared_with_emacs() as (_server, emacs, process, _home):
-        check_results_of(process, "threads")
         # Attached, with its agent loaded (loading it holds SBCL's world lock,
         # which would delay Emacs's debugger).
         assert process.eval("(+ 1 2)") == ("=> 3", False)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import FIXTURES, MODES, check_results_of, checked_call, cl_mcp_in, registered_copy
+from tests.integration.devtools import FIXTURES, MODES, checked_call, cl_mcp_in, registered_copy
 
 SUITES = FIXTURES / "run-tests-fixture"
 SPLIT_SEQUENCE = Path("/usr/share/common-lisp/source/cl-split-sequence")
@@ -28,7 +28,6 @@ def lisp(request):
         text, is_error = process.eval(f'(asdf:load-asd "{SUITES}/run-tests-fixture.asd")'
                                       '(asdf:load-system "run-tests-fixture")')
         assert not is_error, text
-        check_results_of(process, "run-tests")
         yield process
 
 
@@ -209,7 +208,6 @@ def test_what_a_run_loads_is_a_librarys_not_the_sessions(mode):
     # As after load-system: split-sequence and its tests' system, loaded by
     # the run in a fresh session, are not the session's definitions.
     with cl_mcp_in(mode) as fresh:
-        check_results_of(fresh, "run-tests")
         structure, _ = run(fresh, system="split-sequence")
         assert structure["tests"]["passed"] > 100
         listed = fresh.call("list-definitions", type="functions")["content"][0]["text"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.devtools import FIXTURES, MODES, check_results_of, checked_call, cl_mcp_in, registered_copy
+from tests.integration.devtools import FIXTURES, MODES, checked_call, cl_mcp_in, registered_copy
 
 SPLIT_SEQUENCE = Path("/usr/share/common-lisp/source/cl-split-sequence")
 INSERTED = ";;; Three lines\n;;; inserted above\n\n"
@@ -50,7 +50,6 @@ def load(process, system: str) -> None:
 
 def places(process, **arguments) -> set[tuple]:
     """The places of run-tests' failures and errors: (file, line, place, compiledLine)."""
-    check_results_of(process, "run-tests")
     result = checked_call(process, "run-tests", **arguments)
     problems = result["structuredContent"]["tests"]["problems"]
     assert problems, result
@@ -59,7 +58,6 @@ def places(process, **arguments) -> set[tuple]:
 
 
 def definition(process, symbol: str) -> dict:
-    check_results_of(process, "find-definition")
     found = checked_call(process, "find-definition", symbol=symbol)["structuredContent"]["definitions"]
     assert len(found) == 1, found
     return found[0]
@@ -112,7 +110,6 @@ def test_a_test_made_by_a_generating_form_is_not_placed_at_a_form_of_its_name(li
                   "                                       collect `(deftest ,name (+ 1 1) 3)))))\n"
                   "  (checks))\n")
     load(lisp, "run-tests-fixture/rt")
-    check_results_of(lisp, "run-tests")
     result = checked_call(lisp, "run-tests", test="run-tests-fixture/rt::made.1")
     [problem] = result["structuredContent"]["tests"]["problems"]
     assert "line" not in problem["place"] and "no form naming this test" in problem["place"]["error"], problem

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.integration.devtools import MODES, check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import MODES, checked_call, cl_mcp_in
 
 WORK = """
 (defun tp-callee (n)
@@ -37,7 +37,6 @@ def lisp(request):
 
 
 def thread_list(lisp) -> list[dict]:
-    check_results_of(lisp, "threads")
     return checked_call(lisp, "threads", action="list")["structuredContent"]["threads"]
 
 
@@ -98,7 +97,6 @@ def test_list_is_by_id_and_a_backtrace_heading_agrees_with_it(lisp):
 
 def test_backtrace_of_a_user_thread(lisp):
     thread = start_thread(lisp, "tp-traced")
-    check_results_of(lisp, "threads")
     result = checked_call(lisp, "threads", action="backtrace", thread=thread, count=10)
     assert not result["isError"], result
     frames = result["structuredContent"]["frames"]
@@ -108,7 +106,6 @@ def test_backtrace_of_a_user_thread(lisp):
 
 def test_interrupt_stops_a_thread_where_the_debugger_tools_reach_it(lisp):
     thread = start_thread(lisp, "tp-stopped")
-    check_results_of(lisp, "threads")
     result = checked_call(lisp, "threads", action="interrupt", thread=thread)
     assert not result["isError"], result
     number = result["structuredContent"]["evaluation"]
@@ -148,7 +145,8 @@ def test_a_thread_interrupted_while_it_prints_holds_up_no_reply(lisp):
     [thread] = ids
     for _ in range(5):
         stopped = lisp.call("threads", wait=20, action="interrupt", thread=thread)
-        assert not stopped["isError"], stopped
+        # Once, in a loaded suite, the image was lost here: its log says why.
+        assert not stopped["isError"], (stopped, "".join(lisp.stderr_lines[-40:]))
         text, is_error = lisp.eval("(+ 1 2)")
         assert not is_error and text.startswith("=> 3"), text
         continued = lisp.call("invoke-restart", wait=20, evaluation=stopped["structuredContent"]["evaluation"],
@@ -179,7 +177,6 @@ def test_a_thread_waiting_at_an_error_is_not_interrupted_again(lisp):
 
 def test_kill_ends_a_user_thread_and_refuses_cl_mcps_own(lisp):
     thread = start_thread(lisp, "tp-killed")
-    check_results_of(lisp, "threads")
     killed = checked_call(lisp, "threads", action="kill", thread=thread)
     assert not killed["isError"], killed
     assert thread not in [t["id"] for t in thread_list(lisp)]
@@ -194,7 +191,6 @@ def test_kill_ends_a_user_thread_and_refuses_cl_mcps_own(lisp):
 
 
 def cpu_profile(lisp) -> dict:
-    check_results_of(lisp, "profile")
     result = checked_call(lisp, "profile", code="(tp-work 0.5)", mode="cpu", **{"max-rows": 5})
     assert not result["isError"], result
     return result["structuredContent"]
@@ -235,7 +231,6 @@ def test_cpu_profile_after_an_evaluation_went_to_the_background(lisp):
 
 
 def test_alloc_profile_of_consing_code(lisp):
-    check_results_of(lisp, "profile")
     result = checked_call(lisp, "profile", code="(length (tp-consing 20000))", mode="alloc",
                            **{"max-rows": 200})
     assert not result["isError"], result
@@ -246,7 +241,6 @@ def test_alloc_profile_of_consing_code(lisp):
 
 
 def test_profile_errors(lisp):
-    check_results_of(lisp, "profile")
     failed = checked_call(lisp, "profile", code="(car 5)")
     assert failed["isError"] and "TYPE-ERROR" in failed["content"][0]["text"], failed
     unknown = checked_call(lisp, "profile", code="1", package="NO-SUCH-PACKAGE")

@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from tests.integration.conftest import McpProcess
-from tests.integration.devtools import check_results_of, checked_call, cl_mcp_in
+from tests.integration.devtools import checked_call, cl_mcp_in
 from tests.integration.test_run_tests import framework_count
 from tests.truth.corpus import CORPUS, Library, copy_library, load_copy
 from tests.truth.places import Tally
@@ -65,7 +65,6 @@ def test_iterates_expected_failures_are_said_to_be_expected():
 
 
 def failure_place(process, test: str) -> dict:
-    check_results_of(process, "run-tests")
     result = checked_call(process, "run-tests", test=test)
     (problem,) = result["structuredContent"]["tests"]["problems"]
     assert problem["kind"] == "failure", problem
@@ -119,7 +118,6 @@ def test_an_rt_error_is_the_condition_rt_caught(tmp_path):
             '(defvar *runs* 0)\n'
             '(deftest first-run-fails (if (= (incf *runs*) 1) (error "Only the first run fails") :ok) :ok)\n')
     with cl_mcp_with_suite(suite, text, f'(asdf:load-system "rt") (load "{suite}")') as process:
-        check_results_of(process, "run-tests")
         result = checked_call(process, "run-tests", test="order-dependent::first-run-fails")
     (problem,) = result["structuredContent"]["tests"]["problems"]
     assert (problem["kind"], problem["type"], problem["message"]) == (
@@ -136,7 +134,6 @@ def test_a_debug_run_ended_by_a_restart_says_how_many_did_not_run(tmp_path):
         stopped = process.call("run-tests", system="iterate", debug=True, wait=600, **{"answer-within": 500})
         waiting = stopped["structuredContent"]
         assert waiting["error"]["type"] == "TYPE-ERROR", stopped
-        check_results_of(process, "run-tests")
         done = checked_call(process, "invoke-restart", evaluation=waiting["evaluation"], restart="ACCEPT", wait=600)
         entries, = framework_count(process, "(list (length (cdr sb-rt::*entries*)))")
     tests = done["structuredContent"]["tests"]

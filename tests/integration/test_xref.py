@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.devtools import FIXTURE, MODES, check_results_of, checked_call, cl_mcp_in, load_fixture
+from tests.integration.devtools import FIXTURE, MODES, checked_call, cl_mcp_in, load_fixture
 
 SHAPES = str(FIXTURE / "shapes.lisp")
 CALLERS = str(FIXTURE / "callers.lisp")
@@ -21,7 +21,6 @@ def lisp(request):
         load_fixture(process)
         text, is_error = process.eval('(defun repl-greeter () (cl-mcp-fixture:greet "you"))')
         assert (text, is_error) == ("=> REPL-GREETER", False)
-        check_results_of(process, "xref")
         yield process
 
 def xref(process, **arguments):
