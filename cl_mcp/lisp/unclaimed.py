@@ -11,15 +11,21 @@ by the image, which only looks until the outcome is kept.  The first to
 `claim` it keeps it; the other is told it was handed out already.  Each
 entry is a stint: the same number sent to the background again (a
 continuation through a restart) is a new one, so an await that began
-before the earlier outcome was kept cannot claim the later stint."""
+before the earlier outcome was kept cannot claim the later stint.  An
+await that began in a stint and finds its outcome gone from the image
+because another call claimed it is told it was handed out, however the
+two met there (the last stints kept are remembered for it)."""
 
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from dataclasses import dataclass
 from typing import Generic, Iterable, TypeVar
 
 W = TypeVar("W")
+
+KEPT_REMEMBERED = 64  # stints whose outcome was kept, for late awaits
 
 
 @dataclass(slots=True)
@@ -33,6 +39,7 @@ class Unclaimed(Generic[W]):
     def __init__(self) -> None:
         self._entries: dict[int, _Stint[W]] = {}
         self._stints = itertools.count(1)
+        self._kept: deque[int] = deque(maxlen=KEPT_REMEMBERED)
 
     def add(self, number: int, work: W, forgotten: Iterable[int] = ()) -> None:
         """NUMBER went to the background as WORK (how its tool shows it);
@@ -77,6 +84,15 @@ class Unclaimed(Generic[W]):
         entry = self._entries.get(number)
         if entry is not None and (stint is None or entry.stint == stint):
             del self._entries[number]
+            self._kept.append(entry.stint)
+
+    def handed_out(self, number: int, stint: int | None) -> bool:
+        """True when another call has NUMBER's STINT: claimed, or kept (one
+        of the last KEPT_REMEMBERED)."""
+        if stint is None:
+            return False
+        entry = self._entries.get(number)
+        return stint in self._kept or (entry is not None and entry.stint == stint and entry.claimed)
 
     def discard(self, number: int) -> None:
         """The image has no outcome of NUMBER for anyone."""
@@ -86,6 +102,7 @@ class Unclaimed(Generic[W]):
 
     def clear(self) -> None:
         self._entries.clear()
+        self._kept.clear()
 
     def __contains__(self, number: object) -> bool:
         return number in self._entries

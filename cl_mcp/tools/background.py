@@ -30,6 +30,16 @@ def already_fetched(number: int, base: dict[str, Any]) -> Rendered:
                         f'call; read-output {{"evaluation": {number}}} reads its output.', base)
 
 
+def taken_by_another(session: LispSession, result: dict[str, Any], number: int,
+                     stint: int | None) -> bool:
+    """True when the image has no outcome of NUMBER because another call
+    claimed the STINT this one began in: however the two met in the image
+    (its outcome forgotten before this call looked), this one is told so."""
+    error = result.get("error") if result.get("status") == "error" else None
+    return (isinstance(error, dict) and error.get("type") == "CL-MCP:NO-SUCH-EVALUATION"
+            and session.background.handed_out(number, stint))
+
+
 async def await_evaluation(session: LispSession, arguments: dict[str, Any]) -> Rendered:
     number = arguments["evaluation"]
     work = session.background.work(number, EVALUATION)
@@ -42,6 +52,8 @@ async def await_evaluation(session: LispSession, arguments: dict[str, Any]) -> R
         form += [Keyword("abort"), True]
     try:
         result = await agent_plist(session, form, ABORT_SECONDS if abort else wait, beside=True)
+        if taken_by_another(session, result, number, stint):
+            return already_fetched(number, work.base)
         if result.get("status") != "running" and result.get("number") == number:
             # Two overlapping calls may both be shown the outcome: the
             # first to claim it keeps it, so its output is kept once.

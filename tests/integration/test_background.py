@@ -153,11 +153,32 @@ def test_an_await_that_finds_the_outcome_being_kept_by_another_is_told_it_was_ta
             time.sleep(0.05)
         second = awaited(lisp, number, wait=20)
         assert second["isError"], second
-        assert second["content"][0]["text"].startswith("[ERROR] CL-MCP:NO-SUCH-EVALUATION"), second
+        assert second["content"][0]["text"].startswith("[ERROR] CL-MCP:ALREADY-FETCHED"), second
         assert lisp.response(first)["result"]["content"][0]["text"].startswith("=> :DONE")
     finally:
         lisp.eval("(sb-int:unencapsulate 'cl-mcp-agent::forget-background 'held)")
         lisp.eval("(remprop :cl-mcp-background :held)")
+
+
+def test_an_await_that_reaches_the_image_after_the_outcome_was_kept_is_told_it_was_taken(lisp):
+    """Both calls began while it ran; the second reaches the image only once
+    the first has kept the outcome and the image has forgotten it (held on
+    its way there): it is told where the output went, as when both meet in
+    the image, not that there is no such evaluation (a loaded CI run)."""
+    number = start(lisp, "(progn (sleep 2) :done)")
+    late = ("(sb-int:encapsulate 'cl-mcp-agent::await-evaluation-of 'late (lambda (f &rest arguments) "
+            "(when (> (incf (get :cl-mcp-background :calls 0)) 1) (sleep 4)) (apply f arguments)))")
+    assert lisp.eval(late)[1] is False
+    try:
+        calls = [lisp.start_request("tools/call", {"name": "await-evaluation",
+                                                   "arguments": {"evaluation": number, "wait": 30}})
+                 for _ in range(2)]
+        outcome, refused = sorted(lisp.response(call)["result"]["content"][0]["text"] for call in calls)
+        assert outcome == f"=> :DONE\n\n; Evaluation {number}", outcome
+        assert refused.startswith("[ERROR] CL-MCP:ALREADY-FETCHED"), refused
+    finally:
+        lisp.eval("(sb-int:unencapsulate 'cl-mcp-agent::await-evaluation-of 'late)")
+        lisp.eval("(remprop :cl-mcp-background :calls)")
 
 
 LONG_OUTPUT = "(dotimes (i 150000) (format t \"line ~7,'0D xxxxxxxx~%\" i))"  # 3.3 MB

@@ -10,9 +10,25 @@ def test_the_first_claim_keeps_the_outcome_and_the_others_are_refused():
     first, second = record.stint(7), record.stint(7)
     assert record.claim(7, first)
     assert not record.claim(7, second)  # while the first keeps it
+    assert record.handed_out(7, second)
     record.kept(7, first)
     assert not record.claim(7, second)  # and after
     assert 7 not in record and record.work(7, "default") == "default"
+    assert record.handed_out(7, second)  # a late await is told where the outcome went
+
+
+def test_only_a_kept_stint_counts_as_handed_out():
+    record: Unclaimed[str] = Unclaimed()
+    record.add(7, "evaluation")
+    stint = record.stint(7)
+    assert not record.handed_out(7, stint) and not record.handed_out(7, None)
+    record.discard(7)  # the image has no outcome for anyone
+    assert not record.handed_out(7, stint)
+    record.add(8, "evaluation")
+    kept = record.stint(8)
+    record.kept(8, kept)
+    record.clear()  # a reset: nothing is anyone's any more
+    assert not record.handed_out(8, kept)
 
 
 def test_a_claim_that_could_not_be_kept_is_released():
