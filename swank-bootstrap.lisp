@@ -54,6 +54,9 @@
 ;;;   swank::*event-hook*             `watch-event-hook' sees cl-mcp's
 ;;;                                   requests and answers (agent/watch.lisp)
 ;;;   swank::connection.socket-io     a connection's socket stream
+;;;   swank::close-connection%        wrapped while attached, so that a
+;;;                                   killed cl-mcp's unsent output never
+;;;                                   stops the sentinel (`close-dropping-unsent')
 ;;;   swank::authenticate-client      checks the secret, the first message
 ;;;   swank::slime-secret             redefined to return the run's secret
 ;;;   swank::init-log-output          what Swank's own server does before it

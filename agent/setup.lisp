@@ -102,12 +102,37 @@ programmer's Emacs shows beside its calls.  Return t."
             (append (remove ours swank::*connections*) (list ours))))
     (install-mailbox-pruning)
     (watch-threads-started-by-cl-mcp)
+    (unless (sb-int:encapsulated-p 'swank::close-connection% 'cl-mcp-unsent)
+      (sb-int:encapsulate 'swank::close-connection% 'cl-mcp-unsent 'close-dropping-unsent))
     (pushnew 'forget-connection swank::*connection-closed-hook*)
     (pushnew 'note-heap-after-gc sb-ext:*after-gc-hooks*)
     (setf *detached* nil))
   (set-connection-nodelay)
   (watch-session-attached swank::*emacs-connection* pid client)  ; agent/watch.lisp
   t)
+
+(defun close-dropping-unsent (close-connection connection &rest arguments)
+  "Swank's `close-connection%' (CLOSE-CONNECTION), encapsulated while
+cl-mcp is attached: the connection of a cl-mcp that was killed while the
+image wrote to it holds output nobody can receive, and Swank's CLOSE of
+its socket stream then signals (\"Couldn't write ... Connection reset by
+peer\") in the sentinel thread, which stops in the debugger: no connection
+closes after it, and cl-mcp's marks never come off.  For cl-mcp's own
+connections, the stream is closed with :abort (its unsent output dropped)
+and Swank's close is done again; any other connection closes as Swank
+closes it."
+  (let ((stream (swank::connection.socket-io connection)))
+    (cond ((not (member connection *connections*))
+           (apply close-connection connection arguments))
+          ((block unsendable
+             (handler-bind ((stream-error
+                              (lambda (condition)
+                                (when (eq (stream-error-stream condition) stream)
+                                  (return-from unsendable t)))))
+               (apply close-connection connection arguments)
+               nil))
+           (close stream :abort t)
+           (apply close-connection connection arguments)))))
 
 ;;;; Detaching: the image as it was without cl-mcp
 ;;;
@@ -121,7 +146,8 @@ programmer's Emacs shows beside its calls.  Return t."
   "Leave the image as without cl-mcp (the caller holds `*attach-lock*'):
 the threads cl-mcp's evaluations started write to, and stop at their
 errors in, what they would have without it (`*detached*'), those waiting
-at an error for cl-mcp included; no make-thread wrapper, no hook of
+at an error for cl-mcp included; no make-thread or close-connection%
+wrapper, no hook of
 cl-mcp's before Swank's replies, on its connections or after SBCL's
 collections, the test frameworks unwrapped, and no deadline watchdog."
   (setf *detached* t)
@@ -131,6 +157,8 @@ collections, the test frameworks unwrapped, and no deadline watchdog."
     (forget-evaluation stop)
     (post-command stop (list :abort)))
   (unwatch-threads)
+  (when (sb-int:encapsulated-p 'swank::close-connection% 'cl-mcp-unsent)
+    (sb-int:unencapsulate 'swank::close-connection% 'cl-mcp-unsent))
   (setf swank::*pre-reply-hook* (remove 'prune-swank-mailboxes swank::*pre-reply-hook*)
         swank::*connection-closed-hook* (remove 'forget-connection swank::*connection-closed-hook*)
         sb-ext:*after-gc-hooks* (remove 'note-heap-after-gc sb-ext:*after-gc-hooks*))

@@ -2,6 +2,7 @@
 
 import re
 import shutil
+import signal
 import time
 
 import pytest
@@ -317,4 +318,41 @@ def test_the_deadline_watchdog_leaves_with_the_last_cl_mcp(programmer, leaving):
         deadline = time.monotonic() + 10  # Swank's sentinel sees the connection close
         while server.client_eval(watchdogs) != "0":
             assert time.monotonic() < deadline, "the watchdog stayed after cl-mcp left"
+            time.sleep(0.1)
+
+
+# Sent to a stopped cl-mcp, which never reads it (so that its death resets
+# the connection), then more that the image only buffers.
+UNSENT = """(let ((stream (swank::connection.socket-io (first cl-mcp-agent::*connections*)))
+      (spaces (make-array 64 :element-type '(unsigned-byte 8) :initial-element 32)))
+  (write-sequence spaces stream)
+  (finish-output stream)
+  (write-sequence spaces stream)
+  t)"""
+
+
+def test_a_killed_cl_mcp_with_output_unsent_still_detaches(programmer):
+    """cl-mcp killed while the image had output for it still to send (as
+    when it dies in the middle of a long reply): Swank's close of the
+    connection's stream signalled in its sentinel thread, which stopped in
+    the debugger, so no connection closed after it and cl-mcp's marks
+    stayed on the image (a loaded CI run's soak).  The marks come off, and
+    the sentinel still closes the next cl-mcp's connection."""
+    server, home = programmer
+    marked = ("(list (sb-int:encapsulated-p 'sb-thread:make-thread 'cl-mcp-agent::watched) "
+              "(sb-int:encapsulated-p 'swank::close-connection% 'cl-mcp-agent::cl-mcp-unsent))")
+    for leaving in ("killed with output unsent", "closed"):
+        process = attached(server.port, home)
+        assert process.eval("(+ 1 2)") == ("=> 3", False)
+        assert server.client_eval(marked) == "(T T)"
+        if leaving == "closed":
+            process.close()
+        else:
+            process.proc.send_signal(signal.SIGSTOP)
+            assert server.client_eval(UNSENT) == "T"
+            process.proc.kill()
+            process.proc.wait()
+        deadline = time.monotonic() + 10  # Swank's sentinel sees the connection close
+        while server.client_eval(marked) != "(NIL NIL)":
+            assert time.monotonic() < deadline, (leaving, "cl-mcp's marks stayed")
             time.sleep(0.1)

@@ -76,7 +76,8 @@ INTACT = """(flet ((theirs (hooks)
 # unwrapped.
 DETACHED = """(list (equal (list swank::*pre-reply-hook* swank::*connection-closed-hook*)
                    *programmer-hooks*)
-             (sb-int:encapsulated-p 'sb-thread:make-thread 'cl-mcp-agent::watched))"""
+             (or (sb-int:encapsulated-p 'sb-thread:make-thread 'cl-mcp-agent::watched)
+                 (sb-int:encapsulated-p 'swank::close-connection% 'cl-mcp-agent::cl-mcp-unsent)))"""
 
 
 class Soak:
