@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -51,8 +52,16 @@ class SwankServer:
         else:
             raise AssertionError("Swank did not start")
         # Keep draining its output so it never blocks on a full pipe.
-        import threading
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+        # The programmer's own client stays connected, reading all Swank
+        # sends, as Emacs does.  (A client that hangs up after each answer
+        # meets a Swank bug: what Swank sends it after the answer, as an
+        # indentation update, fails to reach it, Swank's close of the
+        # connection then signals in its sentinel thread, which stops in
+        # the debugger and closes no connection after it, cl-mcp's neither.)
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+        self._connection: SwankConnection | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -61,20 +70,21 @@ class SwankServer:
         """FORM (text) read and evaluated in CL-USER by a Swank client of the
         programmer's own, as Emacs would: its value printed."""
         async def ask() -> str:
-            connection = await SwankConnection.open("127.0.0.1", self.port)
-            try:
-                value = await connection.rex(
-                    [Symbol("cl:prin1-to-string"),
-                     [Symbol("cl:eval"), [Symbol("cl:read-from-string"), form]]], deadline=60)
-                assert isinstance(value, str), value
-                return value
-            finally:
-                await connection.close()
-        return asyncio.run(ask())
+            if self._connection is None or self._connection.closed:
+                self._connection = await SwankConnection.open("127.0.0.1", self.port)
+            value = await self._connection.rex(
+                [Symbol("cl:prin1-to-string"),
+                 [Symbol("cl:eval"), [Symbol("cl:read-from-string"), form]]], deadline=60)
+            assert isinstance(value, str), value
+            return value
+        return asyncio.run_coroutine_threadsafe(ask(), self._loop).result(90)
 
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        if self._connection is not None:
+            asyncio.run_coroutine_threadsafe(self._connection.close(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 class Emacs:

@@ -79,6 +79,19 @@ DETACHED = """(list (equal (list swank::*pre-reply-hook* swank::*connection-clos
              (or (sb-int:encapsulated-p 'sb-thread:make-thread 'cl-mcp-agent::watched)
                  (sb-int:encapsulated-p 'swank::close-connection% 'cl-mcp-agent::cl-mcp-unsent)))"""
 
+# What holds up the detach, when it does not come: the connections, and
+# Swank's sentinel thread (which runs the connection-closed hooks): the
+# condition it stopped at, if it stopped in the debugger, and its backtrace.
+SENTINEL = """(let ((sentinel (swank::find-registered 'swank::sentinel)) (seen nil))
+  (when (and sentinel (sb-thread:thread-alive-p sentinel))
+    (ignore-errors
+     (sb-thread:interrupt-thread sentinel
+       (lambda () (setf seen (list (ignore-errors (princ-to-string swank::*swank-debugger-condition*))
+                                   (with-output-to-string (s) (sb-debug:print-backtrace :stream s :count 30)))))))
+    (loop repeat 50 until seen do (sleep 0.1)))
+  (list :connections (length swank::*connections*) :cl-mcp (length cl-mcp-agent::*connections*)
+        :sentinel seen))"""
+
 
 class Soak:
     """One mode's soak: the cl-mcp of the moment, what was asked of it, and
@@ -153,7 +166,8 @@ class Soak:
             assert self.swank.client_eval(INTACT) == '(T 42 "v" T T T)', "with no cl-mcp"
             deadline = time.monotonic() + 30  # Swank's sentinel closes the connection
             while (detached := self.swank.client_eval(DETACHED)) != "(T NIL)":
-                assert time.monotonic() < deadline, ("cl-mcp's marks outlive it", detached)
+                assert time.monotonic() < deadline, ("cl-mcp's marks outlive it", detached,
+                                                     self.swank.client_eval(SENTINEL))
                 time.sleep(0.1)
             self.process = self.start()
             return
