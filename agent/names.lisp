@@ -361,7 +361,7 @@ NAME-START opens a definition there of what SOUGHT describes: `(OPERATOR
                (string/= operator "define-compiler-macro")))
          (let* ((between (map 'string #'code-char (subseq lowered word-end name-start)))
                 (rest (remove-setf between)))
-           (and (eq (sought-setf sought) (string/= rest between))
+           (and (eq (sought-setf sought) (not (string= rest between)))
                 (every (lambda (char) (member char '(#\Space #\Tab #\Newline #\()))
                        rest))))))
 

@@ -422,3 +422,25 @@ def test_xref_references_in_files_loaded_from_fasls_are_at_their_calls(lisp, tmp
             assert call in lines[reference["referenceLine"] - 1], reference
             assert lines[reference["line"] - 1].startswith("(def") and reference["line"] <= reference["referenceLine"]
             assert not lines[reference["line"] - 1].startswith("(define-compiler-macro"), reference
+
+
+def test_setf_methods_in_files_loaded_from_fasls_are_found_by_their_names(lisp, tmp_path):
+    # flexi-streams loaded from fasls, in-memory.lisp two lines longer
+    # above: each (setf stream-file-position) method was "not found in the
+    # file as it is now", its DEFMETHOD (SETF NAME) never matched by name.
+    library = LIBRARIES["cl-flexi-streams"]
+    edited = copy_library(library, tmp_path)
+    load_copy(lisp, library, edited, from_fasls=True)
+    path = edited / "in-memory.lisp"
+    path.write_text(path.read_text().replace("(in-package :flexi-streams)\n",
+                                             "(in-package :flexi-streams)\n;;; one\n;;; two\n", 1))
+    lines = path.read_text().splitlines()
+    result = lisp.call("find-definition", symbol="trivial-gray-streams:stream-file-position")
+    setf_methods = [d for d in result["structuredContent"]["definitions"]
+                    if d["name"] == "(SETF TRIVIAL-GRAY-STREAMS:STREAM-FILE-POSITION)" and d["file"] == str(path)]
+    assert len(setf_methods) == 2, result["content"][0]["text"]
+    for definition in setf_methods:
+        assert definition["place"] == "found-after-edit", definition
+        assert lines[definition["line"] - 1].startswith("(defmethod (setf stream-file-position) "), definition
+        specializer = definition["specializers"][1].rpartition(":")[2].lower()
+        assert f"(stream {specializer}))" in lines[definition["line"] - 1], definition

@@ -87,6 +87,7 @@ def check_library(library: Library, rounds: int, seed: int, log=print,
             now = dict(compiled)
             callees = [d for d in compiled.values() if d.type in CALLEES and not d.name.startswith("(")]
             recompiled: set[tuple[str, ...]] = set()  # the definitions compiled again
+            text_unknown: set[str] = set()  # files edited since loaded from their fasls
             sources = sorted({form.file for form in forms})
             # Loaded from fasls, the files are first asked about once edited,
             # as in the trial: an answer before edits would keep their text.
@@ -105,6 +106,7 @@ def check_library(library: Library, rounds: int, seed: int, log=print,
                     if done:
                         log(f"  {done}")
                 if from_fasls:  # each file is first asked about once edited
+                    text_unknown.update(touched)
                     for key, d in compiled.items():
                         if d.file in touched and key not in recompiled:
                             lines[key] = replace(lines[key], text_known=False)
@@ -132,8 +134,7 @@ def check_library(library: Library, rounds: int, seed: int, log=print,
                 check_places(process, tally, "after edits", compiled, lines, now, edited, known, layout)
                 forms_now = read_oracle(pristine, library.system, edited)[1]
                 check_xref(process, tally, "after edits", callees, edited, pristine, library.system,
-                           Recompiled.of(recompiled, compiled, forms, now, forms_now),
-                           {d.file for key, d in compiled.items() if not lines[key].text_known})
+                           Recompiled.of(recompiled, compiled, forms, now, forms_now), text_unknown)
                 check_notes(process, tally, "after edits", read_notes(pristine, library.system, edited), forms_now,
                             sources)
         finally:
