@@ -224,13 +224,34 @@ as one of them (SBCL's signal handler is (FLET SB-UNIX::RUN-HANDLER :IN
       (and (consp name) (member (first name) '(flet labels))
            (member (second name) *signalling-frames* :test #'equal))))
 
+(defparameter *condition-frames*
+  (existing-symbols '(("COMMON-LISP" "INVOKE-DEBUGGER") ("SB-KERNEL" "%SIGNAL")))
+  "Signalling functions whose first argument is the condition signalled.")
+
+(defun nested-signal-start (frames end)
+  "The position in FRAMES, before END, of the first frame that signals a
+condition other than the one the topmost such frame signals: a handler
+that signalled a condition of its own (usocket's turns SB-BSD-SOCKETS'
+HOST-NOT-FOUND-ERROR into its NS-HOST-NOT-FOUND-ERROR), and the frames
+from there down are how the first condition came about, the handler's
+among them.  END when no frame does."
+  (let ((signalled nil))
+    (loop for (name . frame) in frames
+          for index below end
+          when (member name *condition-frames* :test #'equal)
+            do (let ((condition (first (nth-value 1 (ignore-errors (sb-debug::frame-call frame))))))
+                 (when (typep condition 'condition)
+                   (cond ((null signalled) (setf signalled condition))
+                         ((not (eq condition signalled)) (return-from nested-signal-start index))))))
+    end))
+
 (defun signal-end (frames)
   "The position in FRAMES, (NAME . FRAME) entries from the top of the
 stack, of the last frame of how a condition was signalled: the last
-signalling frame near the top, or when none is, this agent's handler (the
-agent's own frames count only then: run-tests' frames lie below the
-user's code)."
-  (let ((end (min 40 (length frames))))
+signalling frame near the top, above any signal of another condition, or
+when none is, this agent's handler (the agent's own frames count only
+then: run-tests' frames lie below the user's code)."
+  (let ((end (nested-signal-start frames (min 40 (length frames)))))
     (or (position-if (lambda (entry) (signalling-frame-p (car entry))) frames :end end :from-end t)
         (position-if (lambda (entry) (agent-name-p (car entry))) frames :end end :from-end t))))
 

@@ -175,3 +175,26 @@ def test_a_timeouts_backtrace_begins_below_the_signal_handler(lisp):
     calls = frames_of(lisp, structure["evaluation"])
     assert calls[0].startswith("(BO-SPIN)") and not any("RUN-HANDLER" in call for call in calls), calls
     assert not lisp.call("invoke-restart", evaluation=structure["evaluation"], restart="ABORT")["isError"]
+
+
+TRANSLATED = """(progn
+  (define-condition bo-outer-error (error) ())
+  (defun bo-inner () (error "bo inner"))
+  (defun bo-translating ()
+    (handler-bind ((simple-error (lambda (c) (declare (ignore c)) (error 'bo-outer-error))))
+      (bo-inner))))"""
+
+
+def test_a_condition_a_handler_signalled_begins_where_it_was_signalled(lisp):
+    """A handler that signals a condition of its own (usocket's turns
+    SB-BSD-SOCKETS' HOST-NOT-FOUND-ERROR into its NS-HOST-NOT-FOUND-ERROR):
+    the backtrace of the condition reported began below the first
+    condition's signal, without the frame that signalled this one or the
+    handler that did."""
+    assert not lisp.call("evaluate-lisp", code=TRANSLATED)["isError"]
+    result = lisp.call("evaluate-lisp", code="(bo-translating)")
+    assert result["isError"] and "BO-OUTER-ERROR" in result["content"][0]["text"], result
+    calls = frames_of(lisp, result["structuredContent"]["number"])
+    assert calls[0].startswith("(ERROR BO-OUTER-ERROR"), calls
+    all_appear(['(FLET "H0" :IN BO-TRANSLATING)', "SB-KERNEL::%SIGNAL", "ERROR", "BO-INNER", "BO-TRANSLATING"], calls)
+    assert not lisp.call("invoke-restart", restart="ABORT")["isError"]
