@@ -40,7 +40,11 @@ def strings(value: Any) -> list[str]:
 def follow_package(session: LispSession, result: dict[str, Any], explicit: bool) -> None:
     """The session's package after RESULT.  An explicit package is for one
     call only, unless the code itself moved to another package (IN-PACKAGE
-    sticks)."""
+    sticks).  An error's report leaves it as it was: *PACKAGE* at the error
+    may be a binding of the code's own, COMPILE-FILE's or LOAD's, gone once
+    the evaluation ends; its outcome after a restart says where it ended."""
+    if result.get("status") == "error":
+        return
     if isinstance(result.get("package"), str) and (not explicit or result.get("package-changed")):
         session.package = result["package"]
 

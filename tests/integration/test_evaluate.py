@@ -224,6 +224,20 @@ def test_in_package_sticks(server):
     assert server.eval("(package-name *package*)") == ('=> "COMMON-LISP-USER"', False)
 
 
+def test_an_error_inside_compile_file_leaves_the_package_as_it_was(server, tmp_path):
+    """COMPILE-FILE binds *PACKAGE* while it compiles: an error there (its
+    report saw the file's package) moved the session to that package for
+    good, though the evaluation, aborted, ended where it began (issue 49's
+    trial replay: every later call ran in USOCKET-TEST)."""
+    server.eval("(defpackage :ev-compiled (:use :cl))")
+    source = tmp_path / "stops.lisp"
+    source.write_text('(in-package :ev-compiled)\n(eval-when (:compile-toplevel) (error "stop here"))\n')
+    text, is_error = server.eval(f'(compile-file "{source}" :output-file "{tmp_path / "stops.fasl"}")')
+    assert is_error and "stop here" in text, text
+    assert not server.call("invoke-restart", restart="ABORT")["isError"]
+    assert server.eval("(package-name *package*)") == ('=> "COMMON-LISP-USER"', False)
+
+
 def test_unknown_package_is_a_tool_error(shared_server):
     text, is_error = shared_server.eval("1", package="NO-SUCH-PACKAGE")
     assert is_error
