@@ -86,8 +86,8 @@
 ;;;                                   C-c C-k gathers them
 ;;;   swank::make-compiler-note       `load-system': a note, as
 ;;;                                   `collect-notes' makes it
-;;;   swank::compilation-result-notes, compilation-result-faslfile,
-;;;   compilation-result-successp     what `collect-notes' returns
+;;;   swank::compilation-result-notes, what `collect-notes' and
+;;;   compilation-result-faslfile       compile-string-for-emacs return
 ;;;   swank::*buffer-package*, swank::*buffer-readtable*
 ;;;                                   `compile-form-of': the package and
 ;;;                                   readtable compile-string-for-emacs reads
@@ -282,11 +282,9 @@ calls through Swank, each returning one plist (or a string, an integer, t).")
     (:compile-notes :function "SWANK" "FASL-PATHNAME")
     (:compile-notes :function "SWANK" "COMPILATION-RESULT-NOTES")
     (:compile-notes :function "SWANK" "COMPILATION-RESULT-FASLFILE")
-    (:compile-notes :function "SWANK" "COMPILATION-RESULT-SUCCESSP")
     (:compile-form :special "SWANK" "*BUFFER-PACKAGE*")
     (:compile-form :special "SWANK" "*BUFFER-READTABLE*")
     (:compile-form :function "SWANK" "COMPILATION-RESULT-NOTES")
-    (:compile-form :function "SWANK" "COMPILATION-RESULT-SUCCESSP")
     (:xref :function "SWANK" "XREF-DOIT")
     (:xref :function "SWANK/SBCL" "SOURCE-LOCATION-FOR-XREF-DATA")
     (:xref :function "SWANK/SBCL" "SANITIZE-XREFS")

@@ -316,8 +316,10 @@ read in PACKAGE and READTABLE."
     (multiple-value-bind (notes dropped)
         (note-plists (mapcar (lambda (note) (buffer-note-in-file note file text))
                              (and result (swank::compilation-result-notes result))))
-      (let ((success (and result (not failure) (swank::compilation-result-successp result)
-                          (notany #'failing-severity-p notes) t)))
+      ;; Swank's success is COMPILE-FILE's failure-p, true for a full
+      ;; WARNING too; the form was compiled and loaded all the same, and
+      ;; only an error fails it, as compile-file's own does.
+      (let ((success (and result (not failure) (notany #'failing-severity-p notes) t)))
         (list* :status (if success :ok :error)
                :success success
                :file file

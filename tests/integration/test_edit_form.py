@@ -727,3 +727,22 @@ def test_compile_form_and_edit_form_count_plain_notes_as_compile_file_does(lisp,
     assert edited["structuredContent"]["compiled"]["noteCounts"] == [{"file": str(path), "count": len(plain)}]
     all_of_them = edit(lisp, path, line=1, text=NOTED, notes="all")
     assert len(all_of_them["structuredContent"]["compiled"]["notes"]) == len(every["structuredContent"]["notes"])
+
+
+def test_a_full_warning_does_not_fail_compile_form_or_edit_form(lisp, tmp_path):
+    """docs/tools.md: warnings do not fail it.  A WARNING made Swank's
+    compile-string-for-emacs answer failure (COMPILE-FILE's failure-p), and
+    compile-form said COMPILATION-FAILED of a function it had compiled and
+    loaded, where compile-file of the same file says loaded (issue 49's
+    trial replay)."""
+    path = tmp_path / "warns.lisp"
+    path.write_text('(defun warns-once (x)\n  (+ x "two"))\n')
+    compiled = checked_call(lisp, "compile-form", path=str(path), line=1)
+    assert not compiled["isError"] and compiled["structuredContent"]["success"] is True, compiled
+    assert [n["severity"] for n in compiled["structuredContent"]["notes"]] == ["warning"], compiled
+    assert compiled["content"][0]["text"].startswith(f"Compiled the form at {path}:1-2 "), compiled
+    assert lisp.eval("(and (fboundp 'warns-once) t)") == ("=> T", False)
+    edited = edit(lisp, path, line=1, text='(defun warns-once (x)\n  (* x "three"))')
+    assert not edited["isError"] and edited["structuredContent"]["compiled"]["success"] is True, edited
+    broken = edit(lisp, path, line=1, text="(defun warns-once (x)\n  (let ((1 x)) x))")
+    assert broken["isError"] and "COMPILATION-FAILED" in broken["content"][0]["text"], broken
