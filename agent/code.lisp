@@ -78,17 +78,17 @@ the place of the reference inside it, as (:name N :file F :line L :column C
 :reference-column RC): the place is the top-level form that holds the
 reference, in the file as it is now (see `resolved-location').  Without a
 source file: (:name N :error MESSAGE)."
-  (multiple-value-bind (source offset status compiled-line)
+  (multiple-value-bind (source offset status compiled-line gone-snippet)
       ;; The snippet is the reference's own, which need not name the
       ;; referrer: the referrer's name is looked for only when it is gone,
       ;; and when that is gone too, the line is the reference's.
-      (multiple-value-bind (source offset status compiled-line)
+      (multiple-value-bind (source offset status compiled-line gone-snippet)
           (resolved-location location files :characters t :reference t)
         (if (and source (string= status "not-found"))
             (multiple-value-bind (named-source named-offset named-status named-line)
                 (resolved-location location files :name dspec :characters t :reference t)
               (if (equal named-status "not-found")
-                  (values source offset status compiled-line)
+                  (values source offset status compiled-line gone-snippet)
                   (values named-source named-offset named-status named-line)))
             (values source offset status compiled-line)))
     (if (null source)
@@ -99,7 +99,7 @@ source file: (:name N :error MESSAGE)."
         (let ((reference (place-plist source offset status compiled-line))
               (start (top-level-form-start source offset)))
           (append (list :name name)
-                  (place-plist source start status compiled-line)
+                  (place-plist source start status compiled-line gone-snippet)
                   (list :reference-line (getf reference :line)
                         :reference-column (getf reference :column)))))))
 

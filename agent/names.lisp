@@ -793,8 +793,9 @@ code compiled from any buffer (Swank places those in the buffer only)."
 (defun resolved-location (location files &key name characters reference)
   "Where Swank's LOCATION is in its file as it is now (see
 `resolve-offset'; NAME, a definition's name, helps find it after edits):
-(values SOURCE OFFSET STATUS COMPILED-LINE), SOURCE a `source-file' and
-OFFSET in bytes; or (values nil WHY) when it has no file.  Understands
+(values SOURCE OFFSET STATUS COMPILED-LINE GONE-SNIPPET), SOURCE a
+`source-file' and OFFSET in bytes, GONE-SNIPPET for a place not found
+\(`gone-snippet'); or (values nil WHY) when it has no file.  Understands
 (:file F) with (:position P), whose P counts characters when CHARACTERS (a
 definition's) and bytes otherwise (a compiler note's), and
 (:buffer-and-file B F) with (:offset START OFFSET) (C-c C-c in a buffer
@@ -861,7 +862,20 @@ skips), it is at the next form's opening, then and now."
                               (compiled (setf status "found-after-edit")))
                         (values source found status
                                 (unless (string= status "unchanged")
-                                  (or compiled (place-at (source-file-octets source) recorded))))))))))))))
+                                  (or compiled (place-at (source-file-octets source) recorded)))
+                                (and (string= status "not-found")
+                                     (gone-snippet (compiled-source file files)
+                                                   (if (and then compiled-offset)
+                                                       (top-level-form-start then compiled-offset)
+                                                       compiled-offset))))))))))))))
+
+(defun gone-snippet (compiled offset)
+  "What a place that is not found in the file shows of its form: its first
+lines in COMPILED, the text it was compiled from, at byte OFFSET; ""
+when that is unknown (the text now holds another form there)."
+  (if (and compiled offset)
+      (nth-value 2 (place-at (source-file-octets compiled) offset))
+      ""))
 
 (defun edited-since-its-fasl-p (source files)
   "True when SOURCE's file was written after (or in the second of) the
@@ -914,7 +928,7 @@ puts it at that subform of the definition's top-level form as read now."
                          (numbered-subform-offset source (top-level-form-start source found) form-number))
                     found)
                 "found-after-edit" nil)
-        (values source recorded "not-found" nil))))
+        (values source recorded "not-found" nil ""))))
 
 (defun numbered-subform-offset (source form-start number)
   "The byte offset in SOURCE of the subform the compiler numbers NUMBER of
@@ -929,21 +943,24 @@ does not read so (`numbered-form-start', agent/code.lisp's)."
                           (and package (numbered-form-start text start number package readtable))))))
     (and at (> at start) (utf-8-offset source at))))
 
-(defun place-plist (source offset status compiled-line)
+(defun place-plist (source offset status compiled-line &optional gone-snippet)
   "(:file F :line L :column C :snippet S :status STATUS [:compiled-line N])
-of byte OFFSET in SOURCE."
+of byte OFFSET in SOURCE; the snippet GONE-SNIPPET when it is given (a
+place not found: the form as compiled, none when that is \"\")."
   (multiple-value-bind (line column snippet) (place-at (source-file-octets source) offset)
-    (append (list :file (source-file-path source) :line line :column column :snippet snippet
-                  :status status)
+    (append (list :file (source-file-path source) :line line :column column)
+            (let ((shown (or gone-snippet snippet)))
+              (and (plusp (length shown)) (list :snippet shown)))
+            (list :status status)
             (and compiled-line (list :compiled-line compiled-line)))))
 
 (defun location-plist (location files &key name characters)
   "Swank's LOCATION as `place-plist' gives it, in its file as it is now
 (see `resolved-location'), or (:error WHY)."
-  (multiple-value-bind (source offset status compiled-line)
+  (multiple-value-bind (source offset status compiled-line gone-snippet)
       (resolved-location location files :name name :characters characters)
     (if source
-        (place-plist source offset status compiled-line)
+        (place-plist source offset status compiled-line gone-snippet)
         (list :error offset))))
 
 

@@ -104,6 +104,9 @@ def test_a_deleted_definition_is_not_found_with_its_compiled_line(library):
     place = definition(process, "split-sequence::list-long-enough-p")
     assert (place["place"], place["line"], place["compiledLine"]) == ("not-found", compiled, compiled)
     assert f"line {compiled} when compiled" in place["text"]
+    # Its form as compiled, not the form now at that place (issue 49's
+    # trial replay showed a deleted defparameter as the next definition).
+    assert place["snippet"].startswith("(defun list-long-enough-p (list length)"), place
 
 
 def test_xref_callers_after_edits(library):
