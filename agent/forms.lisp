@@ -203,8 +203,18 @@ as from CL-USER."
             (*package* (find-package "COMMON-LISP-USER")))
         (and (consp form)
              (loop for (type . definition) in (expanded-definition-forms form)
-                   collect (format nil "~A ~A" type (printed-name (definition-form-name definition))))))
+                   collect (format nil "~A ~A" type (defined-name-text (definition-form-name definition))))))
     (serious-condition () '())))
+
+(defun defined-name-text (name)
+  "NAME, as `definition-form-name' gives it, printed as find-definition
+shows a definition: a method as its name, its qualifiers and its
+specializers, (FOO :AFTER (INTEGER))'s as FOO :AFTER (INTEGER)."
+  (if (and (consp name) (= (length name) 3) (listp (second name)) (listp (third name))
+           (not (eq (first name) 'setf)))
+      (format nil "~A~{ ~A~} ~A" (printed-name (first name))
+              (mapcar #'printed-name (second name)) (printed-name (third name)))
+      (printed-name name)))
 
 (defparameter *definer-expansion-depth* 8
   "How many macroexpansions a form's definers are looked for through.")

@@ -700,6 +700,22 @@ def test_compile_form_says_what_a_librarys_own_definer_defines(lisp, tmp_path):
     assert plain["structuredContent"]["defined"] == [] and "defined: nothing named" in plain["content"][0]["text"]
 
 
+
+def test_compile_form_names_a_method_as_find_definition_does(lisp, tmp_path):
+    """It said "defined: method (CF-SHAPE NIL (SYMBOL))" where
+    find-definition says "method CF-SHAPE (SYMBOL)" (issue 49's trial
+    replay, yason's ENCODE)."""
+    path = tmp_path / "methods.lisp"
+    path.write_text("(defgeneric cf-shape (x))\n\n(defmethod cf-shape ((x symbol)) x)\n\n"
+                    "(defmethod cf-shape :after ((x integer)) x)\n")
+    assert not lisp.call("compile-form", path=str(path), line=1)["isError"]
+    for line, shown in ((3, "method CF-SHAPE (SYMBOL)"), (5, "method CF-SHAPE :AFTER (INTEGER)")):
+        compiled = lisp.call("compile-form", path=str(path), line=line)
+        assert compiled["structuredContent"]["defined"] == [shown], compiled
+        found = lisp.call("find-definition", symbol="cf-shape")["content"][0]["text"]
+        assert f"\n{shown}\n" in found, found
+
+
 NOTED = "(defun noted-sum (x y)\n  (declare (optimize speed))\n  (let ((unused-z 1))\n    (+ x y)))\n"
 
 
