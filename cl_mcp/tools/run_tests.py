@@ -10,6 +10,7 @@ from typing import Any
 from cl_mcp.errors import SessionError
 from cl_mcp.lisp.session import LispSession
 from cl_mcp.results import budget
+from cl_mcp.results.outputs import Lines
 from cl_mcp.results.render import Rendered, condition_structure, error_result, error_text, place_structure, place_text
 from cl_mcp.tools.calls import agent_plist, follow_package, lisp_seconds, result_dict
 from cl_mcp.tools.evaluate import (AGENT_MAX_OUTPUT, Work, evaluation_rendered, keep_output, rendered_running,
@@ -121,7 +122,7 @@ def rendered_tests(result: dict[str, Any], limit: int) -> Rendered:
     number = result.get("number")
     offsets = result.get("line-offsets") or {}
     if tests["frameworks"] and number is not None and result.get("stdout"):
-        lines = result["stdout"].count("\n")
+        lines = len(Lines(result["stdout"]))  # as read-output counts them: a last line may lack its newline
         sections.append(f'The framework\'s printout ({lines} lines): read-output {{"evaluation": {number}, '
                         f'"offset": {offsets.get("stdout", 0) + 1}}} reads it')
     head = "\n\n".join(sections)
