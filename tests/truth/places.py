@@ -116,6 +116,13 @@ class Tally:
         if failure:
             self.failures.append(f"{answer}: {failure}")
 
+    def add(self, other: "Tally", suffix: str) -> None:
+        """OTHER's answers, each named with SUFFIX after its own name."""
+        for mine, theirs in ((self.right, other.right), (self.wrong, other.wrong)):
+            for (answer, kind), n in theirs.items():
+                mine[(f"{answer} {suffix}", kind)] = mine.get((f"{answer} {suffix}", kind), 0) + n
+        self.failures += [failure.replace(": ", f" {suffix}: ", 1) for failure in other.failures]
+
 
 def expected_failure(place: dict[str, Any] | None, now: Definition | None, compiled: Compiled) -> str | None:
     """Why PLACE (a place plist: file, line, place, compiledLine) is wrong

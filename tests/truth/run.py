@@ -161,13 +161,20 @@ def planted_faults(seed: int, pool: Executor, log=print) -> list[tuple[Mutant, i
     return counts
 
 
-def every_check(library: Library, rounds: int, seed: int, output_rounds: int) -> Tally:
+FROM_FASLS = "(files loaded from fasls)"
+
+
+def every_check(library: Library, rounds: int, seed: int, output_rounds: int, fasl_rounds: int) -> Tally:
     """LIBRARY's places, xref and notes (ROUNDS rounds of edits seeded with
-    SEED), test results and places, backtraces and OUTPUT_ROUNDS rounds of
-    output, in one tally; its log on stderr, each line marked with it."""
+    SEED; then FASL_ROUNDS rounds with the library loaded from fasls a plain
+    SBCL compiled), test results and places, backtraces and OUTPUT_ROUNDS
+    rounds of output, in one tally; its log on stderr, each line marked
+    with it."""
     def log(text: str) -> None:
         print(f"{library.directory}: {text.strip()}", file=sys.stderr, flush=True)
     tally = check_library(library, rounds, seed, log=log)
+    if fasl_rounds:
+        tally.add(check_library(library, fasl_rounds, seed, log=log, from_fasls=True), FROM_FASLS)
     check_library_tests(library, tally)
     if not library.untested:
         check_test_places(library, tally, log=log)
@@ -190,7 +197,7 @@ def mutant_table(counts: list[tuple[Mutant, int]]) -> list[str]:
 
 
 def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, output_rounds: int,
-          counts: list[tuple[Mutant, int]], jobs: int) -> str:
+          fasl_rounds: int, counts: list[tuple[Mutant, int]], jobs: int) -> str:
     """docs/truth.md: per library and per answer, then per definition type."""
     answers = sorted({a for t in results.values() for a, _ in [*t.right, *t.wrong]})
     out = ["# Truth on real code",
@@ -208,6 +215,13 @@ def table(results: dict[str, Tally], seconds: float, rounds: int, seed: int, out
            "it was compiled at when it starts on another line; `unchanged` when it starts on",
            "the line it was compiled at (with its text edited inside, `found-after-edit` with",
            "that same line is right too). A name defined twice in a library is not checked.",
+           "",
+           "Then the same library is loaded again, in a fresh cl-mcp, from fasls a plain SBCL",
+           "compiled (an evaluation's `asdf:load-system`, as code loaded without cl-mcp: Swank",
+           f"keeps no text of the files as compiled), and edited for {fasl_rounds} rounds (seed {seed}),",
+           f"each file asked about only once edited: the rows `{FROM_FASLS}`. There a",
+           "definition is right `found-after-edit` at its line now with no `compiledLine`, or",
+           "`not-found` when it is gone (docs/tools.md, Places after edits).",
            "",
            "Both ways: a definition find-definition lists twice is wrong (`duplicate`), and so is",
            "one it lists in the library's files, of a kind the oracle reads, that the oracle does",
@@ -336,6 +350,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seed", type=int, default=37)
     parser.add_argument("--output-rounds", type=int, default=6, help="rounds of the output scenarios")
+    parser.add_argument("--fasl-rounds", type=int, default=4,
+                        help="rounds of edits to the library loaded from fasls (0: none)")
     parser.add_argument("--output", type=Path, default=TABLE)
     parser.add_argument("--no-mutants", action="store_true", help="leave out the planted faults")
     parser.add_argument("--jobs", type=int, default=2,
@@ -345,12 +361,13 @@ def main() -> None:
     started = time.monotonic()
     with ProcessPoolExecutor(options.jobs) as pool:
         checks = {library.directory: pool.submit(every_check, library, options.rounds, options.seed,
-                                                 options.output_rounds) for library in chosen}
+                                                 options.output_rounds, options.fasl_rounds)
+                  for library in chosen}
         counts = [] if options.no_mutants else planted_faults(options.seed, pool,
                                                              log=lambda text: print(text, file=sys.stderr))
         results = {name: check.result() for name, check in checks.items()}
     options.output.write_text(table(results, time.monotonic() - started, options.rounds, options.seed,
-                                    options.output_rounds, counts, options.jobs))
+                                    options.output_rounds, options.fasl_rounds, counts, options.jobs))
     unseen = [mutant.name for mutant, count in counts if count == 0]
     if unseen:
         sys.exit(f"planted faults no comparison saw: {', '.join(unseen)}")
