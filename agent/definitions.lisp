@@ -34,22 +34,47 @@ object.")
 
 (defun lambda-list-text (function-designator)
   "The lambda list of FUNCTION-DESIGNATOR as a programmer writes it:
-parameter names without package prefixes, keywords and default values as
-written (strings quoted); at most `*lambda-list-limit*' characters, then
-\"…\"."
-  (labels ((write-part (part out)
+parameter names without package prefixes, keywords with their colon, and
+the default forms of optional, keyword and auxiliary parameters printed as
+from CL-USER (hunchentoot's (COMPUTE-PARAMETER ...) reads as
+HUNCHENTOOT::COMPUTE-PARAMETER, not as a CL-USER name); at most
+`*lambda-list-limit*' characters, then \"…\"."
+  (labels ((write-name (part out)
              (typecase part
                (keyword (format out ":~A" (symbol-name part)))
                (symbol (write-string (symbol-name part) out))
-               (cons (write-char #\( out)
-                     (loop for (item . rest) on part
-                           do (write-part item out)
-                              (typecase rest
-                                (null)
-                                (cons (write-char #\Space out))
-                                (t (write-string " . " out) (write-part rest out))))
-                     (write-char #\) out))
-               (t (prin1 part out)))))
+               (cons (write-list part out nil))
+               (t (prin1 part out))))
+           (write-form (form out)
+             (let ((*package* (find-package "COMMON-LISP-USER")))
+               (prin1 form out)))
+           (write-parameter (parameter out)
+             ;; (VAR INIT SUPPLIED-P), VAR perhaps (KEYWORD VAR)
+             (write-char #\( out)
+             (loop for (item . rest) on parameter
+                   for index from 0
+                   do (if (= index 1) (write-form item out) (write-name item out))
+                      (typecase rest
+                        (null)
+                        (cons (write-char #\Space out))
+                        (t (write-string " . " out) (write-name rest out))))
+             (write-char #\) out))
+           (write-list (list out defaulting)
+             ;; A lambda list, or a part of one: after &optional, &key or
+             ;; &aux (DEFAULTING) a list is a parameter with a default form.
+             (write-char #\( out)
+             (loop for (item . rest) on list
+                   do (cond ((member item lambda-list-keywords)
+                             (setf defaulting (member item '(&optional &key &aux)))
+                             (write-name item out))
+                            ((and defaulting (consp item)) (write-parameter item out))
+                            ((consp item) (write-list item out nil))
+                            (t (write-name item out)))
+                      (typecase rest
+                        (null)
+                        (cons (write-char #\Space out))
+                        (t (write-string " . " out) (write-name rest out))))
+             (write-char #\) out)))
     (handler-case
         (multiple-value-bind (lambda-list unknown)
             (sb-introspect:function-lambda-list function-designator)
@@ -58,7 +83,8 @@ written (strings quoted); at most `*lambda-list-limit*' characters, then
                 (*print-level* 4))
             ;; Code compiled with (debug 0) keeps no lambda list: NIL, unknown.
             (cond (unknown "(...)")
-                  (lambda-list (printed-prefix lambda-list #'write-part *lambda-list-limit*))
+                  (lambda-list (printed-prefix lambda-list (lambda (list out) (write-list list out nil))
+                                               *lambda-list-limit*))
                   (t "()"))))
       (serious-condition () "(...)"))))
 

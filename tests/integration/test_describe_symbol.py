@@ -196,3 +196,17 @@ def test_a_qualified_name_that_names_nothing_is_said_to_be_missing_from_its_own_
                                               " in CL-MCP-FIXTURE: it is an internal symbol there, written"
                                               " CL-MCP-FIXTURE::NAME.")
     assert lisp.eval('(find-symbol "NO-SUCH-THING-ZZ" "CL-MCP-FIXTURE")') == ("=> NIL\n=> NIL", False)
+
+
+def test_an_arglists_default_forms_name_their_package(lisp):
+    """Parameter names are bare, as written; a default form's symbols are
+    printed as from CL-USER: hunchentoot's (COMPUTE-PARAMETER ...) read as
+    a CL-USER function (issue 49's trial replay)."""
+    assert not lisp.call("evaluate-lisp", code="(defpackage :ll-pkg (:use :cl))")["isError"]
+    definition = ("(defun ll-pkg::ll-fn (a &optional (b (ll-pkg::ll-helper) b-p) "
+                  "&key ((:cee c) 'll-pkg::sym) (d :keyword) ((e f)) &aux (g (list a))) "
+                  "(list a b b-p c d e f g))")
+    assert not lisp.call("evaluate-lisp", code=definition)["isError"]
+    structured = describe(lisp, symbol="ll-pkg::ll-fn")["structuredContent"]
+    assert structured["arglist"] == ("(A &OPTIONAL (B (LL-PKG::LL-HELPER) B-P) &KEY ((:CEE C) (QUOTE LL-PKG::SYM)) "
+                                     "(D :KEYWORD) ((E F)) &AUX (G (LIST A)))"), structured
