@@ -216,17 +216,21 @@ def test_leaving_cl_mcp_cancels_the_working_tasks_without_waiting_for_them():
                          "statusMessage": "The task was cancelled: cl-mcp is shutting down."}]
 
 
-def test_a_flood_of_task_calls_is_refused_past_the_intake_limits():
-    """The issue's reproduction: while (sleep 3) holds the session, 40 task
-    calls of 2 MB and 1,200 small ones; the limits apply to them as to any
-    call, and memory stays within them."""
+def test_a_flood_of_task_calls_is_refused_past_the_intake_limits(tmp_path):
+    """The issue's reproduction: while an evaluation holds the session, 40
+    task calls of 2 MB and 1,200 small ones; the limits apply to them as to
+    any call, and memory stays within them.  The session is held until
+    every call was answered (a (sleep 3) ended before a loaded machine had
+    sent them all, and calls that ran meanwhile let 1,026 tasks in)."""
+    release = tmp_path / "release"
     with cl_mcp("--log-level", "warning") as process:
         pid = process.proc.pid
         assert is_python(pid)
         process.eval("(+ 1 2)")
         baseline = resident_kib(pid)
-        sleeper = process.start_request("tools/call", {"name": "evaluate-lisp",
-                                                       "arguments": {"code": "(sleep 3)"}})
+        holding = f'(loop until (probe-file "{release}") do (sleep 0.05))'
+        sleeper = process.start_request("tools/call", {"name": "evaluate-lisp", "arguments": {
+            "code": holding, "timeout": 600, "answer-within": 600}})
         big_code = f'(length "{"x" * 2_000_000}")'
         big = [(f"big-{i}", big_code) for i in range(40)]
         small = [(f"small-{i}", "(+ 1 2)") for i in range(1200)]
@@ -239,6 +243,7 @@ def test_a_flood_of_task_calls_is_refused_past_the_intake_limits():
         try:
             responses = {request_id: process.response(request_id, timeout=120) for request_id, _ in big + small}
         finally:
+            release.touch()
             peak = sampler.stop()
             writer.join(30)
         assert process.response(sleeper)["result"]["isError"] is False
