@@ -871,7 +871,7 @@ skips), it is at the next form's opening, then and now."
 
 (defun gone-snippet (compiled offset)
   "What a place that is not found in the file shows of its form: its first
-lines in COMPILED, the text it was compiled from, at byte OFFSET; ""
+lines in COMPILED, the text it was compiled from, at byte OFFSET; \"\"
 when that is unknown (the text now holds another form there)."
   (if (and compiled offset)
       (nth-value 2 (place-at (source-file-octets compiled) offset))
